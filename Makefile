@@ -46,7 +46,11 @@ train_m2rnn: train_m2rnn.c $(REF_HEADERS) dataloader.h
 # tokenizer and data pipeline (tokenizer.h, dataloader.h, dev/data/)
 
 DATA_PROGRAMS =
-DATA_TESTS =
+DATA_TESTS = build/test_dataloader
+
+build/test_dataloader: test/test_dataloader.c dataloader.h utils.h test/test_common.h
+	@mkdir -p build
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 # ---------------------------------------------------------------------------------------------------------------
 # CUDA programs, tests and benchmarks (built only where nvcc exists)
