@@ -35,12 +35,20 @@ NVCC_LDLIBS = -lcublas -lcublasLt
 # CPU reference trainer and its tests
 
 CPU_PROGRAMS = train_m2rnn
-CPU_TESTS =
+CPU_TESTS = build/test_gradcheck build/test_m2rnn_ref build/test_train test/test_cli.sh
 
-REF_HEADERS = utils.h model.h checkpoint.h ref/common.h ref/m2rnn.h ref/attention.h ref/mlp.h
+REF_HEADERS = utils.h model.h checkpoint.h dataloader.h ref/common.h ref/m2rnn.h ref/attention.h ref/mlp.h
 
-train_m2rnn: train_m2rnn.c $(REF_HEADERS) dataloader.h
+train_m2rnn: train_m2rnn.c $(REF_HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# the tests #include train_m2rnn.c (its main() sits inside #ifndef TESTING)
+build/test_%: test/test_%.c train_m2rnn.c $(REF_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# the bad-input CLI test drives the real binary
+test/test_cli.sh: train_m2rnn
 
 # ---------------------------------------------------------------------------------------------------------------
 # tokenizer and data pipeline (tokenizer.h, dataloader.h, dev/data/)
@@ -79,4 +87,5 @@ test: all
 	@bash test/run_tests.sh $(ALL_TESTS)
 
 clean:
-	rm -f $(CPU_PROGRAMS) $(DATA_PROGRAMS) $(CPU_TESTS) $(DATA_TESTS) $(CUDA_PROGRAMS) $(CUDA_TESTS)
+	rm -f $(CPU_PROGRAMS) $(DATA_PROGRAMS) $(CUDA_PROGRAMS)
+	rm -rf build

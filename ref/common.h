@@ -1,0 +1,303 @@
+/*
+ref/common.h: the CPU reference ops every layer uses, forward and backward side by side:
+matmul, RMSNorm, embedding, the classifier (softmax cross-entropy over the real vocabulary of a padded one), SiLU,
+the depthwise causal conv1d, and AdamW.
+
+Conventions (llm.c's train_gpt2.c): outputs first, then inputs, then sizes. Backward functions ACCUMULATE (+=) into
+every gradient they produce, activations and parameters alike; the caller zeroes. `real` is float for training and
+double for the float64 gradient checks (define M2RNN_REAL_DOUBLE before including).
+
+Determinism: every output element is written by one thread in a fixed order, and every reduction over tokens uses a
+fixed chunking that does not depend on the number of OpenMP threads. Training is therefore bit-for-bit reproducible on
+a given build, which is what makes checkpoint resume exact.
+*/
+#ifndef M2RNN_REF_COMMON_H
+#define M2RNN_REF_COMMON_H
+
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "model.h"
+#include "utils.h"
+
+#ifdef M2RNN_REAL_DOUBLE
+typedef double real;
+#else
+typedef float real;
+#endif
+
+// typed views of one layer's parameters (or of their gradients) inside the one contiguous buffer; field order is
+// the PK_* enum order, which param_view_slot() relies on
+typedef struct {
+#define PARAM_FIELD(name) real *name;
+    PARAM_LAYER_FIELDS(PARAM_FIELD)
+#undef PARAM_FIELD
+} LayerWeights;
+
+#define RMSNORM_EPS 1e-5
+
+// ----------------------------------------------------------------------------------------------------------------
+// matmul. One core: out (M,N) (+)= a (M,K) @ b (K,N), all row-major, vectorized along N. The forms a layer needs
+// (x Wᵀ, dout W, doutᵀ x) are reduced to it by transposing the smaller operand into a scratch buffer.
+
+#define MM_ROWS 4   // rows of out per register tile
+#define MM_COLS 64  // columns of out per register tile
+
+static void matmul_nn(real *out, const real *a, const real *b, int M, int K, int N, int accumulate) {
+    const int col_tiles = (N + MM_COLS - 1) / MM_COLS;
+    const int row_tiles = (M + MM_ROWS - 1) / MM_ROWS;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int rt = 0; rt < row_tiles; rt++) {
+        for (int ct = 0; ct < col_tiles; ct++) {
+            const int m0 = rt * MM_ROWS, n0 = ct * MM_COLS;
+            const int rows = M - m0 < MM_ROWS ? M - m0 : MM_ROWS;
+            const int cols = N - n0 < MM_COLS ? N - n0 : MM_COLS;
+            real acc[MM_ROWS][MM_COLS];
+            for (int r = 0; r < MM_ROWS; r++) {
+                for (int j = 0; j < MM_COLS; j++) {
+                    acc[r][j] = (accumulate && r < rows && j < cols) ? out[(size_t)(m0 + r) * N + n0 + j] : 0;
+                }
+            }
+            if (rows == MM_ROWS && cols == MM_COLS) {
+                for (int k = 0; k < K; k++) {
+                    const real *brow = b + (size_t)k * N + n0;
+                    for (int r = 0; r < MM_ROWS; r++) {
+                        const real ark = a[(size_t)(m0 + r) * K + k];
+#pragma omp simd
+                        for (int j = 0; j < MM_COLS; j++) { acc[r][j] += ark * brow[j]; }
+                    }
+                }
+            } else {
+                for (int k = 0; k < K; k++) {
+                    const real *brow = b + (size_t)k * N + n0;
+                    for (int r = 0; r < rows; r++) {
+                        const real ark = a[(size_t)(m0 + r) * K + k];
+                        for (int j = 0; j < cols; j++) { acc[r][j] += ark * brow[j]; }
+                    }
+                }
+            }
+            for (int r = 0; r < rows; r++) {
+                for (int j = 0; j < cols; j++) { out[(size_t)(m0 + r) * N + n0 + j] = acc[r][j]; }
+            }
+        }
+    }
+}
+
+// out (cols, rows) = inp (rows, cols) transposed
+static void transpose(real *out, const real *inp, int rows, int cols) {
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < cols; c++) {
+        for (int r = 0; r < rows; r++) { out[(size_t)c * rows + r] = inp[(size_t)r * cols + c]; }
+    }
+}
+
+// out (M, OC) = inp (M, IC) @ weightᵀ, weight (OC, IC)
+static void matmul_forward(real *out, const real *inp, const real *weight, int M, int IC, int OC) {
+    real *weight_t = (real *)mallocCheck((size_t)IC * OC * sizeof(real)); // (IC, OC)
+    transpose(weight_t, weight, OC, IC);
+    matmul_nn(out, inp, weight_t, M, IC, OC, 0);
+    free(weight_t);
+}
+
+// dinp (M, IC) += dout (M, OC) @ weight;  dweight (OC, IC) += doutᵀ @ inp. Either output may be NULL.
+static void matmul_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight, int M,
+                            int IC, int OC) {
+    if (dinp != NULL) { matmul_nn(dinp, dout, weight, M, OC, IC, 1); }
+    if (dweight != NULL) {
+        real *dout_t = (real *)mallocCheck((size_t)M * OC * sizeof(real)); // (OC, M)
+        transpose(dout_t, dout, M, OC);
+        matmul_nn(dweight, dout_t, inp, OC, M, IC, 1);
+        free(dout_t);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// deterministic reductions over rows: rows are cut into REDUCE_CHUNKS fixed chunks whatever the thread count,
+// each chunk sums in order, then the chunks are added in order.
+
+#define REDUCE_CHUNKS 16
+
+// out (C) += Σ_m rows(m) where the caller's row_fn fills a (C) partial for rows [m0, m1)
+typedef void (*row_partial_fn)(real *partial, int m0, int m1, const void *ctx);
+
+static void reduce_rows_deterministic(real *out, int M, int C, row_partial_fn fn, const void *ctx) {
+    real *partials = (real *)callocCheck((size_t)REDUCE_CHUNKS * C, sizeof(real));
+#pragma omp parallel for schedule(static)
+    for (int chunk = 0; chunk < REDUCE_CHUNKS; chunk++) {
+        int m0 = (int)((long long)M * chunk / REDUCE_CHUNKS), m1 = (int)((long long)M * (chunk + 1) / REDUCE_CHUNKS);
+        fn(partials + (size_t)chunk * C, m0, m1, ctx);
+    }
+    for (int chunk = 0; chunk < REDUCE_CHUNKS; chunk++) {
+        for (int i = 0; i < C; i++) { out[i] += partials[(size_t)chunk * C + i]; }
+    }
+    free(partials);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// RMSNorm: out = inp · rstd · weight, rstd = 1/sqrt(mean(inp²) + eps), over the last dim C
+
+static void rmsnorm_forward(real *out, real *rstd, const real *inp, const real *weight, int M, int C) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *x = inp + (size_t)m * C;
+        double ss = 0.0;
+        for (int i = 0; i < C; i++) { ss += (double)x[i] * x[i]; }
+        real s = (real)(1.0 / sqrt(ss / C + RMSNORM_EPS));
+        rstd[m] = s;
+        real *o = out + (size_t)m * C;
+        for (int i = 0; i < C; i++) { o[i] = x[i] * s * weight[i]; }
+    }
+}
+
+typedef struct { const real *dout, *inp, *rstd; int C; } RmsnormWeightGradCtx;
+
+static void rmsnorm_weight_grad_rows(real *partial, int m0, int m1, const void *ctx_) {
+    const RmsnormWeightGradCtx *ctx = (const RmsnormWeightGradCtx *)ctx_;
+    for (int m = m0; m < m1; m++) {
+        const real *x = ctx->inp + (size_t)m * ctx->C, *dy = ctx->dout + (size_t)m * ctx->C;
+        for (int i = 0; i < ctx->C; i++) { partial[i] += dy[i] * x[i] * ctx->rstd[m]; }
+    }
+}
+
+// dinp (M,C) += ..., dweight (C) += ...
+static void rmsnorm_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
+                             const real *rstd, int M, int C) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *x = inp + (size_t)m * C, *dy = dout + (size_t)m * C;
+        const real s = rstd[m];
+        // y_i = x_i s w_i, s = (mean x² + eps)^-1/2  =>  dx_i = s w_i dy_i − s³ x_i Σ_j(dy_j w_j x_j) / C
+        double dot = 0.0;
+        for (int i = 0; i < C; i++) { dot += (double)dy[i] * weight[i] * x[i]; }
+        const real coef = (real)(dot * s * s * s / C);
+        real *dx = dinp + (size_t)m * C;
+        for (int i = 0; i < C; i++) { dx[i] += s * weight[i] * dy[i] - coef * x[i]; }
+    }
+    RmsnormWeightGradCtx ctx = {dout, inp, rstd, C};
+    reduce_rows_deterministic(dweight, M, C, rmsnorm_weight_grad_rows, &ctx);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// token embedding
+
+// out (M, C) = wte[tokens]
+static void embedding_forward(real *out, const int *tokens, const real *wte, int M, int C) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) { memcpy(out + (size_t)m * C, wte + (size_t)tokens[m] * C, (size_t)C * sizeof(real)); }
+}
+
+// dwte (Vp, C) += scatter of dout (M, C). Parallel over channel blocks, tokens in order: deterministic.
+static void embedding_backward(real *dwte, const real *dout, const int *tokens, int M, int C) {
+    const int block = 64, blocks = (C + block - 1) / block;
+#pragma omp parallel for schedule(static)
+    for (int cb = 0; cb < blocks; cb++) {
+        const int c0 = cb * block, c1 = c0 + block < C ? c0 + block : C;
+        for (int m = 0; m < M; m++) {
+            real *dst = dwte + (size_t)tokens[m] * C;
+            const real *src = dout + (size_t)m * C;
+            for (int c = c0; c < c1; c++) { dst[c] += src[c]; }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// classifier: softmax over the first V of Vp logits (the padding never enters), cross-entropy against targets
+
+// losses (M) = −log softmax(logits)[target]; logits (M, Vp)
+static void crossentropy_forward(real *losses, const real *logits, const int *targets, int M, int V, int Vp) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *row = logits + (size_t)m * Vp;
+        real maxv = row[0];
+        for (int i = 1; i < V; i++) { maxv = row[i] > maxv ? row[i] : maxv; }
+        double sum = 0.0;
+        for (int i = 0; i < V; i++) { sum += exp((double)(row[i] - maxv)); }
+        losses[m] = (real)(log(sum) - (double)(row[targets[m]] - maxv));
+    }
+}
+
+// dlogits (M, Vp) = (softmax − onehot) · dloss; written IN PLACE over logits (they are not needed afterwards).
+// Padded columns get 0.
+static void crossentropy_softmax_backward_inplace(real *logits_to_dlogits, const int *targets, real dloss, int M, int V,
+                                                  int Vp) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        real *row = logits_to_dlogits + (size_t)m * Vp;
+        real maxv = row[0];
+        for (int i = 1; i < V; i++) { maxv = row[i] > maxv ? row[i] : maxv; }
+        double sum = 0.0;
+        for (int i = 0; i < V; i++) { sum += exp((double)(row[i] - maxv)); }
+        const double inv = 1.0 / sum;
+        for (int i = 0; i < V; i++) { row[i] = (real)(exp((double)(row[i] - maxv)) * inv) * dloss; }
+        row[targets[m]] -= dloss;
+        for (int i = V; i < Vp; i++) { row[i] = 0; }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// pointwise
+
+static inline real sigmoidr(real x) { return (real)(1.0 / (1.0 + exp(-(double)x))); }
+static inline real siluf(real x) { return x * sigmoidr(x); }
+static inline real silu_grad(real x) { real s = sigmoidr(x); return s * (1 + x * (1 - s)); }
+static inline real softplusr(real x) { return x > 20 ? x : (real)log1p(exp((double)x)); }
+
+// ----------------------------------------------------------------------------------------------------------------
+// depthwise causal conv1d (spec §1 item 3): out[t, c] = Σ_{j<W} w[c, j] · inp[t − (W−1) + j, c], zeros before t = 0.
+// inp is a view with row stride in_stride (it lives inside the projection output); out is dense (B, T, CD).
+
+static void conv1d_causal_forward(real *out, const real *inp, const real *weight, int B, int T, int CD, int W,
+                                  int in_stride) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            real *o = out + ((size_t)b * T + t) * CD;
+            for (int c = 0; c < CD; c++) {
+                real acc = 0;
+                for (int j = 0; j < W; j++) {
+                    int ts = t - (W - 1) + j;
+                    if (ts >= 0) { acc += weight[(size_t)c * W + j] * inp[((size_t)b * T + ts) * in_stride + c]; }
+                }
+                o[c] = acc;
+            }
+        }
+    }
+}
+
+// dinp (view, stride in_stride) += ..., dweight (CD, W) += ... Parallel over channels: deterministic.
+static void conv1d_causal_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
+                                   int B, int T, int CD, int W, int in_stride) {
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < CD; c++) {
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < T; t++) {
+                const real g = dout[((size_t)b * T + t) * CD + c];
+                for (int j = 0; j < W; j++) {
+                    int ts = t - (W - 1) + j;
+                    if (ts < 0) { continue; }
+                    dweight[(size_t)c * W + j] += g * inp[((size_t)b * T + ts) * in_stride + c];
+                    dinp[((size_t)b * T + ts) * in_stride + c] += g * weight[(size_t)c * W + j];
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// AdamW (decoupled weight decay, bias-corrected), one call over a slice of the parameter buffer
+
+static void adamw_update(real *params, real *m, real *v, const real *grads, size_t n, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, int step, float grad_scale) {
+    const double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        const real g = grads[i] * grad_scale;
+        m[i] = beta1 * m[i] + (1 - beta1) * g;
+        v[i] = beta2 * v[i] + (1 - beta2) * g * g;
+        const real mhat = (real)(m[i] / bc1), vhat = (real)(v[i] / bc2);
+        params[i] -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * params[i]);
+    }
+}
+
+#endif // M2RNN_REF_COMMON_H

@@ -1,0 +1,311 @@
+/*
+ref/m2rnn.h: the CPU reference of the M²RNN mixer, forward and hand-written backward, exactly as the authors' layer
+(spec m2rnn_authors_code.md §1 and §6):
+
+  proj = x W_inᵀ                      rows q (Nq·K) | k (Nq·K) | v (N·Vh) | f_raw (N) | g (N·Vh), no biases
+  q,k,v = SiLU(causal_conv4(proj[q|k|v]))
+  f = exp(−exp(A_log) · softplus(f_raw + dt_bias))       per head; the paper's (1+e^{x+β})^{−α}
+  per (b, n), H ∈ R^{K×Vh}, H_{−1} = h0 (0 in training):
+     Z_t = tanh(H_{t−1} W_n + k_t v_tᵀ)   W multiplies from the RIGHT: (HW)[k,j] = Σ_i H[k,i] W[i,j]
+     H_t = f_t H_{t−1} + (1 − f_t) Z_t
+     y_t = H_tᵀ q_t                       q/k head of value head n: n / (N / Nq)
+  y += v ⊙ D;  y ← y ⊙ SiLU(g);  y ← RMSNorm over all N·Vh channels (one norm, not per head);  out = y W_outᵀ
+
+Where the paper and the code differ we follow the code: the paper writes RMSNorm per head (y_gt = RMSNorm(y_t ⊙ g_t)
+∈ R^V); the authors' layer normalises the concatenation of all heads (spec §2 item 5).
+
+The backward clamps the CARRIED state gradient with the authors' Triton-kernel semantics (spec §2 item 3, §6 item 6):
+at reverse step t the gradient arriving from step t+1 (for the last step: the incoming d(final state)) is clamped to
+[−c, c] elementwise, then the local term q_t dy_tᵀ is added; dh0 is not clamped. (Their PyTorch fallback clamps the
+total dH instead; the two agree when nothing is clamped.)
+*/
+#ifndef M2RNN_REF_M2RNN_H
+#define M2RNN_REF_M2RNN_H
+
+#include "ref/common.h"
+
+// ----------------------------------------------------------------------------------------------------------------
+// the recurrence
+
+// y (B,T,N,Vh) = H_tᵀ q_t; h_all (B,T,N,K,Vh) receives every H_t if not NULL; h_final (B,N,K,Vh) receives H_{T−1}
+// if not NULL. q, k: (B,T,Nq,K) and v: (B,T,N,Vh) are views with token stride `stride` (elements); f (B,T,N) dense;
+// W (N,Vh,Vh); h0 (B,N,K,Vh) or NULL for zeros.
+static void m2rnn_recurrence_forward(real *y, real *h_all, real *h_final, const real *q, const real *k, const real *v,
+                                     int stride, const real *f, const real *W, const real *h0, int B, int T, int N,
+                                     int Nq, int K, int Vh) {
+    const int heads_per_qk = N / Nq;
+    const size_t state = (size_t)K * Vh;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+        for (int n = 0; n < N; n++) {
+            real *H = (real *)mallocCheck(2 * state * sizeof(real)); // H_{t−1} and H_t
+            real *Hprev = H, *Hcur = H + state;
+            if (h0 != NULL) { memcpy(Hprev, h0 + ((size_t)b * N + n) * state, state * sizeof(real)); }
+            else { memset(Hprev, 0, state * sizeof(real)); }
+            const real *Wn = W + (size_t)n * Vh * Vh;
+            const int hq = n / heads_per_qk;
+            for (int t = 0; t < T; t++) {
+                const size_t bt = (size_t)b * T + t;
+                const real *qt = q + bt * stride + (size_t)hq * K, *kt = k + bt * stride + (size_t)hq * K;
+                const real *vt = v + bt * stride + (size_t)n * Vh;
+                const real ft = f[bt * N + n];
+                for (int r = 0; r < K; r++) {
+                    const real *hrow = Hprev + (size_t)r * Vh;
+                    for (int j = 0; j < Vh; j++) {
+                        real p = kt[r] * vt[j];
+                        for (int i = 0; i < Vh; i++) { p += hrow[i] * Wn[(size_t)i * Vh + j]; }
+                        const real z = (real)tanh((double)p);
+                        Hcur[(size_t)r * Vh + j] = ft * hrow[j] + (1 - ft) * z;
+                    }
+                }
+                real *yt = y + (bt * N + n) * Vh;
+                for (int j = 0; j < Vh; j++) {
+                    real acc = 0;
+                    for (int r = 0; r < K; r++) { acc += Hcur[(size_t)r * Vh + j] * qt[r]; }
+                    yt[j] = acc;
+                }
+                if (h_all != NULL) { memcpy(h_all + (bt * N + n) * state, Hcur, state * sizeof(real)); }
+                real *tmp = Hprev; Hprev = Hcur; Hcur = tmp;
+            }
+            if (h_final != NULL) { memcpy(h_final + ((size_t)b * N + n) * state, Hprev, state * sizeof(real)); }
+            free(H);
+        }
+    }
+}
+
+// Backward of the recurrence given every saved state h_all (B,T,N,K,Vh).
+// dq, dk, dv: views with token stride `stride` (+=); df (B,T,N) +=; dW (N,Vh,Vh) +=; dh0 (B,N,K,Vh) = (may be NULL);
+// dy (B,T,N,Vh); dh_final (B,N,K,Vh) or NULL; clamp: c > 0 clamps the carried dH to [−c, c], c = 0 disables.
+// Parallel over heads, batch and time in order inside: dW and the per-head dq/dk partials are deterministic; the
+// partials of the heads sharing one q/k head are summed afterwards in head order (no races, no atomics).
+static void m2rnn_recurrence_backward(real *dq, real *dk, real *dv, real *df, real *dW, real *dh0, const real *dy,
+                                      const real *dh_final, const real *q, const real *k, const real *v, int stride,
+                                      const real *f, const real *W, const real *h0, const real *h_all, real clamp,
+                                      int B, int T, int N, int Nq, int K, int Vh) {
+    const int heads_per_qk = N / Nq;
+    const size_t state = (size_t)K * Vh;
+    real *dq_heads = (real *)callocCheck((size_t)B * T * N * K, sizeof(real)); // (B,T,N,K) per-head partials
+    real *dk_heads = (real *)callocCheck((size_t)B * T * N * K, sizeof(real));
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        real *G = (real *)mallocCheck(4 * state * sizeof(real)); // carried dL/dH, D, dP, Z
+        real *Dm = G + state, *dP = G + 2 * state, *Z = G + 3 * state;
+        const real *Wn = W + (size_t)n * Vh * Vh;
+        real *dWn = dW + (size_t)n * Vh * Vh;
+        const int hq = n / heads_per_qk;
+        for (int b = 0; b < B; b++) {
+            if (dh_final != NULL) { memcpy(G, dh_final + ((size_t)b * N + n) * state, state * sizeof(real)); }
+            else { memset(G, 0, state * sizeof(real)); }
+            for (int t = T - 1; t >= 0; t--) {
+                const size_t bt = (size_t)b * T + t;
+                const real *Ht = h_all + (bt * N + n) * state;
+                const real *Hprev = t > 0 ? h_all + ((bt - 1) * N + n) * state
+                                          : (h0 != NULL ? h0 + ((size_t)b * N + n) * state : NULL);
+                const real *qt = q + bt * stride + (size_t)hq * K, *kt = k + bt * stride + (size_t)hq * K;
+                const real *vt = v + bt * stride + (size_t)n * Vh;
+                const real *dyt = dy + (bt * N + n) * Vh;
+                const real ft = f[bt * N + n];
+                real *dqt = dq_heads + (bt * N + n) * K, *dkt = dk_heads + (bt * N + n) * K;
+                real *dvt = dv + bt * stride + (size_t)n * Vh;
+                // recompute Z_t from H_{t−1}
+                for (int r = 0; r < K; r++) {
+                    for (int j = 0; j < Vh; j++) {
+                        real p = kt[r] * vt[j];
+                        if (Hprev != NULL) {
+                            for (int i = 0; i < Vh; i++) { p += Hprev[(size_t)r * Vh + i] * Wn[(size_t)i * Vh + j]; }
+                        }
+                        Z[(size_t)r * Vh + j] = (real)tanh((double)p);
+                    }
+                }
+                // D = q_t dy_tᵀ + clamp(G): the total gradient w.r.t. H_t
+                real dft = 0;
+                for (int r = 0; r < K; r++) {
+                    real dq_r = 0;
+                    for (int j = 0; j < Vh; j++) {
+                        const size_t e = (size_t)r * Vh + j;
+                        real g = G[e];
+                        if (clamp > 0) { g = g > clamp ? clamp : (g < -clamp ? -clamp : g); }
+                        Dm[e] = qt[r] * dyt[j] + g;
+                        dq_r += Ht[e] * dyt[j];
+                        const real hp = Hprev != NULL ? Hprev[e] : 0;
+                        dft += Dm[e] * (hp - Z[e]);
+                        dP[e] = Dm[e] * (1 - ft) * (1 - Z[e] * Z[e]);
+                    }
+                    dqt[r] += dq_r;
+                }
+                df[bt * N + n] += dft;
+                // dk_t = dP v_t, dv_t = dPᵀ k_t, dW += H_{t−1}ᵀ dP
+                for (int r = 0; r < K; r++) {
+                    real acc = 0;
+                    for (int j = 0; j < Vh; j++) { acc += dP[(size_t)r * Vh + j] * vt[j]; }
+                    dkt[r] += acc;
+                }
+                for (int j = 0; j < Vh; j++) {
+                    real acc = 0;
+                    for (int r = 0; r < K; r++) { acc += dP[(size_t)r * Vh + j] * kt[r]; }
+                    dvt[j] += acc;
+                }
+                if (Hprev != NULL) {
+                    for (int i = 0; i < Vh; i++) {
+                        for (int j = 0; j < Vh; j++) {
+                            real acc = 0;
+                            for (int r = 0; r < K; r++) { acc += Hprev[(size_t)r * Vh + i] * dP[(size_t)r * Vh + j]; }
+                            dWn[(size_t)i * Vh + j] += acc;
+                        }
+                    }
+                }
+                // carried gradient into H_{t−1}: f D + dP Wᵀ
+                for (int r = 0; r < K; r++) {
+                    for (int i = 0; i < Vh; i++) {
+                        real acc = ft * Dm[(size_t)r * Vh + i];
+                        for (int j = 0; j < Vh; j++) { acc += dP[(size_t)r * Vh + j] * Wn[(size_t)i * Vh + j]; }
+                        G[(size_t)r * Vh + i] = acc;
+                    }
+                }
+            }
+            if (dh0 != NULL) { memcpy(dh0 + ((size_t)b * N + n) * state, G, state * sizeof(real)); }
+        }
+        free(G);
+    }
+    // sum the per-head partials into the shared q/k heads, heads in order
+#pragma omp parallel for schedule(static)
+    for (size_t bt = 0; bt < (size_t)B * T; bt++) {
+        for (int n = 0; n < N; n++) {
+            const int hq = n / heads_per_qk;
+            real *dqt = dq + bt * stride + (size_t)hq * K, *dkt = dk + bt * stride + (size_t)hq * K;
+            const real *pq = dq_heads + (bt * N + n) * K, *pk = dk_heads + (bt * N + n) * K;
+            for (int r = 0; r < K; r++) { dqt[r] += pq[r]; dkt[r] += pk[r]; }
+        }
+    }
+    free(dq_heads);
+    free(dk_heads);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the forget gate: f = exp(−exp(A_log) · softplus(f_raw + dt_bias)), computed in full precision (spec §1 item 2)
+
+// f (BT, N); f_raw: view (BT, N) with row stride `stride`
+static void m2rnn_gate_forward(real *f, const real *f_raw, const real *A_log, const real *dt_bias, int BT, int N,
+                               int stride) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < BT; m++) {
+        for (int n = 0; n < N; n++) {
+            double dt = softplusr(f_raw[(size_t)m * stride + n] + dt_bias[n]);
+            f[(size_t)m * N + n] = (real)exp(-exp((double)A_log[n]) * dt);
+        }
+    }
+}
+
+// df_raw (view) +=, dA_log (N) +=, ddt_bias (N) +=. Parallel over heads: deterministic.
+static void m2rnn_gate_backward(real *df_raw, real *dA_log, real *ddt_bias, const real *df, const real *f,
+                                const real *f_raw, const real *A_log, const real *dt_bias, int BT, int N, int stride) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const double alpha = exp((double)A_log[n]);
+        double sum_dA = 0.0, sum_dbias = 0.0;
+        for (int m = 0; m < BT; m++) {
+            const double x = f_raw[(size_t)m * stride + n] + dt_bias[n];
+            const double g = (double)df[(size_t)m * N + n] * f[(size_t)m * N + n]; // dL/d(log f)
+            const double dx = -g * alpha * sigmoidr((real)x);                       // log f = −α softplus(x)
+            df_raw[(size_t)m * stride + n] += (real)dx;
+            sum_dbias += dx;
+            sum_dA += -g * alpha * softplusr((real)x);
+        }
+        dA_log[n] += (real)sum_dA;
+        ddt_bias[n] += (real)sum_dbias;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the mixer
+
+typedef struct {
+    real *proj;     // (B,T,R) input projection, rows q|k|v|f_raw|g
+    real *conv_pre; // (B,T,CD) conv output before SiLU
+    real *conv_act; // (B,T,CD) q|k|v after SiLU
+    real *f;        // (B,T,N) forget gate
+    real *h;        // (B,T,N,K,Vh) every state H_t, read by the backward
+    real *y;        // (B,T,N*Vh) Hᵀq + v ⊙ D
+    real *gated;    // (B,T,N*Vh) y ⊙ SiLU(g)
+    real *normed;   // (B,T,N*Vh) RMSNorm(gated)
+    real *rstd;     // (B,T)
+} M2RNNActs;
+
+// gradient scratch of the mixer's activations (same shapes as the fields of M2RNNActs)
+typedef struct {
+    real *proj, *conv_act, *f, *y, *gated, *normed;
+} M2RNNGrads;
+
+// out (B,T,C) = M2RNN(inp (B,T,C)); saves what the backward needs in a
+static void m2rnn_mixer_forward(real *out, M2RNNActs *a, const real *inp, const LayerWeights *w, const ModelConfig *c,
+                                int B, int T) {
+    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c);
+    const int N = c->rnn_heads, Nq = c->rnn_qk_heads, K = c->rnn_k, Vh = c->rnn_v, NV = N * Vh;
+    const int off_v = 2 * Nq * K, off_f = CD, off_g = CD + N;
+    matmul_forward(a->proj, inp, w->m_in_w, BT, C, R);
+    conv1d_causal_forward(a->conv_pre, a->proj, w->m_conv_w, B, T, CD, c->conv_width, R);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < (size_t)BT * CD; i++) { a->conv_act[i] = siluf(a->conv_pre[i]); }
+    m2rnn_gate_forward(a->f, a->proj + off_f, w->m_A_log, w->m_dt_bias, BT, N, R);
+    const real *q = a->conv_act, *k = a->conv_act + Nq * K, *v = a->conv_act + off_v;
+    m2rnn_recurrence_forward(a->y, a->h, NULL, q, k, v, CD, a->f, w->m_W, NULL, B, T, N, Nq, K, Vh);
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < BT; m++) {
+        const real *vm = v + (size_t)m * CD, *gm = a->proj + (size_t)m * R + off_g;
+        real *ym = a->y + (size_t)m * NV, *gated = a->gated + (size_t)m * NV;
+        for (int i = 0; i < NV; i++) {
+            ym[i] += vm[i] * w->m_D[i];
+            gated[i] = ym[i] * siluf(gm[i]);
+        }
+    }
+    rmsnorm_forward(a->normed, a->rstd, a->gated, w->m_norm_w, BT, NV);
+    matmul_forward(out, a->normed, w->m_out_w, BT, NV, C);
+}
+
+// dinp (B,T,C) +=, parameter grads in gw +=; g is zeroed scratch; dout (B,T,C)
+static void m2rnn_mixer_backward(real *dinp, LayerWeights *gw, M2RNNGrads *g, const real *dout, const real *inp,
+                                 const M2RNNActs *a, const LayerWeights *w, const ModelConfig *c, int B, int T) {
+    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c);
+    const int N = c->rnn_heads, Nq = c->rnn_qk_heads, K = c->rnn_k, Vh = c->rnn_v, NV = N * Vh;
+    const int off_v = 2 * Nq * K, off_f = CD, off_g = CD + N;
+    // out = normed W_outᵀ
+    matmul_backward(g->normed, gw->m_out_w, dout, a->normed, w->m_out_w, BT, NV, C);
+    // normed = RMSNorm(gated)
+    rmsnorm_backward(g->gated, gw->m_norm_w, g->normed, a->gated, w->m_norm_w, a->rstd, BT, NV);
+    // gated = y ⊙ SiLU(g_raw);  y = Hᵀq + v ⊙ D
+    const real *v = a->conv_act + off_v;
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < BT; m++) {
+        const real *gm = a->proj + (size_t)m * R + off_g, *ym = a->y + (size_t)m * NV;
+        const real *dgated = g->gated + (size_t)m * NV;
+        real *dym = g->y + (size_t)m * NV, *dg = g->proj + (size_t)m * R + off_g;
+        real *dvm = g->conv_act + (size_t)m * CD + off_v;
+        for (int i = 0; i < NV; i++) {
+            dym[i] += dgated[i] * siluf(gm[i]);
+            dg[i] += dgated[i] * ym[i] * silu_grad(gm[i]);
+            dvm[i] += dym[i] * w->m_D[i];
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < NV; i++) { // dD, summed over tokens in order: deterministic
+        real acc = 0;
+        for (int m = 0; m < BT; m++) { acc += g->y[(size_t)m * NV + i] * v[(size_t)m * CD + i]; }
+        gw->m_D[i] += acc;
+    }
+    // the recurrence
+    const real *q = a->conv_act, *k = a->conv_act + Nq * K;
+    real *dq = g->conv_act, *dk = g->conv_act + Nq * K, *dv = g->conv_act + off_v;
+    m2rnn_recurrence_backward(dq, dk, dv, g->f, gw->m_W, NULL, g->y, NULL, q, k, v, CD, a->f, w->m_W, NULL, a->h,
+                              c->rnn_grad_clamp, B, T, N, Nq, K, Vh);
+    // the gate
+    m2rnn_gate_backward(g->proj + off_f, gw->m_A_log, gw->m_dt_bias, g->f, a->f, a->proj + off_f, w->m_A_log,
+                        w->m_dt_bias, BT, N, R);
+    // SiLU after the conv (in place: conv_act's gradient becomes conv_pre's), then the conv
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < (size_t)BT * CD; i++) { g->conv_act[i] *= silu_grad(a->conv_pre[i]); }
+    conv1d_causal_backward(g->proj, gw->m_conv_w, g->conv_act, a->proj, w->m_conv_w, B, T, CD, c->conv_width, R);
+    // proj = inp W_inᵀ
+    matmul_backward(dinp, gw->m_in_w, g->proj, inp, w->m_in_w, BT, C, R);
+}
+
+#endif // M2RNN_REF_M2RNN_H

@@ -1,0 +1,352 @@
+/*
+test_gradcheck.c: finite-difference checks, in float64, of every hand-written backward of the CPU reference:
+each op (matmul, RMSNorm, embedding, cross-entropy, causal conv, the forget gate, the M²RNN recurrence with h0 and a
+final-state gradient), each mixer (M²RNN with Nq = 1 and Nq = N, attention with NoPE and RoPE), the SwiGLU MLP, and
+the whole model. The trainer is compiled in float64 here (M2RNN_REAL_DOUBLE) and included whole.
+
+For a function out = F(in) and a fixed random cotangent R, L = Σ out ⊙ R; the backward gives dL/din, and central
+differences (h = 1e-5) give it numerically at sampled coordinates, with the fourth-order stencil
+(−L(x+2h) + 8L(x+h) − 8L(x−h) + L(x−2h)) / 12h at h = 3e-3: its truncation error (h⁴) and its rounding error
+(ε·|L|/h ≈ 3e-13) both stay far below the tolerance even for the small gradients of the whole model's A_log and W.
+Reported: ‖analytic − numeric‖ / ‖numeric‖ over the sampled coordinates of each tensor; it must be below 1e-6.
+*/
+#define TESTING
+#define M2RNN_REAL_DOUBLE
+#include "train_m2rnn.c"
+#include "test/test_common.h"
+
+#define FD_STEP 3e-3
+#define FD_TOL 1e-6
+#define FD_SAMPLES 24 // coordinates checked per tensor
+
+static Rng test_rng = {12345};
+
+static void fill_random(real *x, size_t n, double scale) {
+    for (size_t i = 0; i < n; i++) { x[i] = (real)(scale * (2.0 * rng_uniform(&test_rng) - 1.0)); }
+}
+static real *random_tensor(size_t n, double scale) {
+    real *x = (real *)mallocCheck(n * sizeof(real));
+    fill_random(x, n, scale);
+    return x;
+}
+static real *zero_tensor(size_t n) { return (real *)callocCheck(n, sizeof(real)); }
+
+static double dot(const real *a, const real *b, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) { s += (double)a[i] * b[i]; }
+    return s;
+}
+
+// A test case: loss() evaluates Σ out ⊙ R at the current inputs; the checker perturbs `x` in place.
+typedef double (*loss_fn)(void *ctx);
+
+// Compares grad (analytic dL/dx, n elements) with central differences of loss() w.r.t. x at sampled coordinates.
+// Returns the normwise relative error.
+static double fd_check(const char *what, real *x, const real *grad, size_t n, loss_fn loss, void *ctx) {
+    double num2 = 0.0, diff2 = 0.0;
+    const int samples = n < FD_SAMPLES ? (int)n : FD_SAMPLES;
+    for (int s = 0; s < samples; s++) {
+        size_t i = n <= FD_SAMPLES ? (size_t)s : (size_t)(rng_next_u64(&test_rng) % n);
+        const real saved = x[i];
+        double l[4];
+        const double offsets[4] = {2, 1, -1, -2};
+        for (int j = 0; j < 4; j++) {
+            x[i] = saved + (real)(offsets[j] * FD_STEP);
+            l[j] = loss(ctx);
+        }
+        x[i] = saved;
+        const double fd = (-l[0] + 8 * l[1] - 8 * l[2] + l[3]) / (12 * FD_STEP);
+        num2 += fd * fd;
+        diff2 += (fd - grad[i]) * (fd - grad[i]);
+    }
+    double rel = num2 > 0 ? sqrt(diff2 / num2) : sqrt(diff2);
+    if (num2 == 0 && diff2 == 0) { rel = 0; }
+    (void)what;
+    return rel;
+}
+
+static void report(const char *name, double rel) { test_result(rel < FD_TOL, name, "rel err %.2e", rel); }
+
+// ----------------------------------------------------------------------------------------------------------------
+// ops
+
+typedef struct { real *out, *inp, *w, *R; int M, IC, OC; } MatmulCase;
+static double matmul_loss(void *p) {
+    MatmulCase *c = (MatmulCase *)p;
+    matmul_forward(c->out, c->inp, c->w, c->M, c->IC, c->OC);
+    return dot(c->out, c->R, (size_t)c->M * c->OC);
+}
+static void test_matmul(void) {
+    MatmulCase c = {NULL, NULL, NULL, NULL, 7, 13, 70};
+    c.out = zero_tensor((size_t)c.M * c.OC); c.inp = random_tensor((size_t)c.M * c.IC, 1);
+    c.w = random_tensor((size_t)c.OC * c.IC, 1); c.R = random_tensor((size_t)c.M * c.OC, 1);
+    real *dinp = zero_tensor((size_t)c.M * c.IC), *dw = zero_tensor((size_t)c.OC * c.IC);
+    matmul_backward(dinp, dw, c.R, c.inp, c.w, c.M, c.IC, c.OC);
+    double e = fd_check("inp", c.inp, dinp, (size_t)c.M * c.IC, matmul_loss, &c);
+    double e2 = fd_check("w", c.w, dw, (size_t)c.OC * c.IC, matmul_loss, &c);
+    report("matmul (x Wᵀ): dx, dW", e > e2 ? e : e2);
+    free(c.out); free(c.inp); free(c.w); free(c.R); free(dinp); free(dw);
+}
+
+typedef struct { real *out, *rstd, *inp, *w, *R; int M, C; } NormCase;
+static double norm_loss(void *p) {
+    NormCase *c = (NormCase *)p;
+    rmsnorm_forward(c->out, c->rstd, c->inp, c->w, c->M, c->C);
+    return dot(c->out, c->R, (size_t)c->M * c->C);
+}
+static void test_rmsnorm(void) {
+    NormCase c = {NULL, NULL, NULL, NULL, NULL, 5, 19};
+    c.out = zero_tensor(95); c.rstd = zero_tensor(5); c.inp = random_tensor(95, 1); c.w = random_tensor(19, 1);
+    c.R = random_tensor(95, 1);
+    real *dinp = zero_tensor(95), *dw = zero_tensor(19);
+    norm_loss(&c);
+    rmsnorm_backward(dinp, dw, c.R, c.inp, c.w, c.rstd, c.M, c.C);
+    double e = fd_check("inp", c.inp, dinp, 95, norm_loss, &c), e2 = fd_check("w", c.w, dw, 19, norm_loss, &c);
+    report("rmsnorm: dx, dw", e > e2 ? e : e2);
+    free(c.out); free(c.rstd); free(c.inp); free(c.w); free(c.R); free(dinp); free(dw);
+}
+
+typedef struct { real *out, *wte, *R; int *tokens; int M, C; } EmbCase;
+static double emb_loss(void *p) {
+    EmbCase *c = (EmbCase *)p;
+    embedding_forward(c->out, c->tokens, c->wte, c->M, c->C);
+    return dot(c->out, c->R, (size_t)c->M * c->C);
+}
+static void test_embedding(void) {
+    int tokens[9] = {3, 1, 3, 0, 6, 6, 6, 2, 1};
+    EmbCase c = {zero_tensor(9 * 70), random_tensor(7 * 70, 1), random_tensor(9 * 70, 1), tokens, 9, 70};
+    real *dwte = zero_tensor(7 * 70);
+    embedding_backward(dwte, c.R, tokens, 9, 70);
+    report("embedding: dwte (repeated tokens)", fd_check("wte", c.wte, dwte, 7 * 70, emb_loss, &c));
+    free(c.out); free(c.wte); free(c.R); free(dwte);
+}
+
+typedef struct { real *logits, *losses; int *targets; int M, V, Vp; } CECase;
+static double ce_loss(void *p) {
+    CECase *c = (CECase *)p;
+    crossentropy_forward(c->losses, c->logits, c->targets, c->M, c->V, c->Vp);
+    double s = 0;
+    for (int i = 0; i < c->M; i++) { s += c->losses[i]; }
+    return s / c->M;
+}
+static void test_crossentropy(void) {
+    int targets[4] = {0, 10, 5, 10};
+    CECase c = {random_tensor(4 * 16, 3), zero_tensor(4), targets, 4, 11, 16};
+    real *d = (real *)mallocCheck(64 * sizeof(real));
+    memcpy(d, c.logits, 64 * sizeof(real));
+    crossentropy_softmax_backward_inplace(d, targets, (real)1.0 / 4, 4, 11, 16);
+    int padding_zero = 1;
+    for (int m = 0; m < 4; m++) { for (int i = 11; i < 16; i++) { padding_zero &= d[m * 16 + i] == 0; } }
+    report("cross-entropy over padded vocab: dlogits", fd_check("logits", c.logits, d, 64, ce_loss, &c));
+    test_result(padding_zero, "cross-entropy: padded logits get no gradient", "%s", padding_zero ? "ok" : "nonzero");
+    free(c.logits); free(c.losses); free(d);
+}
+
+typedef struct { real *out, *inp, *w, *R; int B, T, CD, W, stride; } ConvCase;
+static double conv_loss(void *p) {
+    ConvCase *c = (ConvCase *)p;
+    conv1d_causal_forward(c->out, c->inp, c->w, c->B, c->T, c->CD, c->W, c->stride);
+    return dot(c->out, c->R, (size_t)c->B * c->T * c->CD);
+}
+static void test_conv(void) {
+    ConvCase c = {NULL, NULL, NULL, NULL, 2, 9, 5, 4, 8}; // a view of 5 channels inside rows of 8
+    c.out = zero_tensor(2 * 9 * 5); c.inp = random_tensor(2 * 9 * 8, 1); c.w = random_tensor(5 * 4, 1);
+    c.R = random_tensor(2 * 9 * 5, 1);
+    real *dinp = zero_tensor(2 * 9 * 8), *dw = zero_tensor(20);
+    conv1d_causal_backward(dinp, dw, c.R, c.inp, c.w, c.B, c.T, c.CD, c.W, c.stride);
+    double e = fd_check("inp", c.inp, dinp, 2 * 9 * 8, conv_loss, &c), e2 = fd_check("w", c.w, dw, 20, conv_loss, &c);
+    report("causal conv1d (strided view): dx, dw", e > e2 ? e : e2);
+    free(c.out); free(c.inp); free(c.w); free(c.R); free(dinp); free(dw);
+}
+
+typedef struct { real *f, *f_raw, *A_log, *dt_bias, *R; int BT, N, stride; } GateCase;
+static double gate_loss(void *p) {
+    GateCase *c = (GateCase *)p;
+    m2rnn_gate_forward(c->f, c->f_raw, c->A_log, c->dt_bias, c->BT, c->N, c->stride);
+    return dot(c->f, c->R, (size_t)c->BT * c->N);
+}
+static void test_gate(void) {
+    GateCase c = {zero_tensor(6 * 3), random_tensor(6 * 5, 3), random_tensor(3, 1.5), random_tensor(3, 2),
+                  random_tensor(6 * 3, 1), 6, 3, 5};
+    real *dfr = zero_tensor(30), *dA = zero_tensor(3), *db = zero_tensor(3);
+    gate_loss(&c);
+    m2rnn_gate_backward(dfr, dA, db, c.R, c.f, c.f_raw, c.A_log, c.dt_bias, c.BT, c.N, c.stride);
+    double e = fd_check("f_raw", c.f_raw, dfr, 30, gate_loss, &c);
+    double e2 = fd_check("A_log", c.A_log, dA, 3, gate_loss, &c);
+    double e3 = fd_check("dt_bias", c.dt_bias, db, 3, gate_loss, &c);
+    report("forget gate: df_raw, dA_log, ddt_bias", fmax(e, fmax(e2, e3)));
+    free(c.f); free(c.f_raw); free(c.A_log); free(c.dt_bias); free(c.R); free(dfr); free(dA); free(db);
+}
+
+// the recurrence alone, with h0, a final-state cotangent and no clamp (the clamp is not differentiable)
+typedef struct {
+    real *y, *h_all, *h_final, *qkv, *f, *W, *h0, *Ry, *Rh;
+    int B, T, N, Nq, K, Vh, stride;
+} RecCase;
+static double rec_loss(void *p) {
+    RecCase *c = (RecCase *)p;
+    const real *q = c->qkv, *k = c->qkv + c->Nq * c->K, *v = c->qkv + 2 * c->Nq * c->K;
+    m2rnn_recurrence_forward(c->y, c->h_all, c->h_final, q, k, v, c->stride, c->f, c->W, c->h0, c->B, c->T, c->N,
+                             c->Nq, c->K, c->Vh);
+    return dot(c->y, c->Ry, (size_t)c->B * c->T * c->N * c->Vh) +
+           dot(c->h_final, c->Rh, (size_t)c->B * c->N * c->K * c->Vh);
+}
+static void test_recurrence(int Nq) {
+    RecCase c;
+    memset(&c, 0, sizeof(c));
+    c.B = 2; c.T = 7; c.N = 3; c.Nq = Nq; c.K = 5; c.Vh = 4;
+    c.stride = 2 * c.Nq * c.K + c.N * c.Vh + 3; // a view inside wider rows, as in the layer
+    const size_t BT = (size_t)c.B * c.T, state = (size_t)c.K * c.Vh;
+    c.y = zero_tensor(BT * c.N * c.Vh); c.h_all = zero_tensor(BT * c.N * state);
+    c.h_final = zero_tensor((size_t)c.B * c.N * state);
+    c.qkv = random_tensor(BT * c.stride, 1);
+    c.f = random_tensor(BT * c.N, 1);
+    for (size_t i = 0; i < BT * c.N; i++) { c.f[i] = (real)(0.5 + 0.45 * c.f[i]); } // gates in (0.05, 0.95)
+    c.W = random_tensor((size_t)c.N * c.Vh * c.Vh, 0.6);
+    c.h0 = random_tensor((size_t)c.B * c.N * state, 0.8);
+    c.Ry = random_tensor(BT * c.N * c.Vh, 1); c.Rh = random_tensor((size_t)c.B * c.N * state, 1);
+    real *dqkv = zero_tensor(BT * c.stride), *df = zero_tensor(BT * c.N), *dW = zero_tensor((size_t)c.N * c.Vh * c.Vh);
+    real *dh0 = zero_tensor((size_t)c.B * c.N * state);
+    rec_loss(&c);
+    real *q = c.qkv, *k = c.qkv + c.Nq * c.K, *v = c.qkv + 2 * c.Nq * c.K;
+    m2rnn_recurrence_backward(dqkv, dqkv + c.Nq * c.K, dqkv + 2 * c.Nq * c.K, df, dW, dh0, c.Ry, c.Rh, q, k, v,
+                              c.stride, c.f, c.W, c.h0, c.h_all, 0, c.B, c.T, c.N, c.Nq, c.K, c.Vh);
+    double e = fd_check("qkv", c.qkv, dqkv, BT * c.stride, rec_loss, &c);
+    e = fmax(e, fd_check("f", c.f, df, BT * c.N, rec_loss, &c));
+    e = fmax(e, fd_check("W", c.W, dW, (size_t)c.N * c.Vh * c.Vh, rec_loss, &c));
+    e = fmax(e, fd_check("h0", c.h0, dh0, (size_t)c.B * c.N * state, rec_loss, &c));
+    char name[96];
+    snprintf(name, sizeof(name), "M2RNN recurrence Nq=%d: dq dk dv df dW dh0", Nq);
+    report(name, e);
+    free(c.y); free(c.h_all); free(c.h_final); free(c.qkv); free(c.f); free(c.W); free(c.h0); free(c.Ry); free(c.Rh);
+    free(dqkv); free(df); free(dW); free(dh0);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// mixers, the MLP and the whole model, through a tiny Model (its parameter buffer is perturbed in place)
+
+static ModelConfig tiny_config(const char *pattern, int qk_heads, int rope) {
+    ModelConfig c;
+    memset(&c, 0, sizeof(c));
+    c.vocab_size = 37; c.d_model = 12; c.rnn_heads = 3; c.rnn_qk_heads = qk_heads; c.rnn_k = 8; c.rnn_v = 4;
+    c.attn_heads = 2; c.attn_head_dim = 6; c.use_rope = rope; c.mlp_hidden = 20; c.rnn_grad_clamp = 0;
+    snprintf(c.pattern, sizeof(c.pattern), "%s", pattern);
+    return c;
+}
+
+// non-trivial weights: the init's identity W, unit norms and D would hide transposition bugs
+static void randomize_model(Model *m) {
+    fill_random(m->params_memory, m->table.num_parameters, 0.4);
+    for (int i = 0; i < m->table.num_specs; i++) {
+        const ParamSpec *s = &m->table.specs[i];
+        if (s->zero_rows_from < s->shape[0]) { // keep the vocab padding rows at zero, as the init does
+            memset(m->params_memory + s->offset + s->zero_rows_from * (s->numel / s->shape[0]), 0,
+                   (s->shape[0] - s->zero_rows_from) * (s->numel / s->shape[0]) * sizeof(real));
+        }
+        if (s->kind == PK_m_A_log) { for (size_t j = 0; j < s->numel; j++) { m->params_memory[s->offset + j] -= 1; } }
+    }
+}
+
+typedef struct { Model *m; real *out, *inp, *R; int layer, B, T, which; } BlockCase; // which: 0 mixer, 1 MLP
+static double block_loss(void *p) {
+    BlockCase *c = (BlockCase *)p;
+    Model *m = c->m;
+    LayerActs *la = &m->layer_acts[c->layer];
+    const LayerWeights *w = &m->params.layers[c->layer];
+    if (c->which == 1) { swiglu_mlp_forward(c->out, &la->mlp, c->inp, w, &m->config, c->B * c->T); }
+    else if (m->config.pattern[c->layer] == 'M') { m2rnn_mixer_forward(c->out, &la->m, c->inp, w, &m->config, c->B, c->T); }
+    else { attention_forward(c->out, &la->a, c->inp, w, &m->config, c->B, c->T); }
+    return dot(c->out, c->R, (size_t)c->B * c->T * m->config.d_model);
+}
+
+// checks one block (mixer or MLP) of layer 0: d(input) and d(every parameter of the layer)
+static void test_block(const char *name, ModelConfig config, int which) {
+    Model m;
+    model_build(&m, &config);
+    randomize_model(&m);
+    const int B = 2, T = 6, C = m.config.d_model;
+    int tokens[12] = {0};
+    model_forward(&m, tokens, NULL, B, T); // allocates the activations
+    BlockCase c = {&m, zero_tensor((size_t)B * T * C), random_tensor((size_t)B * T * C, 1),
+                   random_tensor((size_t)B * T * C, 1), 0, B, T, which};
+    real *dinp = zero_tensor((size_t)B * T * C);
+    block_loss(&c);
+    model_zero_grad(&m);
+    memset(m.grad_scratch_memory, 0, m.grad_scratch_size * sizeof(real));
+    LayerActs *la = &m.layer_acts[0];
+    LayerWeights *gw = &m.grads.layers[0];
+    const LayerWeights *w = &m.params.layers[0];
+    if (which == 1) { swiglu_mlp_backward(dinp, gw, &m.gmlp, c.R, c.inp, &la->mlp, w, &m.config, B * T); }
+    else if (m.config.pattern[0] == 'M') { m2rnn_mixer_backward(dinp, gw, &m.gm, c.R, c.inp, &la->m, w, &m.config, B, T); }
+    else { attention_backward(dinp, gw, &m.ga, c.R, c.inp, &la->a, w, &m.config, B, T); }
+    double e = fd_check("inp", c.inp, dinp, (size_t)B * T * C, block_loss, &c);
+    for (int i = 0; i < m.table.num_specs; i++) {
+        const ParamSpec *s = &m.table.specs[i];
+        if (s->layer != 0 || s->kind == PK_ln1_w || s->kind == PK_ln2_w) { continue; }
+        const int is_mlp = s->kind == PK_mlp_up_w || s->kind == PK_mlp_down_w;
+        if (is_mlp != (which == 1)) { continue; }
+        double ei = fd_check(s->name, m.params_memory + s->offset, m.grads_memory + s->offset, s->numel, block_loss, &c);
+        if (ei >= FD_TOL) { printf("     %s: rel err %.2e\n", s->name, ei); }
+        e = fmax(e, ei);
+    }
+    report(name, e);
+    free(c.out); free(c.inp); free(c.R); free(dinp);
+    model_free(&m);
+}
+
+typedef struct { Model *m; int *inputs, *targets; int B, T; } ModelCase;
+static double model_loss(void *p) {
+    ModelCase *c = (ModelCase *)p;
+    return model_forward(c->m, c->inputs, c->targets, c->B, c->T);
+}
+static void test_whole_model(const char *name, ModelConfig config) {
+    Model m;
+    model_build(&m, &config);
+    randomize_model(&m);
+    enum { B = 2, T = 7 };
+    int inputs[B * T], targets[B * T];
+    for (int i = 0; i < B * T; i++) {
+        inputs[i] = (int)(rng_next_u64(&test_rng) % 37);
+        targets[i] = (int)(rng_next_u64(&test_rng) % 37);
+    }
+    ModelCase c = {&m, inputs, targets, B, T};
+    model_zero_grad(&m);
+    model_forward(&m, inputs, targets, B, T);
+    model_backward(&m, 1);
+    real *grads = (real *)mallocCheck(m.table.num_parameters * sizeof(real));
+    memcpy(grads, m.grads_memory, m.table.num_parameters * sizeof(real));
+    double e = 0;
+    const char *worst = "";
+    for (int i = 0; i < m.table.num_specs; i++) {
+        const ParamSpec *s = &m.table.specs[i];
+        size_t n = s->numel;
+        if (s->zero_rows_from < s->shape[0]) { n = s->zero_rows_from * (s->numel / s->shape[0]); } // real vocab rows
+        double ei = fd_check(s->name, m.params_memory + s->offset, grads + s->offset, n, model_loss, &c);
+        if (ei > e) { e = ei; worst = s->name; }
+    }
+    test_result(e < FD_TOL, name, "rel err %.2e (worst: %s, %d tensors)", e, worst, m.table.num_specs);
+    free(grads);
+    model_free(&m);
+}
+
+int main(void) {
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
+    test_matmul();
+    test_rmsnorm();
+    test_embedding();
+    test_crossentropy();
+    test_conv();
+    test_gate();
+    test_recurrence(1);
+    test_recurrence(3);
+    test_block("M2RNN mixer Nq=1: dx and every parameter", tiny_config("M", 1, 0), 0);
+    test_block("M2RNN mixer Nq=N: dx and every parameter", tiny_config("M", 3, 0), 0);
+    test_block("attention NoPE: dx, dW_qkv, dW_out", tiny_config("A", 1, 0), 0);
+    test_block("attention RoPE: dx, dW_qkv, dW_out", tiny_config("A", 1, 1), 0);
+    test_block("SwiGLU MLP: dx, dW_up, dW_down", tiny_config("M", 1, 0), 1);
+    test_whole_model("whole model MAM (Nq=1): every parameter", tiny_config("MAM", 1, 0));
+    test_whole_model("whole model AMM (Nq=N, RoPE): every parameter", tiny_config("AMM", 3, 1));
+    return test_summary("test_gradcheck");
+}

@@ -1,0 +1,161 @@
+/*
+test_train.c: the fp32 trainer end to end, on synthetic token shards it writes itself:
+1. a tiny M²RNN hybrid overfits one batch (loss below 0.1);
+2. exact resume: an uninterrupted run writes checkpoints; a second run resumes from the step-k checkpoint (copied
+   into a fresh directory) and must reproduce every later loss bit for bit, with gradient accumulation on;
+3. checkpoint round trip: the model, AdamW state and dataloader state read back identical to what was written.
+`test_train --fixtures DIR` writes the shards and a small checkpoint into DIR and exits (test/test_cli.sh uses them
+to test refusals of bad input through the real binary).
+*/
+#define TESTING
+#include "train_m2rnn.c"
+#include "test/test_common.h"
+
+#define TEST_VOCAB 61
+
+// writes an llm.c shard (magic 20240520, version 1, uint16 tokens) of ntok tokens drawn from a few repeating
+// "documents", so there is something to learn
+static void write_shard(const char *path, size_t ntok, uint64_t seed) {
+    FILE *fp = fopenCheck(path, "wb");
+    int32_t header[256] = {0};
+    header[0] = 20240520; header[1] = 1; header[2] = (int32_t)ntok;
+    fwriteCheck(header, sizeof(int32_t), 256, fp);
+    Rng rng = {seed};
+    uint16_t *tokens = (uint16_t *)mallocCheck(ntok * sizeof(uint16_t));
+    for (size_t i = 0; i < ntok; i++) {
+        uint64_t r = rng_next_u64(&rng);
+        tokens[i] = (uint16_t)((i % 7 == 0) ? 0 : ((i * 5 + (r % 3)) % (TEST_VOCAB - 1) + 1));
+    }
+    fwriteCheck(tokens, sizeof(uint16_t), ntok, fp);
+    fcloseCheck(fp);
+    free(tokens);
+}
+
+static void make_dir(const char *dir) {
+    char cmd[4200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && mkdir -p '%s'", dir, dir);
+    if (system(cmd) != 0) { fail_with_hint("check build/ is writable", "cannot create %s", dir); }
+}
+
+static TrainOptions tiny_options(const char *data_dir, char *train_glob, char *val_glob) {
+    snprintf(train_glob, 512, "%s/train_*.bin", data_dir);
+    snprintf(val_glob, 512, "%s/val_*.bin", data_dir);
+    TrainOptions o = train_options_default();
+    o.train_pattern = train_glob;
+    o.val_pattern = val_glob;
+    o.init = "d32:MAM:n4:k16:v8:h2:f64";
+    o.vocab_size = TEST_VOCAB;
+    o.B = 2; o.T = 16;
+    o.lr = 3e-3f; o.warmup = 3;
+    o.val_every = 4; o.val_batches = 2;
+    o.quiet = 1;
+    return o;
+}
+
+static void write_fixture_data(const char *dir) {
+    char path[600];
+    snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
+    write_shard(path, 6000, 1);
+    snprintf(path, sizeof(path), "%s/train_000001.bin", dir);
+    write_shard(path, 4000, 2);
+    snprintf(path, sizeof(path), "%s/val_000000.bin", dir);
+    write_shard(path, 1000, 3);
+}
+
+static void test_overfit(const char *data_dir) {
+    char tg[512], vg[512];
+    TrainOptions o = tiny_options(data_dir, tg, vg);
+    o.overfit = 1; o.max_steps = 150; o.lr = 1e-2f; o.warmup = 10; o.weight_decay = 0; o.val_every = 0;
+    float losses[150];
+    o.loss_trace = losses;
+    train_run(&o);
+    test_result(losses[149] < 0.1f, "overfit one batch (MAM, 150 steps)", "loss %.4f -> %.4f", losses[0], losses[149]);
+}
+
+static void test_resume(const char *data_dir, const char *work_dir) {
+    char tg[512], vg[512], dir_a[600], dir_b[600], cmd[1400];
+    snprintf(dir_a, sizeof(dir_a), "%s/run_a", work_dir);
+    snprintf(dir_b, sizeof(dir_b), "%s/run_b", work_dir);
+    make_dir(dir_a);
+    make_dir(dir_b);
+    enum { STEPS = 14, K = 6 };
+    TrainOptions o = tiny_options(data_dir, tg, vg);
+    o.max_steps = STEPS; o.total_batch = 2 * o.B * o.T; o.ckpt_every = K; o.out_dir = dir_a;
+    float full[STEPS], resumed[STEPS];
+    memset(resumed, 0, sizeof(resumed));
+    o.loss_trace = full;
+    train_run(&o);
+    snprintf(cmd, sizeof(cmd), "cp '%s/ckpt_%08d.bin' '%s/'", dir_a, K, dir_b);
+    if (system(cmd) != 0) { fail_with_hint("", "cannot copy the checkpoint"); }
+    o.out_dir = dir_b; o.resume = 1; o.loss_trace = resumed;
+    train_run(&o);
+    int same = 1;
+    for (int s = K; s < STEPS; s++) { same &= memcmp(&full[s], &resumed[s], sizeof(float)) == 0; }
+    test_result(same, "resume at step 6 of 14 is bit-exact", "step 14 loss %.7f vs %.7f", full[STEPS - 1],
+                resumed[STEPS - 1]);
+    int learned = full[STEPS - 1] < full[0];
+    test_result(learned, "the tiny run learns", "loss %.4f -> %.4f", full[0], full[STEPS - 1]);
+    // the resumed run wrote its own checkpoints; the final one must equal the uninterrupted run's byte for byte
+    snprintf(cmd, sizeof(cmd), "cmp -s '%s/ckpt_%08d.bin' '%s/ckpt_%08d.bin'", dir_a, STEPS, dir_b, STEPS);
+    test_result(system(cmd) == 0, "final checkpoints identical byte for byte", "%s", "cmp");
+}
+
+static void test_checkpoint_roundtrip(const char *work_dir) {
+    ModelConfig c;
+    memset(&c, 0, sizeof(c));
+    c.vocab_size = TEST_VOCAB; c.d_model = 16; c.rnn_grad_clamp = 1;
+    snprintf(c.pattern, sizeof(c.pattern), "MA");
+    Model m;
+    model_build(&m, &c);
+    model_init_weights(&m, 7);
+    const size_t n = m.table.num_parameters;
+    real *mom = (real *)mallocCheck(n * sizeof(real)), *var = (real *)mallocCheck(n * sizeof(real));
+    for (size_t i = 0; i < n; i++) { mom[i] = (real)(i % 17) * 0.25f; var[i] = (real)(i % 5); }
+    uint8_t loader_state[40];
+    for (int i = 0; i < 40; i++) { loader_state[i] = (uint8_t)(3 * i + 1); }
+    CheckpointHeader h;
+    memset(&h, 0, sizeof(h));
+    h.config = m.config; h.elem_bytes = 4; h.has_optimizer = 1; h.num_parameters = n; h.step = 42; h.B = 3; h.T = 9;
+    h.grad_accum = 2; h.rng_state = 0x1234567890ABCDEFULL; h.loader_state_bytes = 40;
+    char path[600];
+    snprintf(path, sizeof(path), "%s/roundtrip.bin", work_dir);
+    checkpoint_write(path, &h, m.params_memory, mom, var, loader_state);
+    CheckpointHeader r;
+    checkpoint_read_header(path, &r);
+    real *p2 = (real *)mallocCheck(n * sizeof(real)), *m2 = (real *)mallocCheck(n * sizeof(real));
+    real *v2 = (real *)mallocCheck(n * sizeof(real));
+    uint8_t ls2[40];
+    checkpoint_read_payload(path, &r, p2, m2, v2, ls2);
+    int ok = memcmp(p2, m.params_memory, n * sizeof(real)) == 0 && memcmp(m2, mom, n * sizeof(real)) == 0 &&
+             memcmp(v2, var, n * sizeof(real)) == 0 && memcmp(ls2, loader_state, 40) == 0 && r.step == 42 &&
+             r.B == 3 && r.T == 9 && r.grad_accum == 2 && r.rng_state == h.rng_state &&
+             strcmp(r.config.pattern, "MA") == 0 && r.config.d_model == 16 && r.config.rnn_heads == m.config.rnn_heads &&
+             r.config.rnn_grad_clamp == 1.0f && r.config.vocab_size == TEST_VOCAB;
+    test_result(ok, "checkpoint round trip (params, m, v, loader, header)", "%zu parameters", n);
+    free(mom); free(var); free(p2); free(m2); free(v2);
+    model_free(&m);
+}
+
+int main(int argc, char **argv) {
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
+    if (argc == 3 && strcmp(argv[1], "--fixtures") == 0) {
+        // shards plus a 2-step run with a checkpoint, for test/test_cli.sh
+        make_dir(argv[2]);
+        write_fixture_data(argv[2]);
+        char tg[512], vg[512], out[600];
+        snprintf(out, sizeof(out), "%s/run", argv[2]);
+        TrainOptions o = tiny_options(argv[2], tg, vg);
+        o.max_steps = 2; o.ckpt_every = 2; o.out_dir = out;
+        train_run(&o);
+        return 0;
+    }
+    const char *work = "build/test_train_data";
+    make_dir(work);
+    write_fixture_data(work);
+    test_checkpoint_roundtrip(work);
+    test_overfit(work);
+    test_resume(work, work);
+    return test_summary("test_train");
+}
