@@ -128,8 +128,18 @@ bench-tokenizer: tokenize $(GPT2_TOKENIZER) $(CL100K_TOKENIZER)
 # ---------------------------------------------------------------------------------------------------------------
 # CUDA programs, tests and benchmarks (built only where nvcc exists)
 
-CUDA_PROGRAMS =
-CUDA_TESTS =
+CUDA_PROGRAMS = build/bench_m2rnn
+CUDA_TESTS = build/test_m2rnn_gpu
+
+M2RNN_GPU_HEADERS = m2rnn_kernels.cuh cuda_common.h utils.h
+
+build/test_m2rnn_gpu: test/test_m2rnn_gpu.cu $(M2RNN_GPU_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+
+build/bench_m2rnn: dev/bench/bench_m2rnn.cu $(M2RNN_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -lineinfo -o $@ $< $(NVCC_LDLIBS)
 
 # ---------------------------------------------------------------------------------------------------------------
 

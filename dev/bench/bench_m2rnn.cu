@@ -1,0 +1,268 @@
+/*
+bench_m2rnn.cu: times the M²RNN GPU kernels (m2rnn_kernels.cuh) at the paper's shapes and prints the floors they are
+measured against. dev/bench/m2rnn_authors.py times the authors' Triton kernel in the same run (scripts/gpu_m2rnn.sh).
+
+  build/bench_m2rnn                       the paper's shapes: B in {4,8}, T=4096, N in {84,132}, K=64, V=16, Nq=1
+  build/bench_m2rnn -b 8 -t 4096 -n 84    one shape (also -k K, -v V, -q Nq, -r repeats)
+  build/bench_m2rnn -d DIR                writes a small problem's inputs and our outputs to DIR (raw little-endian
+                                          arrays + meta.txt) for the float64 / authors' comparison in m2rnn_authors.py
+
+Timing: CUDA events around each call, 3 warm-up calls, median of -r repeats (default 20). Inputs are random
+(q, k, v inside one (tok, conv_dim) buffer as the trainer lays them out), never zeros.
+"Extra memory" of the backward is the workspace (checkpoints every 32 tokens + fp32 dq/dk accumulators + dW partials),
+the only device memory the op allocates beyond its inputs and outputs.
+*/
+#include <algorithm>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "m2rnn_kernels.cuh"
+
+static uint64_t rng = 0x1234567ull;
+static float urand() { // xorshift64* -> [0,1)
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return (float)((rng * 2685821657736338717ull) >> 40) / 16777216.0f;
+}
+static float nrand() {
+    float u1 = fmaxf(urand(), 1e-7f), u2 = urand();
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+static floatX bf(float x) { return __float2bfloat16(x); }
+static float bfr(float x) { return __bfloat162float(__float2bfloat16(x)); } // round to a bf16-representable value
+
+struct Inputs {
+    M2RNNDims d;
+    int conv_dim;
+    floatX *conv, *W, *dy, *dconv, *y;
+    float *f, *h0, *hT, *dhT, *df, *dW, *dh0;
+    void *ws;
+};
+
+static void make(Inputs &in, int B, int T, int N, int Nq, int K, int V, bool all_bf16_exact) {
+    in.conv_dim = 2 * Nq * K + N * V;
+    const long ntok = (long)B * T;
+    std::vector<floatX> conv((size_t)ntok * in.conv_dim), W((size_t)N * V * V), dy((size_t)ntok * N * V);
+    std::vector<float> f((size_t)ntok * N), st((size_t)B * N * K * V), dst(st.size());
+    for (auto &x : conv) {
+        float z = nrand();
+        x = bf(z / (1.0f + expf(-z)));
+    }
+    for (int n = 0; n < N; n++) {
+        for (int i = 0; i < V; i++) {
+            for (int j = 0; j < V; j++) { W[((size_t)n * V + i) * V + j] = bf((i == j ? 0.7f : 0.0f) + 0.12f * nrand()); }
+        }
+    }
+    for (auto &x : dy) { x = bf(nrand()); }
+    for (auto &x : f) { // the gate value, some heads slow (f near 1), some fast
+        float s = 1.0f / (1.0f + expf(-(1.5f + 2.0f * nrand())));
+        x = all_bf16_exact ? bfr(s) : s;
+    }
+    for (auto &x : st) { x = bfr(0.5f * nrand()); }
+    for (auto &x : dst) { x = bfr(0.5f * nrand()); }
+    M2RNNDims d = {B, T, N, Nq, K, V, in.conv_dim, in.conv_dim, in.conv_dim, NULL};
+    in.d = d;
+    cudaCheck(cudaMalloc(&in.conv, conv.size() * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&in.dconv, conv.size() * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&in.W, W.size() * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&in.dy, dy.size() * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&in.y, dy.size() * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&in.f, f.size() * sizeof(float)));
+    cudaCheck(cudaMalloc(&in.df, f.size() * sizeof(float)));
+    cudaCheck(cudaMalloc(&in.h0, st.size() * sizeof(float)));
+    cudaCheck(cudaMalloc(&in.hT, st.size() * sizeof(float)));
+    cudaCheck(cudaMalloc(&in.dhT, st.size() * sizeof(float)));
+    cudaCheck(cudaMalloc(&in.dh0, st.size() * sizeof(float)));
+    cudaCheck(cudaMalloc(&in.dW, W.size() * sizeof(float)));
+    cudaCheck(cudaMalloc(&in.ws, m2rnn_workspace_bytes(&in.d)));
+    cudaCheck(cudaMemcpy(in.conv, conv.data(), conv.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(in.W, W.data(), W.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(in.dy, dy.data(), dy.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(in.f, f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(in.h0, st.data(), st.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(in.dhT, dst.data(), dst.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+static void release(Inputs &in) {
+    cudaCheck(cudaFree(in.conv));
+    cudaCheck(cudaFree(in.dconv));
+    cudaCheck(cudaFree(in.W));
+    cudaCheck(cudaFree(in.dy));
+    cudaCheck(cudaFree(in.y));
+    cudaCheck(cudaFree(in.f));
+    cudaCheck(cudaFree(in.df));
+    cudaCheck(cudaFree(in.h0));
+    cudaCheck(cudaFree(in.hT));
+    cudaCheck(cudaFree(in.dhT));
+    cudaCheck(cudaFree(in.dh0));
+    cudaCheck(cudaFree(in.dW));
+    cudaCheck(cudaFree(in.ws));
+}
+
+static void fwd(Inputs &in, bool train) {
+    const M2RNNDims *d = &in.d;
+    const floatX *q = in.conv, *k = in.conv + d->Nq * d->K, *v = in.conv + 2 * d->Nq * d->K;
+    m2rnn_forward(in.y, in.hT, train ? in.ws : nullptr, q, k, v, in.f, in.W, nullptr, d, 0);
+}
+static void bwd(Inputs &in) {
+    const M2RNNDims *d = &in.d;
+    const floatX *q = in.conv, *k = in.conv + d->Nq * d->K, *v = in.conv + 2 * d->Nq * d->K;
+    floatX *dq = in.dconv, *dk = in.dconv + d->Nq * d->K, *dv = in.dconv + 2 * d->Nq * d->K;
+    m2rnn_backward(dq, dk, dv, in.df, in.dW, nullptr, in.ws, in.dy, nullptr, q, k, v, in.f, in.W, 1.0f, d, 0);
+}
+
+template <class F> static double time_median(F fn, int reps) {
+    cudaEvent_t a, b;
+    cudaCheck(cudaEventCreate(&a));
+    cudaCheck(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) { fn(); }
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> ms(reps);
+    for (int i = 0; i < reps; i++) {
+        cudaCheck(cudaEventRecord(a));
+        fn();
+        cudaCheck(cudaEventRecord(b));
+        cudaCheck(cudaEventSynchronize(b));
+        cudaCheck(cudaEventElapsedTime(&ms[i], a, b));
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaCheck(cudaEventDestroy(a));
+    cudaCheck(cudaEventDestroy(b));
+    return ms[reps / 2];
+}
+
+static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, const cudaDeviceProp &prop,
+                        double clock_ghz) {
+    Inputs in;
+    make(in, B, T, N, Nq, K, V, false);
+    const double f_inf = time_median([&] { fwd(in, false); }, reps);
+    const double f_tr = time_median([&] { fwd(in, true); }, reps);
+    fwd(in, true);
+    const double b_ms = time_median([&] { bwd(in); }, reps);
+    const double fb = time_median([&] { fwd(in, true); bwd(in); }, reps);
+    // occupancy of the two recurrence kernels at this shape
+    const int hpc = m2rnn_heads_per_cta(&in.d), threads = hpc * (K / 16) * 32;
+    int occ_f = 0, occ_b = 0;
+    if (V == 16 && hpc == 2) {
+        cudaCheck(cudaFuncSetAttribute(m2rnn_forward_kernel<16, 2, false>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)m2rnn_forward_smem(&in.d, hpc)));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, m2rnn_forward_kernel<16, 2, false>, threads,
+                                                                 m2rnn_forward_smem(&in.d, hpc)));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_b, m2rnn_backward_kernel<16, 2, false>, threads,
+                                                                 m2rnn_backward_smem(&in.d, hpc)));
+    }
+    const long ctas = (long)B * N / hpc;
+    const double tanh_count = (double)B * T * N * K * V;
+    const double sfu_ms = tanh_count / (16.0 * prop.multiProcessorCount * clock_ghz * 1e9) * 1e3;
+    const double ws_gib = m2rnn_workspace_bytes(&in.d) / 1073741824.0;
+    printf("ours  B=%d T=%d N=%d K=%d V=%d Nq=%d | fwd(infer) %.3f ms | fwd(train) %.3f ms | bwd %.3f ms | fwd+bwd "
+           "%.3f ms | %.2f Mtok/s fwd+bwd | bwd extra mem %.3f GiB | CTAs %ld, CTAs/SM fwd %d bwd %d (%d warps "
+           "each) | SFU floor (1x tanh) %.3f ms\n",
+           B, T, N, K, V, Nq, f_inf, f_tr, b_ms, fb, (double)B * T / (fb * 1e-3) / 1e6, ws_gib, ctas, occ_f, occ_b,
+           threads / 32, sfu_ms);
+    fflush(stdout);
+    release(in);
+}
+
+template <class T> static void dump(const char *dir, const char *name, const T *dptr, size_t n) {
+    std::vector<T> h(n);
+    cudaCheck(cudaMemcpy(h.data(), dptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *fp = fopenCheck(path, "wb");
+    fwriteCheck(h.data(), sizeof(T), n, fp);
+    fcloseCheck(fp);
+}
+// strided (ntok, width) columns of a (ntok, ld) device buffer, written packed
+static void dump_cols(const char *dir, const char *name, const floatX *dptr, long ntok, int width, int ld) {
+    std::vector<floatX> all((size_t)ntok * ld), out((size_t)ntok * width);
+    cudaCheck(cudaMemcpy(all.data(), dptr, all.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (long t = 0; t < ntok; t++) { memcpy(&out[t * width], &all[t * ld], width * sizeof(floatX)); }
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *fp = fopenCheck(path, "wb");
+    fwriteCheck(out.data(), sizeof(floatX), out.size(), fp);
+    fcloseCheck(fp);
+}
+
+static void dump_problem(const char *dir, int B, int T, int N, int Nq, int K, int V) {
+    create_dir_if_not_exists(dir);
+    Inputs in;
+    make(in, B, T, N, Nq, K, V, true);
+    const M2RNNDims *d = &in.d;
+    const long ntok = (long)B * T;
+    const int c = in.conv_dim, QK = Nq * K;
+    const floatX *q = in.conv, *k = in.conv + QK, *v = in.conv + 2 * QK;
+    m2rnn_forward(in.y, in.hT, in.ws, q, k, v, in.f, in.W, in.h0, d, 0);
+    m2rnn_backward(in.dconv, in.dconv + QK, in.dconv + 2 * QK, in.df, in.dW, in.dh0, in.ws, in.dy, in.dhT, q, k, v,
+                   in.f, in.W, 0.0f, d, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    const size_t S = (size_t)B * N * K * V;
+    dump_cols(dir, "q.bin", in.conv, ntok, QK, c);
+    dump_cols(dir, "k.bin", in.conv + QK, ntok, QK, c);
+    dump_cols(dir, "v.bin", in.conv + 2 * QK, ntok, N * V, c);
+    dump(dir, "f.bin", in.f, (size_t)ntok * N);
+    dump(dir, "W.bin", in.W, (size_t)N * V * V);
+    dump(dir, "h0.bin", in.h0, S);
+    dump(dir, "dy.bin", in.dy, (size_t)ntok * N * V);
+    dump(dir, "dhT.bin", in.dhT, S);
+    dump(dir, "y.bin", in.y, (size_t)ntok * N * V);
+    dump(dir, "hT.bin", in.hT, S);
+    dump_cols(dir, "dq.bin", in.dconv, ntok, QK, c);
+    dump_cols(dir, "dk.bin", in.dconv + QK, ntok, QK, c);
+    dump_cols(dir, "dv.bin", in.dconv + 2 * QK, ntok, N * V, c);
+    dump(dir, "df.bin", in.df, (size_t)ntok * N);
+    dump(dir, "dW.bin", in.dW, (size_t)N * V * V);
+    dump(dir, "dh0.bin", in.dh0, S);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/meta.txt", dir);
+    FILE *fp = fopenCheck(path, "w");
+    fprintf(fp, "%d %d %d %d %d %d\n", B, T, N, Nq, K, V);
+    fcloseCheck(fp);
+    printf("wrote inputs and our outputs for B=%d T=%d N=%d Nq=%d K=%d V=%d to %s\n", B, T, N, Nq, K, V, dir);
+    release(in);
+}
+
+int main(int argc, char **argv) {
+    int B = 0, T = 4096, N = 84, Nq = 1, K = 64, V = 16, reps = 20;
+    const char *dump_dir = NULL;
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) { fail_with_hint("flags come in pairs: -b 8 -t 4096 ...", "missing value for %s", argv[i]); }
+        if (!strcmp(argv[i], "-b")) { B = (int)parse_int_arg("-b", argv[i + 1], 1, 1024); }
+        else if (!strcmp(argv[i], "-t")) { T = (int)parse_int_arg("-t", argv[i + 1], 1, 1 << 20); }
+        else if (!strcmp(argv[i], "-n")) { N = (int)parse_int_arg("-n", argv[i + 1], 1, 4096); }
+        else if (!strcmp(argv[i], "-q")) { Nq = (int)parse_int_arg("-q", argv[i + 1], 1, 4096); }
+        else if (!strcmp(argv[i], "-k")) { K = (int)parse_int_arg("-k", argv[i + 1], 16, 256); }
+        else if (!strcmp(argv[i], "-v")) { V = (int)parse_int_arg("-v", argv[i + 1], 16, 32); }
+        else if (!strcmp(argv[i], "-r")) { reps = (int)parse_int_arg("-r", argv[i + 1], 1, 1000); }
+        else if (!strcmp(argv[i], "-d")) { dump_dir = argv[i + 1]; }
+        else { fail_with_hint("flags: -b -t -n -q -k -v -r -d (see the comment at the top of the file)", "unknown flag %s", argv[i]); }
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        fail_with_hint("run this on a machine with an NVIDIA GPU", "no CUDA device");
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    int clock_khz = 0;
+    cudaCheck(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+    const double ghz = clock_khz / 1e6;
+    printf("device: %s, %d SMs, max SM clock %.2f GHz, %.1f GiB\n", prop.name, prop.multiProcessorCount, ghz,
+           prop.totalGlobalMem / 1073741824.0);
+    if (dump_dir) {
+        dump_problem(dump_dir, B ? B : 2, T, N, Nq, K, V);
+        return 0;
+    }
+    if (B) {
+        bench_shape(B, T, N, Nq, K, V, reps, prop, ghz);
+    } else {
+        const int shapes[4][2] = {{4, 84}, {8, 84}, {4, 132}, {8, 132}};
+        for (int i = 0; i < 4; i++) { bench_shape(shapes[i][0], T, shapes[i][1], 1, 64, 16, reps, prop, ghz); }
+    }
+    return 0;
+}

@@ -1,0 +1,879 @@
+/*
+m2rnn_kernels.cuh: the M²RNN recurrence on the GPU: training forward (saves state checkpoints), backward (recomputes
+from the checkpoints chunk by chunk), an inference forward, and a batched single-token step for generation.
+
+The recurrence, per sequence b and value head n (H is K x V, W right-multiplies, q/k head = n / (N/Nq)):
+    Z_t = tanh(H_t W_n + k_t v_t^T),   H_{t+1} = f_t H_t + (1 - f_t) Z_t,   y_t = H_{t+1}^T q_t      (H_0 = h0 or 0)
+Backward (G = dL/dH_{t+1} carried from the right, c = clamp, 0 = off):
+    D = clamp(G, -c, c) + q_t dy_t^T,  dX = D (1-f)(1-Z^2),  G <- f D + dX W^T,  dh0 = G after t = 0 (unclamped)
+    dq_t = H_{t+1} dy_t,  dk_t = dX v_t,  dv_t = dX^T k_t,  df_t = sum D (H_t - Z_t),  dW += H_t^T dX
+
+Design (numbers behind it in dev/bench/NOTES.md):
+- W acts from the right, so the K rows of H are K independent V-dim recurrences. One warp owns 16 rows of one head:
+  per step H W is (V/8)*(V/16) m16n8k16 bf16 tensor-core MMAs whose fp32 accumulator fragment is repacked in registers
+  into the next step's A operand. The state H is carried in fp32 (the MMA reads it rounded to bf16); k v^T is exact in
+  fp32; tanh is tanh.approx.f32. A CTA holds HPC heads (sharing one q/k head) x K/16 warps.
+- Inputs are staged into shared memory a chunk of 32 tokens at a time with cp.async (the forward prefetches the next
+  chunk while computing this one), so no global load sits on the recurrence's critical path.
+- y_t, dq_t, dk_t, dv_t are computed with extra MMAs (row sums become MMAs against a broadcast vector; the transposes
+  they need are movmatrix), off the recurrence's dependency chain. Cross-warp/cross-head sums go through shared memory
+  and are flushed once per chunk. dq/dk are summed over the CTA's heads in shared memory first, so the global fp32
+  atomics see N/HPC adders per address, not N.
+- Backward without the authors' full recompute and without a B*T*N*K*V buffer: the training forward writes H every
+  32 tokens (fp32) into the workspace. The backward walks the chunks right to left: from a chunk's checkpoint it
+  recomputes 24 steps keeping H at +8, +16, +24 in registers, then for each 8-token sub-chunk (right to left)
+  recomputes 8 steps keeping bf16 H fragments in shared memory and runs the 8 reverse steps, recomputing Z_t from the
+  same bf16 fragment the forward used (so Z is bit-identical to the forward's). Extra memory: T/32 fp32 states.
+- f is fp32: bf16 spacing just below 1 is 2^-9, which would quantize (1 - f) for slow-forgetting heads; fp32 costs
+  B*T*N*4 bytes, nothing next to the rest of the layer.
+
+Layouts (token index tok = b*T + t, or cu_seqlens[b] + t for packed variable-length sequences):
+    q, k   (tok, Nq, K) bf16 views with per-token stride sq / sk (elements), e.g. columns of a (B,T,conv_dim) buffer
+    v      (tok, N, V)  bf16 view with per-token stride sv;  dq, dk, dv use the same strides as q, k, v
+    f      (tok, N)     fp32 gate value in (0,1), contiguous;  df likewise (fp32)
+    W      (N, V, V)    bf16, (HW)[k,j] = sum_v H[k,v] W[v,j];  dW (N, V, V) fp32 (overwritten)
+    y, dy  (tok, N, V)  bf16 contiguous
+    h0, hT, dh0, dhT (B, N, K, V) fp32, each optional (NULL)
+Limits: K a multiple of 16 up to 256, V in {16, 32}, N % Nq == 0; q/k/v 16-byte aligned with strides multiples of 8.
+*/
+#ifndef M2RNN_KERNELS_CUH
+#define M2RNN_KERNELS_CUH
+
+#include <stdint.h>
+#include "cuda_common.h"
+#include "utils.h"
+
+#define M2RNN_CHUNK 32 // checkpoint interval and shared-memory staging chunk (tokens)
+#define M2RNN_SUB 8    // backward sub-chunk: tokens whose states are held in shared memory at once
+
+typedef struct {
+    int B;                 // number of sequences
+    int T;                 // tokens per sequence; with cu_seqlens: total packed tokens (cu_seqlens[B] must equal T)
+    int N;                 // value heads
+    int Nq;                // q/k heads (Nq == Nk), N % Nq == 0
+    int K, V;              // key / value head dims
+    long sq, sk, sv;       // per-token strides (elements) of q, k, v
+    const int *cu_seqlens; // (B+1,) device pointer, or NULL for B sequences of T tokens
+} M2RNNDims;
+
+// ----------------------------------------------------------------------------------------------------------------
+// host-side shape checks and workspace sizing
+
+// returns NULL when the dims are usable, else what is wrong (the launchers turn it into "error:" + HINT)
+static const char *m2rnn_check_dims(const M2RNNDims *d) {
+    if (d->B < 1 || d->T < 0 || d->N < 1 || d->Nq < 1) { return "B, N, Nq must be >= 1 and T >= 0"; }
+    if (d->K < 16 || d->K % 16 != 0 || d->K > 256) { return "K must be a multiple of 16 in [16, 256]"; }
+    if (d->V != 16 && d->V != 32) { return "V must be 16 or 32"; }
+    if (d->N % d->Nq != 0) { return "N must be a multiple of Nq (each q/k head is shared by N/Nq value heads)"; }
+    if (d->sq % 8 != 0 || d->sk % 8 != 0 || d->sv % 8 != 0) { return "token strides sq, sk, sv must be multiples of 8"; }
+    if (d->sq < (long)d->Nq * d->K || d->sk < (long)d->Nq * d->K || d->sv < (long)d->N * d->V) {
+        return "a token stride is smaller than its row (sq, sk >= Nq*K, sv >= N*V)";
+    }
+    return NULL;
+}
+
+static void m2rnn_validate(const M2RNNDims *d, const void *q, const void *k, const void *v) {
+    const char *why = m2rnn_check_dims(d);
+    if (why != NULL) {
+        fail_with_hint("the fast path is K=64, V=16; see the limits in m2rnn_kernels.cuh",
+                       "m2rnn: unsupported shape B=%d T=%d N=%d Nq=%d K=%d V=%d: %s", d->B, d->T, d->N, d->Nq, d->K,
+                       d->V, why);
+    }
+    if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16 != 0) {
+        fail_with_hint("allocate the (B,T,conv_dim) buffer with cudaMalloc and keep channel offsets multiples of 8",
+                       "m2rnn: q, k, v must be 16-byte aligned");
+    }
+}
+
+static inline long m2rnn_total_tokens(const M2RNNDims *d) { return d->cu_seqlens ? (long)d->T : (long)d->B * d->T; }
+// checkpoint slots: slot(b, c) = b + tok0(b)/CHUNK + c never collides across sequences (see the forward kernel)
+static inline long m2rnn_num_slots(const M2RNNDims *d) {
+    return d->B + CEIL_DIV(m2rnn_total_tokens(d), (long)M2RNN_CHUNK) + 1;
+}
+
+// workspace layout: [checkpoints fp32 (slots,N,K,V)] [dq acc fp32 (tok,Nq,K)] [dk acc] [dW partials (B*K/16,N,V,V)]
+typedef struct {
+    size_t ckpt, dq, dk, dw, total; // byte offsets and total size
+} M2RNNWorkspace;
+
+static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d) {
+    M2RNNWorkspace w;
+    size_t state = (size_t)d->N * d->K * d->V * sizeof(float);
+    size_t acc = (size_t)m2rnn_total_tokens(d) * d->Nq * d->K * sizeof(float);
+    w.ckpt = 0;
+    w.dq = w.ckpt + (size_t)m2rnn_num_slots(d) * state;
+    w.dk = w.dq + acc;
+    w.dw = w.dk + acc;
+    w.total = w.dw + (size_t)d->B * (d->K / 16) * d->N * d->V * d->V * sizeof(float);
+    return w;
+}
+
+// bytes of device scratch the training forward + backward need (kept by the caller from forward to backward)
+static inline size_t m2rnn_workspace_bytes(const M2RNNDims *d) { return m2rnn_workspace_layout(d).total; }
+
+// ----------------------------------------------------------------------------------------------------------------
+// device helpers: fragments, tensor-core MMA, transposes, cp.async
+
+namespace m2rnn_detail {
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi); // .x (low 16 bits) = lo
+    return *reinterpret_cast<uint32_t *>(&p);
+}
+__device__ __forceinline__ uint32_t pack_raw(floatX lo, floatX hi) {
+    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+}
+__device__ __forceinline__ float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ float bf2f(floatX x) { return __bfloat162float(x); }
+
+// d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulate
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// transposes an 8x8 bf16 matrix held one row-pair per lane (the mma fragment layout) across the warp
+__device__ __forceinline__ uint32_t trans8x8(uint32_t x) {
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+__device__ __forceinline__ float tanh_fast(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void red_add_v4(float *gmem, float4 v) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(gmem), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+}
+
+// Fragment geometry of a warp that owns 16 rows x V columns of one head's state. lane = 4*g + t4; in accumulator
+// layout the lane holds S[h][e] = element (row g + 8*(e>>1), column 8h + 2*t4 + (e&1)) for each n8 tile h < V/8.
+// The bf16 A-operand layout a[s][0..3] of k16 slice s is the accumulator of tiles 2s, 2s+1 packed in pairs.
+template <int V> __device__ __forceinline__ void pack_frag(uint32_t (&a)[V / 16][4], const float (&S)[V / 8][4]) {
+#pragma unroll
+    for (int s = 0; s < V / 16; s++) {
+        a[s][0] = pack_bf16x2(S[2 * s][0], S[2 * s][1]);
+        a[s][1] = pack_bf16x2(S[2 * s][2], S[2 * s][3]);
+        a[s][2] = pack_bf16x2(S[2 * s + 1][0], S[2 * s + 1][1]);
+        a[s][3] = pack_bf16x2(S[2 * s + 1][2], S[2 * s + 1][3]);
+    }
+}
+// element (h, e) of a packed fragment, back in fp32
+template <int V> __device__ __forceinline__ float frag_elem(const uint32_t (&a)[V / 16][4], int h, int e) {
+    uint32_t u = a[h >> 1][2 * (h & 1) + (e >> 1)];
+    return (e & 1) ? bf_hi(u) : bf_lo(u);
+}
+
+// Z = tanh(S W + k v^T) for the warp's 16 rows (aS: bf16 A fragments of S; bW: W as B fragments)
+template <int V>
+__device__ __forceinline__ void compute_z(float (&Z)[V / 8][4], const uint32_t (&aS)[V / 16][4],
+                                          const uint32_t (&bW)[V / 16][V / 8][2], float k0, float k1,
+                                          const float (&vv)[V / 8][2]) {
+#pragma unroll
+    for (int h = 0; h < V / 8; h++) {
+        Z[h][0] = k0 * vv[h][0]; // products of two bf16 values are exact in fp32
+        Z[h][1] = k0 * vv[h][1];
+        Z[h][2] = k1 * vv[h][0];
+        Z[h][3] = k1 * vv[h][1];
+#pragma unroll
+        for (int s = 0; s < V / 16; s++) { mma16816(Z[h], aS[s], bW[s][h][0], bW[s][h][1]); }
+#pragma unroll
+        for (int e = 0; e < 4; e++) { Z[h][e] = tanh_fast(Z[h][e]); }
+    }
+}
+
+// Shared-memory staging of one chunk of tokens: k, q rows of the CTA's q/k head, v (and dy) of its HPC heads, f.
+template <int V, int HPC, bool BWD> struct Stage {
+    static __host__ __device__ size_t bytes(int K) {
+        return (size_t)M2RNN_CHUNK * (2 * K * 2 + (BWD ? 2 : 1) * HPC * V * 2 + HPC * 4);
+    }
+    floatX *k, *q, *v, *dy;
+    float *f;
+    __device__ Stage(unsigned char *base, int K) {
+        k = (floatX *)base;
+        q = k + M2RNN_CHUNK * K;
+        v = q + M2RNN_CHUNK * K;
+        dy = v + M2RNN_CHUNK * HPC * V;
+        f = (float *)(dy + (BWD ? M2RNN_CHUNK * HPC * V : 0));
+    }
+    // issues the copies of tokens [tok, tok+len) (rows past len are zeroed) and commits them as one cp.async group
+    __device__ void load(long tok, int len, const floatX *gq, const floatX *gk, const floatX *gv, const floatX *gdy,
+                         const float *gf, int qh, int n0, int N, int K, long sq, long sk, long sv) {
+        const int qk16 = K / 8, v16 = HPC * V / 8;
+        const int per_tok = 2 * qk16 + (BWD ? 2 : 1) * v16;
+        for (int idx = threadIdx.x; idx < M2RNN_CHUNK * per_tok; idx += blockDim.x) {
+            const int i = idx / per_tok;
+            int r = idx % per_tok;
+            floatX *dst;
+            const floatX *src;
+            const long t = tok + i;
+            if (r < qk16) {
+                dst = k + i * K + r * 8;
+                src = gk + t * sk + (long)qh * K + r * 8;
+            } else if (r < 2 * qk16) {
+                r -= qk16;
+                dst = q + i * K + r * 8;
+                src = gq + t * sq + (long)qh * K + r * 8;
+            } else if (r < 2 * qk16 + v16) {
+                r -= 2 * qk16;
+                dst = v + i * HPC * V + r * 8;
+                src = gv + t * sv + (long)n0 * V + r * 8;
+            } else {
+                r -= 2 * qk16 + v16;
+                dst = dy + i * HPC * V + r * 8;
+                src = gdy + t * (long)N * V + (long)n0 * V + r * 8;
+            }
+            if (i < len) {
+                cp_async16(dst, src);
+            } else {
+                *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        for (int idx = threadIdx.x; idx < M2RNN_CHUNK * HPC; idx += blockDim.x) {
+            const int i = idx / HPC, h = idx % HPC;
+            if (i < len) {
+                cp_async4(f + idx, gf + (tok + i) * N + n0 + h);
+            } else {
+                f[idx] = 0.0f;
+            }
+        }
+        cp_async_commit();
+    }
+};
+
+// per-lane inputs of one token, read from the staged chunk
+template <int V, int HPC> struct TokenIn {
+    float k0, k1, gate, fval;
+    float vv[V / 8][2];
+};
+template <int V, int HPC, bool BWD>
+__device__ __forceinline__ TokenIn<V, HPC> read_token(const Stage<V, HPC, BWD> &st, int i, int K, int hh, int row0,
+                                                      int t4) {
+    TokenIn<V, HPC> in;
+    in.k0 = bf2f(st.k[i * K + row0]);
+    in.k1 = bf2f(st.k[i * K + row0 + 8]);
+    in.fval = st.f[i * HPC + hh];
+    in.gate = 1.0f - in.fval;
+#pragma unroll
+    for (int h = 0; h < V / 8; h++) {
+        uint32_t u = *(const uint32_t *)(st.v + i * HPC * V + hh * V + 8 * h + 2 * t4);
+        in.vv[h][0] = bf_lo(u);
+        in.vv[h][1] = bf_hi(u);
+    }
+    return in;
+}
+
+// one forward step of the warp's 16 rows: S <- S + (1-f)(tanh(S W + k v^T) - S); aS repacked from the new S
+template <int V, int HPC>
+__device__ __forceinline__ void forward_step(float (&S)[V / 8][4], uint32_t (&aS)[V / 16][4],
+                                             const uint32_t (&bW)[V / 16][V / 8][2], const TokenIn<V, HPC> &in) {
+    float Z[V / 8][4];
+    compute_z<V>(Z, aS, bW, in.k0, in.k1, in.vv);
+#pragma unroll
+    for (int h = 0; h < V / 8; h++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(in.gate, Z[h][e] - S[h][e], S[h][e]); }
+    }
+    pack_frag<V>(aS, S);
+}
+
+// loads this warp's B fragments of W (forward, k = v index) or W^T (backward, k = j index)
+template <int V>
+__device__ __forceinline__ void load_w_frags(uint32_t (&bW)[V / 16][V / 8][2], const floatX *Wn, bool transpose,
+                                             int g, int t4) {
+#pragma unroll
+    for (int s = 0; s < V / 16; s++) {
+#pragma unroll
+        for (int h = 0; h < V / 8; h++) {
+            const int n = 8 * h + g, r0 = 16 * s + 2 * t4;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int r = r0 + 8 * half;
+                bW[s][h][half] = transpose ? pack_raw(Wn[n * V + r], Wn[n * V + r + 1])
+                                           : pack_raw(Wn[r * V + n], Wn[(r + 1) * V + n]);
+            }
+        }
+    }
+}
+
+// CTA -> (sequence, heads) mapping shared by the forward and backward kernels
+struct CtaMap {
+    int b, qh, n0, L;
+    long tok0;
+};
+__device__ __forceinline__ CtaMap cta_map(const int *cu_seqlens, int T, int N, int Nq, int HPC) {
+    CtaMap m;
+    m.b = blockIdx.y;
+    const int Gq = N / Nq, cpq = Gq / HPC;
+    m.qh = blockIdx.x / cpq;
+    m.n0 = m.qh * Gq + (blockIdx.x % cpq) * HPC;
+    m.tok0 = cu_seqlens ? (long)cu_seqlens[m.b] : (long)m.b * T;
+    m.L = cu_seqlens ? cu_seqlens[m.b + 1] - cu_seqlens[m.b] : T;
+    return m;
+}
+__device__ __forceinline__ long ckpt_slot(const CtaMap &m, int c) { return m.b + m.tok0 / M2RNN_CHUNK + c; }
+
+} // namespace m2rnn_detail
+
+// ----------------------------------------------------------------------------------------------------------------
+// CUDA kernels
+
+// Forward. grid (N/HPC, B), block HPC*(K/16) warps. ckpt (slots,N,K,V) fp32 or NULL: H at the start of each chunk.
+template <int V, int HPC, bool BIG>
+__global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
+    m2rnn_forward_kernel(floatX *__restrict__ y, float *__restrict__ hT, float *__restrict__ ckpt,
+                         const floatX *__restrict__ q, const floatX *__restrict__ k, const floatX *__restrict__ v,
+                         const float *__restrict__ f, const floatX *__restrict__ W, const float *__restrict__ h0,
+                         const int *__restrict__ cu_seqlens, int T, int N, int Nq, int K, long sq, long sk, long sv) {
+    using namespace m2rnn_detail;
+    constexpr int NT = V / 8, NS = V / 16, HV = HPC * V;
+    const int RB = K / 16, NW = HPC * RB;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int hh = warp / RB, rb = warp % RB, row0 = rb * 16 + g;
+    const CtaMap m = cta_map(cu_seqlens, T, N, Nq, HPC);
+    const int n = m.n0 + hh;
+
+    extern __shared__ __align__(16) unsigned char smem[];
+    const size_t stage_bytes = Stage<V, HPC, false>::bytes(K);
+    float *ybuf = (float *)(smem + 2 * stage_bytes); // (CHUNK, NW, V) per-warp partial y
+
+    uint32_t bW[NS][NT][2];
+    load_w_frags<V>(bW, W + (size_t)n * V * V, false, g, t4);
+
+    const size_t head_off = (size_t)n * K * V;
+    float S[NT][4];
+#pragma unroll
+    for (int h = 0; h < NT; h++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + 8 * (e >> 1), col = 8 * h + 2 * t4 + (e & 1);
+            S[h][e] = h0 ? h0[(size_t)m.b * N * K * V + head_off + (size_t)row * V + col] : 0.0f;
+        }
+    }
+    uint32_t aS[NS][4];
+    pack_frag<V>(aS, S);
+
+    const int nchunks = CEIL_DIV(m.L, M2RNN_CHUNK);
+    if (nchunks > 0) {
+        Stage<V, HPC, false>(smem, K).load(m.tok0, min(M2RNN_CHUNK, m.L), q, k, v, nullptr, f, m.qh, m.n0, N, K, sq, sk, sv);
+    }
+    for (int c = 0; c < nchunks; c++) {
+        const int len = min(M2RNN_CHUNK, m.L - c * M2RNN_CHUNK);
+        if (c + 1 < nchunks) { // prefetch the next chunk into the other buffer (freed by the barrier below)
+            const int c1 = c + 1;
+            Stage<V, HPC, false>(smem + (c1 & 1) * stage_bytes, K).load(m.tok0 + (long)c1 * M2RNN_CHUNK, min(M2RNN_CHUNK, m.L - c1 * M2RNN_CHUNK), q, k, v,
+                                nullptr, f, m.qh, m.n0, N, K, sq, sk, sv);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (ckpt) { // H at the chunk start, for the backward's recompute
+            float *dst = ckpt + (size_t)ckpt_slot(m, c) * N * K * V + head_off;
+#pragma unroll
+            for (int h = 0; h < NT; h++) {
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int row = row0 + 8 * (e >> 1), col = 8 * h + 2 * t4;
+                    *(float2 *)(dst + (size_t)row * V + col) = make_float2(S[h][e], S[h][e + 1]);
+                }
+            }
+        }
+        const Stage<V, HPC, false> st(smem + (c & 1) * stage_bytes, K);
+#pragma unroll 2
+        for (int i = 0; i < len; i++) {
+            const TokenIn<V, HPC> in = read_token<V, HPC, false>(st, i, K, hh, row0, t4);
+            // q broadcast over the 16 output rows: A[m][r] = q[r] for this warp's 16 rows r
+            uint32_t aq[4];
+            aq[0] = aq[1] = *(const uint32_t *)(st.q + i * K + rb * 16 + 2 * t4);
+            aq[2] = aq[3] = *(const uint32_t *)(st.q + i * K + rb * 16 + 8 + 2 * t4);
+            forward_step<V, HPC>(S, aS, bW, in);
+            // y partial over this warp's rows: out[m][j] = sum_r q[r] H[r][j] (B = H as k16 x n8 tiles)
+#pragma unroll
+            for (int h = 0; h < NT; h++) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma16816(acc, aq, trans8x8(aS[h >> 1][2 * (h & 1)]), trans8x8(aS[h >> 1][2 * (h & 1) + 1]));
+                if (g == 0) { *(float2 *)(ybuf + (i * NW + warp) * V + 8 * h + 2 * t4) = make_float2(acc[0], acc[1]); }
+            }
+        }
+        __syncthreads();
+        // y = sum over the head's row-block warps
+        for (int idx = threadIdx.x; idx < len * HV; idx += blockDim.x) {
+            const int i = idx / HV, hv = idx % HV, h2 = hv / V, col = hv % V;
+            float sum = 0.0f;
+            for (int r = 0; r < RB; r++) { sum += ybuf[(i * NW + h2 * RB + r) * V + col]; }
+            y[(m.tok0 + (long)c * M2RNN_CHUNK + i) * N * V + (long)m.n0 * V + hv] = __float2bfloat16(sum);
+        }
+    }
+    if (hT) {
+#pragma unroll
+        for (int h = 0; h < NT; h++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + 8 * (e >> 1), col = 8 * h + 2 * t4 + (e & 1);
+                hT[(size_t)m.b * N * K * V + head_off + (size_t)row * V + col] = S[h][e];
+            }
+        }
+    }
+}
+
+// Backward. Same grid/block as the forward. Needs the checkpoints the training forward wrote. Writes dv, df, dh0
+// directly; dq/dk into fp32 accumulators (zeroed by the launcher); dW into per-(b, row block) partials.
+template <int V, int HPC, bool BIG>
+__global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
+    m2rnn_backward_kernel(float *__restrict__ dq_acc, float *__restrict__ dk_acc, floatX *__restrict__ dv,
+                          float *__restrict__ df, float *__restrict__ dW_part, float *__restrict__ dh0,
+                          const floatX *__restrict__ dy, const float *__restrict__ dhT,
+                          const float *__restrict__ ckpt, const floatX *__restrict__ q, const floatX *__restrict__ k,
+                          const floatX *__restrict__ v, const float *__restrict__ f, const floatX *__restrict__ W,
+                          const int *__restrict__ cu_seqlens, int T, int N, int Nq, int K, long sq, long sk, long sv,
+                          float clip) {
+    using namespace m2rnn_detail;
+    constexpr int NT = V / 8, NS = V / 16, HV = HPC * V, SUB = M2RNN_SUB;
+    const int RB = K / 16, NW = HPC * RB;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int hh = warp / RB, rb = warp % RB, row0 = rb * 16 + g;
+    const CtaMap m = cta_map(cu_seqlens, T, N, Nq, HPC);
+    const int n = m.n0 + hh;
+
+    extern __shared__ __align__(16) unsigned char smem[];
+    Stage<V, HPC, true> st(smem, K);
+    // bf16 A fragments of H for the sub-chunk, (SUB+1, NW, NS*4, 32): lane-private, so no barriers are needed
+    uint32_t *hist = (uint32_t *)(smem + Stage<V, HPC, true>::bytes(K));
+    float *rdq = (float *)(hist + (SUB + 1) * NW * NS * 4 * 32); // (SUB, K) sum over the CTA's heads
+    float *rdk = rdq + SUB * K;                                  // (SUB, K)
+    float *rdv = rdk + SUB * K;                                  // (SUB, HPC*V) sum over row blocks
+    float *rdf = rdv + SUB * HV;                                 // (SUB, HPC)
+    for (int i = threadIdx.x; i < SUB * (2 * K + HV + HPC); i += blockDim.x) { rdq[i] = 0.0f; }
+
+    const floatX *Wn = W + (size_t)n * V * V;
+    uint32_t bW[NS][NT][2], bWT[NS][NT][2];
+    load_w_frags<V>(bW, Wn, false, g, t4);
+    load_w_frags<V>(bWT, Wn, true, g, t4);
+
+    const size_t head_off = (size_t)n * K * V;
+    float G[NT][4]; // dL/dH_{t+1}, carried right to left
+#pragma unroll
+    for (int h = 0; h < NT; h++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + 8 * (e >> 1), col = 8 * h + 2 * t4 + (e & 1);
+            G[h][e] = dhT ? dhT[(size_t)m.b * N * K * V + head_off + (size_t)row * V + col] : 0.0f;
+        }
+    }
+    float dWa[NS][NT][4];
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+#pragma unroll
+        for (int h = 0; h < NT; h++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) { dWa[s][h][e] = 0.0f; }
+        }
+    }
+    uint32_t *my_hist = hist + warp * NS * 4 * 32 + lane; // entry j, reg r at [(j*NW*NS*4 + r)*32]
+    const int hist_step = NW * NS * 4 * 32;
+
+    const int nchunks = CEIL_DIV(m.L, M2RNN_CHUNK);
+    for (int c = nchunks - 1; c >= 0; c--) {
+        const int clen = min(M2RNN_CHUNK, m.L - c * M2RNN_CHUNK);
+        const long ctok = m.tok0 + (long)c * M2RNN_CHUNK;
+        __syncthreads(); // everyone is done with the previous chunk's staged inputs
+        st.load(ctok, clen, q, k, v, dy, f, m.qh, m.n0, N, K, sq, sk, sv);
+        cp_async_wait<0>();
+        __syncthreads();
+
+        const float *ck = ckpt + (size_t)ckpt_slot(m, c) * N * K * V + head_off;
+        float S[NT][4];
+        uint32_t aS[NS][4];
+#pragma unroll
+        for (int h = 0; h < NT; h++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                S[h][e] = ck[(size_t)(row0 + 8 * (e >> 1)) * V + 8 * h + 2 * t4 + (e & 1)];
+            }
+        }
+        pack_frag<V>(aS, S);
+        // chunk pass: states at the starts of sub-chunks 1..3, in registers
+        const int nsub = CEIL_DIV(clen, SUB);
+        float st1[NT][4], st2[NT][4], st3[NT][4];
+        for (int i = 0; i < (nsub - 1) * SUB; i++) {
+            forward_step<V, HPC>(S, aS, bW, read_token<V, HPC, true>(st, i, K, hh, row0, t4));
+            if (i == SUB - 1 || i == 2 * SUB - 1 || i == 3 * SUB - 1) {
+#pragma unroll
+                for (int h = 0; h < NT; h++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        if (i == SUB - 1) { st1[h][e] = S[h][e]; }
+                        if (i == 2 * SUB - 1) { st2[h][e] = S[h][e]; }
+                        if (i == 3 * SUB - 1) { st3[h][e] = S[h][e]; }
+                    }
+                }
+            }
+        }
+        for (int j = nsub - 1; j >= 0; j--) {
+            const int s0 = j * SUB, slen = min(SUB, clen - s0);
+#pragma unroll
+            for (int h = 0; h < NT; h++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (j == 0) {
+                        S[h][e] = ck[(size_t)(row0 + 8 * (e >> 1)) * V + 8 * h + 2 * t4 + (e & 1)];
+                    } else {
+                        S[h][e] = (j == 1) ? st1[h][e] : (j == 2) ? st2[h][e] : st3[h][e];
+                    }
+                }
+            }
+            pack_frag<V>(aS, S);
+#pragma unroll
+            for (int r = 0; r < NS * 4; r++) { my_hist[r * 32] = aS[r / 4][r % 4]; }
+            for (int i = 0; i < slen; i++) { // recompute: hist entry i+1 = bf16 fragments of H after token s0+i
+                forward_step<V, HPC>(S, aS, bW, read_token<V, HPC, true>(st, s0 + i, K, hh, row0, t4));
+#pragma unroll
+                for (int r = 0; r < NS * 4; r++) { my_hist[(i + 1) * hist_step + r * 32] = aS[r / 4][r % 4]; }
+            }
+            for (int i = slen - 1; i >= 0; i--) { // reverse steps
+                const int lt = s0 + i;
+                const TokenIn<V, HPC> in = read_token<V, HPC, true>(st, lt, K, hh, row0, t4);
+                uint32_t aP[NS][4], aN[NS][4]; // H_t (before the token) and H_{t+1}, as bf16 fragments
+#pragma unroll
+                for (int r = 0; r < NS * 4; r++) {
+                    aP[r / 4][r % 4] = my_hist[i * hist_step + r * 32];
+                    aN[r / 4][r % 4] = my_hist[(i + 1) * hist_step + r * 32];
+                }
+                float Z[NT][4];
+                compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
+                const float q0 = bf2f(st.q[lt * K + row0]), q1 = bf2f(st.q[lt * K + row0 + 8]);
+                float dyv[NT][2];
+#pragma unroll
+                for (int h = 0; h < NT; h++) {
+                    uint32_t u = *(const uint32_t *)(st.dy + lt * HV + hh * V + 8 * h + 2 * t4);
+                    dyv[h][0] = bf_lo(u);
+                    dyv[h][1] = bf_hi(u);
+                }
+                float D[NT][4], dX[NT][4], dfp = 0.0f;
+#pragma unroll
+                for (int h = 0; h < NT; h++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float gc = G[h][e];
+                        if (clip > 0.0f) { gc = fminf(fmaxf(gc, -clip), clip); }
+                        D[h][e] = fmaf((e >> 1) ? q1 : q0, dyv[h][e & 1], gc);
+                        const float z = Z[h][e];
+                        dX[h][e] = D[h][e] * in.gate * fmaf(-z, z, 1.0f);
+                        dfp = fmaf(D[h][e], frag_elem<V>(aP, h, e) - z, dfp);
+                    }
+                }
+                uint32_t adX[NS][4];
+                pack_frag<V>(adX, dX);
+                // the recurrence: G <- f D + dX W^T
+#pragma unroll
+                for (int h = 0; h < NT; h++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { G[h][e] = in.fval * D[h][e]; }
+#pragma unroll
+                    for (int s = 0; s < NS; s++) { mma16816(G[h], adX[s], bWT[s][h][0], bWT[s][h][1]); }
+                }
+                // off the chain: df, dk = dX v, dq = H_{t+1} dy, dv = dX^T k, dW += H_t^T dX
+                dfp = warp_reduce_sum(dfp);
+                if (lane == 0) { atomicAdd(&rdf[i * HPC + hh], dfp); }
+                float ak[4], aq[4];
+                ak[0] = ak[1] = ak[2] = ak[3] = 0.0f;
+                aq[0] = aq[1] = aq[2] = aq[3] = 0.0f;
+#pragma unroll
+                for (int s = 0; s < NS; s++) {
+                    const uint32_t bv0 = *(const uint32_t *)(st.v + lt * HV + hh * V + 16 * s + 2 * t4);
+                    const uint32_t bv1 = *(const uint32_t *)(st.v + lt * HV + hh * V + 16 * s + 8 + 2 * t4);
+                    mma16816(ak, adX[s], bv0, bv1);
+                    const uint32_t bd0 = *(const uint32_t *)(st.dy + lt * HV + hh * V + 16 * s + 2 * t4);
+                    const uint32_t bd1 = *(const uint32_t *)(st.dy + lt * HV + hh * V + 16 * s + 8 + 2 * t4);
+                    mma16816(aq, aN[s], bd0, bd1);
+                }
+                if (t4 == 0) {
+                    atomicAdd(&rdk[i * K + row0], ak[0]);
+                    atomicAdd(&rdk[i * K + row0 + 8], ak[2]);
+                    atomicAdd(&rdq[i * K + row0], aq[0]);
+                    atomicAdd(&rdq[i * K + row0 + 8], aq[2]);
+                }
+                uint32_t bdX[NT][2];
+#pragma unroll
+                for (int h = 0; h < NT; h++) {
+                    bdX[h][0] = trans8x8(adX[h >> 1][2 * (h & 1)]);
+                    bdX[h][1] = trans8x8(adX[h >> 1][2 * (h & 1) + 1]);
+                }
+#pragma unroll
+                for (int s = 0; s < NS; s++) {
+                    uint32_t aT[4] = {trans8x8(aP[s][0]), trans8x8(aP[s][2]), trans8x8(aP[s][1]), trans8x8(aP[s][3])};
+#pragma unroll
+                    for (int h = 0; h < NT; h++) { mma16816(dWa[s][h], aT, bdX[h][0], bdX[h][1]); }
+                }
+                uint32_t akb[4];
+                akb[0] = akb[1] = *(const uint32_t *)(st.k + lt * K + rb * 16 + 2 * t4);
+                akb[2] = akb[3] = *(const uint32_t *)(st.k + lt * K + rb * 16 + 8 + 2 * t4);
+#pragma unroll
+                for (int h = 0; h < NT; h++) {
+                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma16816(acc, akb, bdX[h][0], bdX[h][1]);
+                    if (g == 0) {
+                        atomicAdd(&rdv[i * HV + hh * V + 8 * h + 2 * t4], acc[0]);
+                        atomicAdd(&rdv[i * HV + hh * V + 8 * h + 2 * t4 + 1], acc[1]);
+                    }
+                }
+            }
+            __syncthreads();
+            // flush the sub-chunk's sums: dq/dk into the fp32 accumulators (N/HPC adders per address), dv, df
+            const long stok = ctok + s0;
+            const int kq4 = K / 4;
+            for (int idx = threadIdx.x; idx < slen * kq4; idx += blockDim.x) {
+                const int i = idx / kq4, r = (idx % kq4) * 4;
+                const size_t off = (size_t)(stok + i) * Nq * K + (size_t)m.qh * K + r;
+                float4 *pq = (float4 *)(rdq + i * K + r), *pk = (float4 *)(rdk + i * K + r);
+                red_add_v4(dq_acc + off, *pq);
+                red_add_v4(dk_acc + off, *pk);
+                *pq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                *pk = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            for (int idx = threadIdx.x; idx < slen * HV; idx += blockDim.x) {
+                const int i = idx / HV, hv = idx % HV;
+                dv[(stok + i) * sv + (long)m.n0 * V + hv] = __float2bfloat16(rdv[idx]);
+                rdv[idx] = 0.0f;
+            }
+            for (int idx = threadIdx.x; idx < slen * HPC; idx += blockDim.x) {
+                const int i = idx / HPC, h2 = idx % HPC;
+                df[(stok + i) * N + m.n0 + h2] = rdf[idx];
+                rdf[idx] = 0.0f;
+            }
+            __syncthreads();
+        }
+    }
+    if (dh0) {
+#pragma unroll
+        for (int h = 0; h < NT; h++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + 8 * (e >> 1), col = 8 * h + 2 * t4 + (e & 1);
+                dh0[(size_t)m.b * N * K * V + head_off + (size_t)row * V + col] = G[h][e];
+            }
+        }
+    }
+    // dW partial of this (sequence, row block): element (16s + g + 8*(e>>1), 8h + 2*t4 + (e&1))
+    float *dst = dW_part + ((size_t)(m.b * RB + rb) * N + n) * V * V;
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+#pragma unroll
+        for (int h = 0; h < NT; h++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                dst[(16 * s + g + 8 * (e >> 1)) * V + 8 * h + 2 * t4 + (e & 1)] = dWa[s][h][e];
+            }
+        }
+    }
+}
+
+// dq, dk (bf16, strided like q, k) from the fp32 accumulators; one thread per 2 channels
+__global__ void m2rnn_qk_grad_cast_kernel(floatX *__restrict__ dq, floatX *__restrict__ dk,
+                                          const float *__restrict__ dq_acc, const float *__restrict__ dk_acc,
+                                          long ntok, int QK, long sq, long sk) {
+    const long idx = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+    if (idx >= ntok * QK) { return; }
+    const long t = idx / QK;
+    const int c = (int)(idx % QK);
+    const float2 a = *(const float2 *)(dq_acc + idx), b = *(const float2 *)(dk_acc + idx);
+    *(__nv_bfloat162 *)(dq + t * sq + c) = __floats2bfloat162_rn(a.x, a.y);
+    *(__nv_bfloat162 *)(dk + t * sk + c) = __floats2bfloat162_rn(b.x, b.y);
+}
+
+// dW (N,V,V) fp32 = sum of the (B*K/16) partials, in a fixed order (deterministic)
+__global__ void m2rnn_dw_reduce_kernel(float *__restrict__ dW, const float *__restrict__ dW_part, int nparts,
+                                       int NVV) {
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= NVV) { return; }
+    float sum = 0.0f;
+    for (int p = 0; p < nparts; p++) { sum += dW_part[(size_t)p * NVV + idx]; }
+    dW[idx] = sum;
+}
+
+// Single-token step for inference, batched over (b, n): one CTA per (n, b), one thread per state row (the block is
+// rounded up to whole warps). Same numerics as the training kernels (the product reads bf16(H), tanh.approx, fp32 H).
+template <int V>
+__global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ state, const floatX *__restrict__ q,
+                                  const floatX *__restrict__ k, const floatX *__restrict__ v,
+                                  const float *__restrict__ f, const floatX *__restrict__ W, int N, int Nq, int K,
+                                  long sq, long sk, long sv) {
+    using namespace m2rnn_detail;
+    __shared__ float sW[V * V];
+    __shared__ float sy[V];
+    const int n = blockIdx.x, b = blockIdx.y, row = threadIdx.x, qh = n / (N / Nq);
+    const bool active = row < K;
+    for (int i = threadIdx.x; i < V * V; i += blockDim.x) { sW[i] = bf2f(W[(size_t)n * V * V + i]); }
+    if (threadIdx.x < V) { sy[threadIdx.x] = 0.0f; }
+    __syncthreads();
+    float *H = state + ((size_t)b * N + n) * K * V + (size_t)row * V;
+    float h[V], hb[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        h[j] = active ? H[j] : 0.0f;
+        hb[j] = __bfloat162float(__float2bfloat16(h[j]));
+    }
+    const float kr = active ? bf2f(k[b * sk + (long)qh * K + row]) : 0.0f;
+    const float qr = active ? bf2f(q[b * sq + (long)qh * K + row]) : 0.0f;
+    const float gate = 1.0f - f[(size_t)b * N + n];
+    const floatX *vn = v + b * sv + (long)n * V;
+    float hn[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        float p = kr * bf2f(vn[j]);
+#pragma unroll
+        for (int i = 0; i < V; i++) { p = fmaf(hb[i], sW[i * V + j], p); }
+        hn[j] = fmaf(gate, tanh_fast(p) - h[j], h[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        if (active) { H[j] = hn[j]; }
+        const float c = warp_reduce_sum(qr * __bfloat162float(__float2bfloat16(hn[j]))); // inactive rows add 0
+        if ((threadIdx.x & 31) == 0) { atomicAdd(&sy[j], c); }
+    }
+    __syncthreads();
+    if (threadIdx.x < V) { y[((size_t)b * N + n) * V + threadIdx.x] = __float2bfloat16(sy[threadIdx.x]); }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// kernel launchers
+
+// heads per CTA: 2 when each q/k head serves an even number of value heads and the CTA stays small, else 1
+static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
+    const int Gq = d->N / d->Nq, RB = d->K / 16;
+    return (Gq % 2 == 0 && 2 * RB <= 8) ? 2 : 1;
+}
+static inline size_t m2rnn_forward_smem(const M2RNNDims *d, int hpc) {
+    const size_t stage = (size_t)M2RNN_CHUNK * (2 * d->K * 2 + hpc * d->V * 2 + hpc * 4);
+    return 2 * stage + (size_t)M2RNN_CHUNK * hpc * (d->K / 16) * d->V * sizeof(float);
+}
+static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc) {
+    const int NW = hpc * (d->K / 16);
+    const size_t stage = (size_t)M2RNN_CHUNK * (2 * d->K * 2 + 2 * hpc * d->V * 2 + hpc * 4);
+    const size_t hist = (size_t)(M2RNN_SUB + 1) * NW * (d->V / 16) * 4 * 32 * sizeof(uint32_t);
+    const size_t red = (size_t)M2RNN_SUB * (2 * d->K + hpc * d->V + hpc) * sizeof(float);
+    return stage + hist + red;
+}
+
+template <int V, int HPC, bool BIG>
+static void m2rnn_forward_launch(floatX *y, float *hT, float *ckpt, const floatX *q, const floatX *k, const floatX *v,
+                                 const float *f, const floatX *W, const float *h0, const M2RNNDims *d,
+                                 cudaStream_t stream) {
+    const size_t smem = m2rnn_forward_smem(d, HPC);
+    auto kernel = m2rnn_forward_kernel<V, HPC, BIG>;
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid(d->N / HPC, d->B);
+    kernel<<<grid, HPC * (d->K / 16) * 32, smem, stream>>>(y, hT, ckpt, q, k, v, f, W, h0, d->cu_seqlens, d->T,
+                                                           d->N, d->Nq, d->K, d->sq, d->sk, d->sv);
+    cudaCheck(cudaGetLastError());
+}
+
+template <int V, int HPC, bool BIG>
+static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, floatX *dv, float *df, float *dW_part, float *dh0,
+                                  const floatX *dy, const float *dhT, const float *ckpt, const floatX *q,
+                                  const floatX *k, const floatX *v, const float *f, const floatX *W, float clip,
+                                  const M2RNNDims *d, cudaStream_t stream) {
+    const size_t smem = m2rnn_backward_smem(d, HPC);
+    auto kernel = m2rnn_backward_kernel<V, HPC, BIG>;
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid(d->N / HPC, d->B);
+    kernel<<<grid, HPC * (d->K / 16) * 32, smem, stream>>>(dq_acc, dk_acc, dv, df, dW_part, dh0, dy, dhT, ckpt, q, k,
+                                                           v, f, W, d->cu_seqlens, d->T, d->N, d->Nq, d->K, d->sq,
+                                                           d->sk, d->sv, clip);
+    cudaCheck(cudaGetLastError());
+}
+
+// dispatch on (V, heads per CTA, block size); F is a launcher template taking <V, HPC, BIG>
+#define M2RNN_DISPATCH(d, LAUNCH, ...)                                                                                 \
+    do {                                                                                                               \
+        const int hpc_ = m2rnn_heads_per_cta(d);                                                                       \
+        const bool big_ = hpc_ * ((d)->K / 16) > 8;                                                                    \
+        if ((d)->V == 16) {                                                                                            \
+            if (hpc_ == 2) { LAUNCH<16, 2, false>(__VA_ARGS__); }                                                      \
+            else if (!big_) { LAUNCH<16, 1, false>(__VA_ARGS__); }                                                     \
+            else { LAUNCH<16, 1, true>(__VA_ARGS__); }                                                                 \
+        } else {                                                                                                       \
+            if (hpc_ == 2) { LAUNCH<32, 2, false>(__VA_ARGS__); }                                                      \
+            else if (!big_) { LAUNCH<32, 1, false>(__VA_ARGS__); }                                                     \
+            else { LAUNCH<32, 1, true>(__VA_ARGS__); }                                                                 \
+        }                                                                                                              \
+    } while (0)
+
+// Forward. y (tok,N,V) bf16; hT (B,N,K,V) fp32 or NULL; workspace: NULL for inference, else m2rnn_workspace_bytes()
+// of device memory that the training forward fills with checkpoints and the backward then reads.
+static void m2rnn_forward(floatX *y, float *hT, void *workspace, const floatX *q, const floatX *k, const floatX *v,
+                          const float *f, const floatX *W, const float *h0, const M2RNNDims *d, cudaStream_t stream) {
+    m2rnn_validate(d, q, k, v);
+    float *ckpt = workspace ? (float *)((char *)workspace + m2rnn_workspace_layout(d).ckpt) : NULL;
+    M2RNN_DISPATCH(d, m2rnn_forward_launch, y, hT, ckpt, q, k, v, f, W, h0, d, stream);
+}
+
+// Backward. Gradients out: dq, dk, dv (bf16, strided like q, k, v), df (tok,N) fp32, dW (N,V,V) fp32 (overwritten),
+// dh0 (B,N,K,V) fp32 or NULL. In: dy (tok,N,V) bf16, dhT (B,N,K,V) fp32 or NULL, the forward's inputs and the
+// workspace the training forward filled. clip > 0 clamps the carried dH to [-clip, clip] every step (0 = off).
+static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float *dW, float *dh0, void *workspace,
+                           const floatX *dy, const float *dhT, const floatX *q, const floatX *k, const floatX *v,
+                           const float *f, const floatX *W, float clip, const M2RNNDims *d, cudaStream_t stream) {
+    m2rnn_validate(d, q, k, v);
+    if (((uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv) % 16 != 0) {
+        fail_with_hint("allocate the gradient buffer with cudaMalloc and keep channel offsets multiples of 8",
+                       "m2rnn: dq, dk, dv must be 16-byte aligned");
+    }
+    const M2RNNWorkspace w = m2rnn_workspace_layout(d);
+    char *ws = (char *)workspace;
+    float *dq_acc = (float *)(ws + w.dq), *dk_acc = (float *)(ws + w.dk), *dW_part = (float *)(ws + w.dw);
+    const long ntok = m2rnn_total_tokens(d);
+    cudaCheck(cudaMemsetAsync(dq_acc, 0, w.dw - w.dq, stream)); // dq and dk accumulators are adjacent
+    M2RNN_DISPATCH(d, m2rnn_backward_launch, dq_acc, dk_acc, dv, df, dW_part, dh0, dy, dhT,
+                   (const float *)(ws + w.ckpt), q, k, v, f, W, clip, d, stream);
+    const int QK = d->Nq * d->K, block = 256;
+    const long pairs = ntok * QK / 2;
+    if (pairs > 0) {
+        m2rnn_qk_grad_cast_kernel<<<(unsigned)CEIL_DIV(pairs, (long)block), block, 0, stream>>>(
+            dq, dk, dq_acc, dk_acc, ntok, QK, d->sq, d->sk);
+        cudaCheck(cudaGetLastError());
+    }
+    const int NVV = d->N * d->V * d->V;
+    m2rnn_dw_reduce_kernel<<<CEIL_DIV(NVV, block), block, 0, stream>>>(dW, dW_part, d->B * (d->K / 16), NVV);
+    cudaCheck(cudaGetLastError());
+}
+
+// One token for B sequences: state (B,N,K,V) fp32 updated in place; y (B,N,V) bf16; q, k (B,Nq,K) and v (B,N,V)
+// with per-sequence strides sq, sk, sv (d->T and d->cu_seqlens are ignored); f (B,N) fp32.
+static void m2rnn_step(floatX *y, float *state, const floatX *q, const floatX *k, const floatX *v, const float *f,
+                       const floatX *W, const M2RNNDims *d, cudaStream_t stream) {
+    const char *why = m2rnn_check_dims(d);
+    if (why != NULL) {
+        fail_with_hint("the fast path is K=64, V=16; see the limits in m2rnn_kernels.cuh",
+                       "m2rnn_step: unsupported shape N=%d Nq=%d K=%d V=%d: %s", d->N, d->Nq, d->K, d->V, why);
+    }
+    dim3 grid(d->N, d->B);
+    const int block = CEIL_DIV(d->K, WARP_SIZE) * WARP_SIZE;
+    if (d->V == 16) {
+        m2rnn_step_kernel<16><<<grid, block, 0, stream>>>(y, state, q, k, v, f, W, d->N, d->Nq, d->K, d->sq, d->sk,
+                                                         d->sv);
+    } else {
+        m2rnn_step_kernel<32><<<grid, block, 0, stream>>>(y, state, q, k, v, f, W, d->N, d->Nq, d->K, d->sq, d->sk,
+                                                         d->sv);
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+#endif // M2RNN_KERNELS_CUH

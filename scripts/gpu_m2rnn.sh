@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The one script sent to the GPU machine for the M²RNN kernels: build, GPU numerics test, our benchmark, the
+# same-inputs comparison with the authors' Triton kernel against float64, and the authors' benchmark in the same run.
+#   bash scripts/gpu_m2rnn.sh [stages...]     stages: build test bench compare authors (default: all, in that order)
+# Logs go to $OUT (set by the device tool) or ./out_gpu_m2rnn. The authors' package is read from .peers/ (a trimmed,
+# git-ignored copy of open-lm-engine/accelerated-model-architectures' xma package); without it their stages are skipped.
+set -u -o pipefail
+OUT=${OUT:-out_gpu_m2rnn}
+mkdir -p "$OUT"
+stages=${*:-build test bench compare authors}
+has() { [[ " $stages " == *" $1 "* ]]; }
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/.peers${PYTHONPATH:+:$PYTHONPATH}"
+
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+if has build; then
+    nvcc --version | tail -n 1
+    make -j8 build/test_m2rnn_gpu build/bench_m2rnn 2>&1 | tee "$OUT/build.log" || { echo "BUILD FAILED"; exit 1; }
+fi
+if has test; then
+    timeout 240 ./build/test_m2rnn_gpu 2>&1 | tee "$OUT/test.log"
+fi
+if has bench; then
+    timeout 120 ./build/bench_m2rnn 2>&1 | tee "$OUT/bench_ours.log"
+fi
+if [ -d .peers/xma ]; then
+    if has compare; then
+        timeout 60 ./build/bench_m2rnn -d /tmp/m2rnn_cmp -b 2 -t 4096 -n 8 2>&1 | tee "$OUT/compare.log"
+        timeout 180 python3 dev/bench/m2rnn_authors.py compare /tmp/m2rnn_cmp 2>&1 | tee -a "$OUT/compare.log"
+    fi
+    if has authors; then
+        timeout 300 python3 dev/bench/m2rnn_authors.py bench 2>&1 | tee "$OUT/bench_authors.log"
+    fi
+else
+    echo "SKIP authors' kernel: .peers/xma not present (copy the xma package there, see dev/bench/m2rnn_authors.py)"
+fi
+echo "=== summary"
+grep -hE "^(PASS|FAIL|SKIP)|test_m2rnn_gpu:|^ours|^authors|VERDICT" "$OUT"/test.log "$OUT"/bench_ours.log \
+    "$OUT"/compare.log "$OUT"/bench_authors.log 2>/dev/null
