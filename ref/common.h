@@ -38,78 +38,107 @@ typedef struct {
 #define RMSNORM_EPS 1e-5
 
 // ----------------------------------------------------------------------------------------------------------------
-// matmul. One core: out (M,N) (+)= a (M,K) @ b (K,N), all row-major, vectorized along N. The forms a layer needs
-// (x Wᵀ, dout W, doutᵀ x) are reduced to it by transposing the smaller operand into a scratch buffer.
+// matmul. One core: out (M,N) (+)= A (M,K) @ B (K,N) with B row-major and A read through strides, so both A and Aᵀ
+// work without a copy. Register tiles of MM_ROWS × MM_COLS outputs are vectorized along N; work items are (column
+// panel, block of rows), and k runs in blocks so the B block stays in L1 and the A block in L2. The summation order
+// over k is fixed, whatever the thread count.
+// The forms a layer needs: x Wᵀ (W transposed once into a reused scratch buffer), dout W, and doutᵀ x (strided A).
 
-#define MM_ROWS 4   // rows of out per register tile
-#define MM_COLS 64  // columns of out per register tile
+#define MM_ROWS 8   // rows of out per register tile
+#define MM_COLS 32  // columns of out per register tile (two AVX-512 vectors of float)
 
-static void matmul_nn(real *out, const real *a, const real *b, int M, int K, int N, int accumulate) {
+#define MM_KC 256           // k per cache block: a B block (MM_KC × MM_COLS) fits in L1
+#define MM_ROW_BLOCK 64     // rows per parallel work item: an A block (MM_ROW_BLOCK × MM_KC) fits in L2
+
+// a(m, k) = a[m * a_row_stride + k * a_col_stride]
+static void matmul_kernel(real *out, const real *a, size_t a_row_stride, size_t a_col_stride, const real *b, int M,
+                          int K, int N, int accumulate) {
     const int col_tiles = (N + MM_COLS - 1) / MM_COLS;
-    const int row_tiles = (M + MM_ROWS - 1) / MM_ROWS;
+    const int row_blocks = (M + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK;
 #pragma omp parallel for collapse(2) schedule(static)
-    for (int rt = 0; rt < row_tiles; rt++) {
-        for (int ct = 0; ct < col_tiles; ct++) {
-            const int m0 = rt * MM_ROWS, n0 = ct * MM_COLS;
-            const int rows = M - m0 < MM_ROWS ? M - m0 : MM_ROWS;
-            const int cols = N - n0 < MM_COLS ? N - n0 : MM_COLS;
-            real acc[MM_ROWS][MM_COLS];
-            for (int r = 0; r < MM_ROWS; r++) {
-                for (int j = 0; j < MM_COLS; j++) {
-                    acc[r][j] = (accumulate && r < rows && j < cols) ? out[(size_t)(m0 + r) * N + n0 + j] : 0;
-                }
-            }
-            if (rows == MM_ROWS && cols == MM_COLS) {
-                for (int k = 0; k < K; k++) {
-                    const real *brow = b + (size_t)k * N + n0;
+    for (int ct = 0; ct < col_tiles; ct++) {
+        for (int rb = 0; rb < row_blocks; rb++) {
+            const int n0 = ct * MM_COLS, cols = N - n0 < MM_COLS ? N - n0 : MM_COLS;
+            const int m_end = (rb + 1) * MM_ROW_BLOCK < M ? (rb + 1) * MM_ROW_BLOCK : M;
+            for (int k0 = 0; k0 < K || k0 == 0; k0 += MM_KC) {
+                const int k1 = k0 + MM_KC < K ? k0 + MM_KC : K;
+                const int load = accumulate || k0 > 0; // later k blocks add to what the earlier ones wrote
+                for (int m0 = rb * MM_ROW_BLOCK; m0 < m_end; m0 += MM_ROWS) {
+                    const int rows = m_end - m0 < MM_ROWS ? m_end - m0 : MM_ROWS;
+                    real acc[MM_ROWS][MM_COLS];
                     for (int r = 0; r < MM_ROWS; r++) {
-                        const real ark = a[(size_t)(m0 + r) * K + k];
+                        for (int j = 0; j < MM_COLS; j++) {
+                            acc[r][j] = (load && r < rows && j < cols) ? out[(size_t)(m0 + r) * N + n0 + j] : 0;
+                        }
+                    }
+                    const real *a0 = a + (size_t)m0 * a_row_stride;
+                    if (rows == MM_ROWS && cols == MM_COLS) {
+                        for (int k = k0; k < k1; k++) {
+                            const real *brow = b + (size_t)k * N + n0;
+                            const real *ak = a0 + (size_t)k * a_col_stride;
+                            for (int r = 0; r < MM_ROWS; r++) {
+                                const real ark = ak[(size_t)r * a_row_stride];
 #pragma omp simd
-                        for (int j = 0; j < MM_COLS; j++) { acc[r][j] += ark * brow[j]; }
+                                for (int j = 0; j < MM_COLS; j++) { acc[r][j] += ark * brow[j]; }
+                            }
+                        }
+                    } else {
+                        for (int k = k0; k < k1; k++) {
+                            const real *brow = b + (size_t)k * N + n0;
+                            const real *ak = a0 + (size_t)k * a_col_stride;
+                            for (int r = 0; r < rows; r++) {
+                                const real ark = ak[(size_t)r * a_row_stride];
+                                for (int j = 0; j < cols; j++) { acc[r][j] += ark * brow[j]; }
+                            }
+                        }
                     }
-                }
-            } else {
-                for (int k = 0; k < K; k++) {
-                    const real *brow = b + (size_t)k * N + n0;
                     for (int r = 0; r < rows; r++) {
-                        const real ark = a[(size_t)(m0 + r) * K + k];
-                        for (int j = 0; j < cols; j++) { acc[r][j] += ark * brow[j]; }
+                        for (int j = 0; j < cols; j++) { out[(size_t)(m0 + r) * N + n0 + j] = acc[r][j]; }
                     }
                 }
-            }
-            for (int r = 0; r < rows; r++) {
-                for (int j = 0; j < cols; j++) { out[(size_t)(m0 + r) * N + n0 + j] = acc[r][j]; }
             }
         }
     }
 }
 
-// out (cols, rows) = inp (rows, cols) transposed
+// a scratch buffer reused across calls (the ops run one at a time on the calling thread), so the large transposes
+// do not page-fault a fresh allocation every step
+static real *matmul_scratch(size_t n) {
+    static real *buf = NULL;
+    static size_t cap = 0;
+    if (n > cap) {
+        free(buf);
+        buf = (real *)mallocCheck(n * sizeof(real));
+        cap = n;
+    }
+    return buf;
+}
+
+// out (cols, rows) = inp (rows, cols) transposed, in cache-sized blocks
 static void transpose(real *out, const real *inp, int rows, int cols) {
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < cols; c++) {
-        for (int r = 0; r < rows; r++) { out[(size_t)c * rows + r] = inp[(size_t)r * cols + c]; }
+    const int blk = 32;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int r0 = 0; r0 < rows; r0 += blk) {
+        for (int c0 = 0; c0 < cols; c0 += blk) {
+            for (int c = c0; c < c0 + blk && c < cols; c++) {
+                for (int r = r0; r < r0 + blk && r < rows; r++) { out[(size_t)c * rows + r] = inp[(size_t)r * cols + c]; }
+            }
+        }
     }
 }
 
 // out (M, OC) = inp (M, IC) @ weightᵀ, weight (OC, IC)
 static void matmul_forward(real *out, const real *inp, const real *weight, int M, int IC, int OC) {
-    real *weight_t = (real *)mallocCheck((size_t)IC * OC * sizeof(real)); // (IC, OC)
+    real *weight_t = matmul_scratch((size_t)IC * OC); // (IC, OC)
     transpose(weight_t, weight, OC, IC);
-    matmul_nn(out, inp, weight_t, M, IC, OC, 0);
-    free(weight_t);
+    matmul_kernel(out, inp, (size_t)IC, 1, weight_t, M, IC, OC, 0);
 }
 
 // dinp (M, IC) += dout (M, OC) @ weight;  dweight (OC, IC) += doutᵀ @ inp. Either output may be NULL.
 static void matmul_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight, int M,
                             int IC, int OC) {
-    if (dinp != NULL) { matmul_nn(dinp, dout, weight, M, OC, IC, 1); }
-    if (dweight != NULL) {
-        real *dout_t = (real *)mallocCheck((size_t)M * OC * sizeof(real)); // (OC, M)
-        transpose(dout_t, dout, M, OC);
-        matmul_nn(dweight, dout_t, inp, OC, M, IC, 1);
-        free(dout_t);
-    }
+    if (dinp != NULL) { matmul_kernel(dinp, dout, (size_t)OC, 1, weight, M, OC, IC, 1); }
+    if (dweight != NULL) { matmul_kernel(dweight, dout, 1, (size_t)OC, inp, OC, M, IC, 1); }
 }
 
 // ----------------------------------------------------------------------------------------------------------------

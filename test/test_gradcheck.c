@@ -88,6 +88,37 @@ static void test_matmul(void) {
     free(c.out); free(c.inp); free(c.w); free(c.R); free(dinp); free(dw);
 }
 
+// the blocked kernel against a plain triple loop, at sizes that cross its row, column and k blocks
+static void test_matmul_vs_naive(int M, int IC, int OC) {
+    real *inp = random_tensor((size_t)M * IC, 1), *w = random_tensor((size_t)OC * IC, 1);
+    real *dout = random_tensor((size_t)M * OC, 1), *out = zero_tensor((size_t)M * OC);
+    real *dinp = random_tensor((size_t)M * IC, 1), *dw = random_tensor((size_t)OC * IC, 1); // accumulate onto these
+    real *dinp_ref = (real *)mallocCheck((size_t)M * IC * sizeof(real)), *dw_ref = (real *)mallocCheck((size_t)OC * IC * sizeof(real));
+    memcpy(dinp_ref, dinp, (size_t)M * IC * sizeof(real));
+    memcpy(dw_ref, dw, (size_t)OC * IC * sizeof(real));
+    matmul_forward(out, inp, w, M, IC, OC);
+    matmul_backward(dinp, dw, dout, inp, w, M, IC, OC);
+    double err = 0, ref2 = 0;
+    for (int m = 0; m < M; m++) {
+        for (int o = 0; o < OC; o++) {
+            double acc = 0;
+            for (int i = 0; i < IC; i++) { acc += (double)inp[(size_t)m * IC + i] * w[(size_t)o * IC + i]; }
+            err = fmax(err, fabs(acc - out[(size_t)m * OC + o]));
+            ref2 = fmax(ref2, fabs(acc));
+            for (int i = 0; i < IC; i++) {
+                dinp_ref[(size_t)m * IC + i] += dout[(size_t)m * OC + o] * w[(size_t)o * IC + i];
+                dw_ref[(size_t)o * IC + i] += dout[(size_t)m * OC + o] * inp[(size_t)m * IC + i];
+            }
+        }
+    }
+    for (size_t i = 0; i < (size_t)M * IC; i++) { err = fmax(err, fabs(dinp[i] - dinp_ref[i])); }
+    for (size_t i = 0; i < (size_t)OC * IC; i++) { err = fmax(err, fabs(dw[i] - dw_ref[i])); }
+    char name[96];
+    snprintf(name, sizeof(name), "matmul fwd/bwd vs naive loop M%d IC%d OC%d", M, IC, OC);
+    test_result(err / ref2 < 1e-12, name, "max err %.2e (relative to max |out| %.1f)", err, ref2);
+    free(inp); free(w); free(dout); free(out); free(dinp); free(dw); free(dinp_ref); free(dw_ref);
+}
+
 typedef struct { real *out, *rstd, *inp, *w, *R; int M, C; } NormCase;
 static double norm_loss(void *p) {
     NormCase *c = (NormCase *)p;
@@ -334,6 +365,8 @@ int main(void) {
     omp_set_num_threads(2);
 #endif
     test_matmul();
+    test_matmul_vs_naive(70, 600, 45);
+    test_matmul_vs_naive(300, 37, 45);
     test_rmsnorm();
     test_embedding();
     test_crossentropy();
