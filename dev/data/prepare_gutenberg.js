@@ -54,4 +54,5 @@ function main() {
               `train ${train.length} books, val ${VAL_BOOK}`);
 }
 
-main();
+module.exports = { cleanBook, VAL_BOOK, EOT };
+if (require.main === module) main();
