@@ -47,14 +47,26 @@ build/test_%: test/test_%.c train_m2rnn.c $(REF_HEADERS) test/test_common.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-# the bad-input CLI test drives the real binary
-test/test_cli.sh: train_m2rnn
+# the bad-input CLI test drives the real binary and the fixtures test_train writes
+test/test_cli.sh: train_m2rnn build/test_train
+
+build/bench_cpu_step: dev/bench/bench_cpu_step.c train_m2rnn.c $(REF_HEADERS)
+	@mkdir -p build
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# the default small hybrid (d=256, 4 layers M M A M) on the default corpus. There is no CUDA trainer in the tree
+# yet, so every machine trains it with the CPU reference, and says so. Override with TRAIN_FLAGS="...".
+TRAIN_FLAGS ?= -e d256:l4:MMAM -b 8 -t 128 -x 200 -l 2e-3 -u 20 -q 0.1 -v 25 -m 8 -n 100 -nk 2
+train: train_m2rnn data
+	@echo "training the default model with the CPU reference (train_m2rnn: fp32, OpenMP); logs in log_default/"
+	./train_m2rnn -i 'dev/data/gutenberg/gutenberg_train_*.bin' -j 'dev/data/gutenberg/gutenberg_val_*.bin' \
+	    -o log_default $(TRAIN_FLAGS)
 
 # ---------------------------------------------------------------------------------------------------------------
 # tokenizer and data pipeline (tokenizer.h, dataloader.h, dev/data/)
 
 DATA_PROGRAMS = tokenize
-DATA_TESTS = build/test_dataloader build/test_tokenizer
+DATA_TESTS = build/test_dataloader build/test_tokenizer test/test_data_pipeline.sh
 
 NODE_TOOLS = dev/data/node_tools
 NPM_STAMP = dev/data/.npm-stamp
@@ -106,6 +118,8 @@ data-large: dev/data/large/.done
 dev/data/large/.done: dev/data/prepare_large.sh dev/data/prepare_large.js $(GPT2_TOKENIZER) | tokenize
 	bash dev/data/prepare_large.sh
 	touch $@
+
+test/test_data_pipeline.sh: | tokenize tokenizers
 
 build/test_dataloader: test/test_dataloader.c dataloader.h utils.h test/test_common.h
 	@mkdir -p build
