@@ -456,11 +456,11 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
     Stage<V, HPC, true> st(smem, K);
     // bf16 A fragments of H for the sub-chunk, (SUB+1, NW, NS*4, 32): lane-private, so no barriers are needed
     uint32_t *hist = (uint32_t *)(smem + Stage<V, HPC, true>::bytes(K));
-    float *rdq = (float *)(hist + (SUB + 1) * NW * NS * 4 * 32); // (SUB, K) sum over the CTA's heads
-    float *rdk = rdq + SUB * K;                                  // (SUB, K)
-    float *rdv = rdk + SUB * K;                                  // (SUB, HPC*V) sum over row blocks
-    float *rdf = rdv + SUB * HV;                                 // (SUB, HPC)
-    for (int i = threadIdx.x; i < SUB * (2 * K + HV + HPC); i += blockDim.x) { rdq[i] = 0.0f; }
+    // per-warp partial sums of the sub-chunk, one slot per (token, warp): plain stores, summed when flushed
+    float *rdq = (float *)(hist + (SUB + 1) * NW * NS * 4 * 32); // (SUB, NW, 16) this warp's rows of dq
+    float *rdk = rdq + SUB * NW * 16;                            // (SUB, NW, 16) this warp's rows of dk
+    float *rdv = rdk + SUB * NW * 16;                            // (SUB, NW, V) dv over this warp's rows
+    float *rdf = rdv + SUB * NW * V;                             // (SUB, NW) df over this warp's rows
 
     const floatX *Wn = W + (size_t)n * V * V;
     uint32_t bW[NS][NT][2], bWT[NS][NT][2];
@@ -591,7 +591,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                 }
                 // off the chain: df, dk = dX v, dq = H_{t+1} dy, dv = dX^T k, dW += H_t^T dX
                 dfp = warp_reduce_sum(dfp);
-                if (lane == 0) { atomicAdd(&rdf[i * HPC + hh], dfp); }
+                if (lane == 0) { rdf[i * NW + warp] = dfp; }
                 float ak[4], aq[4];
                 ak[0] = ak[1] = ak[2] = ak[3] = 0.0f;
                 aq[0] = aq[1] = aq[2] = aq[3] = 0.0f;
@@ -605,10 +605,11 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                     mma16816(aq, aN[s], bd0, bd1);
                 }
                 if (t4 == 0) {
-                    atomicAdd(&rdk[i * K + row0], ak[0]);
-                    atomicAdd(&rdk[i * K + row0 + 8], ak[2]);
-                    atomicAdd(&rdq[i * K + row0], aq[0]);
-                    atomicAdd(&rdq[i * K + row0 + 8], aq[2]);
+                    float *pk = rdk + (i * NW + warp) * 16 + g, *pq = rdq + (i * NW + warp) * 16 + g;
+                    pk[0] = ak[0];
+                    pk[8] = ak[2];
+                    pq[0] = aq[0];
+                    pq[8] = aq[2];
                 }
                 uint32_t bdX[NT][2];
 #pragma unroll
@@ -629,10 +630,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                 for (int h = 0; h < NT; h++) {
                     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma16816(acc, akb, bdX[h][0], bdX[h][1]);
-                    if (g == 0) {
-                        atomicAdd(&rdv[i * HV + hh * V + 8 * h + 2 * t4], acc[0]);
-                        atomicAdd(&rdv[i * HV + hh * V + 8 * h + 2 * t4 + 1], acc[1]);
-                    }
+                    if (g == 0) { *(float2 *)(rdv + (i * NW + warp) * V + 8 * h + 2 * t4) = make_float2(acc[0], acc[1]); }
                 }
             }
             __syncthreads();
@@ -640,23 +638,29 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
             const long stok = ctok + s0;
             const int kq4 = K / 4;
             for (int idx = threadIdx.x; idx < slen * kq4; idx += blockDim.x) {
-                const int i = idx / kq4, r = (idx % kq4) * 4;
+                const int i = idx / kq4, r = (idx % kq4) * 4; // rows r..r+3 live in row block r/16 of every head
+                float4 sq4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), sk4 = sq4;
+                for (int h2 = 0; h2 < HPC; h2++) {
+                    const int slot = (i * NW + h2 * RB + r / 16) * 16 + r % 16;
+                    const float4 a = *(const float4 *)(rdq + slot), b = *(const float4 *)(rdk + slot);
+                    sq4.x += a.x; sq4.y += a.y; sq4.z += a.z; sq4.w += a.w;
+                    sk4.x += b.x; sk4.y += b.y; sk4.z += b.z; sk4.w += b.w;
+                }
                 const size_t off = (size_t)(stok + i) * Nq * K + (size_t)m.qh * K + r;
-                float4 *pq = (float4 *)(rdq + i * K + r), *pk = (float4 *)(rdk + i * K + r);
-                red_add_v4(dq_acc + off, *pq);
-                red_add_v4(dk_acc + off, *pk);
-                *pq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                *pk = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                red_add_v4(dq_acc + off, sq4);
+                red_add_v4(dk_acc + off, sk4);
             }
             for (int idx = threadIdx.x; idx < slen * HV; idx += blockDim.x) {
-                const int i = idx / HV, hv = idx % HV;
-                dv[(stok + i) * sv + (long)m.n0 * V + hv] = __float2bfloat16(rdv[idx]);
-                rdv[idx] = 0.0f;
+                const int i = idx / HV, hv = idx % HV, h2 = hv / V, col = hv % V;
+                float sum = 0.0f;
+                for (int r = 0; r < RB; r++) { sum += rdv[(i * NW + h2 * RB + r) * V + col]; }
+                dv[(stok + i) * sv + (long)m.n0 * V + hv] = __float2bfloat16(sum);
             }
             for (int idx = threadIdx.x; idx < slen * HPC; idx += blockDim.x) {
                 const int i = idx / HPC, h2 = idx % HPC;
-                df[(stok + i) * N + m.n0 + h2] = rdf[idx];
-                rdf[idx] = 0.0f;
+                float sum = 0.0f;
+                for (int r = 0; r < RB; r++) { sum += rdf[i * NW + h2 * RB + r]; }
+                df[(stok + i) * N + m.n0 + h2] = sum;
             }
             __syncthreads();
         }
@@ -768,7 +772,7 @@ static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc) {
     const int NW = hpc * (d->K / 16);
     const size_t stage = (size_t)M2RNN_CHUNK * (2 * d->K * 2 + 2 * hpc * d->V * 2 + hpc * 4);
     const size_t hist = (size_t)(M2RNN_SUB + 1) * NW * (d->V / 16) * 4 * 32 * sizeof(uint32_t);
-    const size_t red = (size_t)M2RNN_SUB * (2 * d->K + hpc * d->V + hpc) * sizeof(float);
+    const size_t red = (size_t)M2RNN_SUB * NW * (16 + 16 + d->V + 1) * sizeof(float);
     return stage + hist + red;
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script sent to the GPU machine for the M²RNN kernels: build, GPU numerics test, our benchmark, the
 # same-inputs comparison with the authors' Triton kernel against float64, and the authors' benchmark in the same run.
-#   bash scripts/gpu_m2rnn.sh [stages...]     stages: build test bench compare authors (default: all, in that order)
+#   bash scripts/gpu_m2rnn.sh [stages...]     stages: build test bench profile compare authors (default: all but profile)
 # Logs go to $OUT (set by the device tool) or ./out_gpu_m2rnn. The authors' package is read from .peers/ (a trimmed,
 # git-ignored copy of open-lm-engine/accelerated-model-architectures' xma package); without it their stages are skipped.
 set -u -o pipefail
@@ -22,6 +22,16 @@ if has test; then
 fi
 if has bench; then
     timeout 120 ./build/bench_m2rnn 2>&1 | tee "$OUT/bench_ours.log"
+fi
+if has profile; then # stall reasons of the two recurrence kernels at the paper's B=8, N=84 shape
+    for kern in forward backward; do
+        timeout 120 ncu --clock-control none --kernel-name "regex:m2rnn_${kern}_kernel" --launch-count 1 \
+            --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
+            --section ComputeWorkloadAnalysis --section InstructionStats \
+            ./build/bench_m2rnn -b 8 -n 84 -r 1 > "$OUT/ncu_${kern}.txt" 2>&1
+        grep -E "Warp Cycles Per Issued|Issue Slots Busy|Issued Ipc|No Eligible|Achieved Occupancy|Stall|Registers Per|Block Limit" \
+            "$OUT/ncu_${kern}.txt" | head -20
+    done
 fi
 if [ -d .peers/xma ]; then
     if has compare; then

@@ -86,11 +86,13 @@ static void make_inputs(Problem &p, const Case &c, uint64_t seed) {
     }
     p.f.resize((size_t)p.ntok * c.N);
     for (auto &x : p.f) { x = (float)(1.0 / (1.0 + exp(-(1.5 + 2.0 * rand_normal())))); } // some near 1, some small
+    // W near the paper's identity init, ||W||_2 about 1. With a larger random part (||W|| ~ 1.6, tried first) the
+    // backward itself is ill-conditioned at T=4096: a float64 emulation of bf16 rounding alone drifts by 10-50%.
     p.W.resize((size_t)c.N * c.V * c.V);
     for (int n = 0; n < c.N; n++) {
         for (int i = 0; i < c.V; i++) {
             for (int j = 0; j < c.V; j++) {
-                p.W[((size_t)n * c.V + i) * c.V + j] = to_bf((i == j ? 0.7 : 0.0) + 0.5 / sqrt(c.V) * rand_normal());
+                p.W[((size_t)n * c.V + i) * c.V + j] = to_bf((i == j ? 0.7 : 0.0) + 0.2 / sqrt(c.V) * rand_normal());
             }
         }
     }

@@ -54,7 +54,7 @@ static void make(Inputs &in, int B, int T, int N, int Nq, int K, int V, bool all
     }
     for (int n = 0; n < N; n++) {
         for (int i = 0; i < V; i++) {
-            for (int j = 0; j < V; j++) { W[((size_t)n * V + i) * V + j] = bf((i == j ? 0.7f : 0.0f) + 0.12f * nrand()); }
+            for (int j = 0; j < V; j++) { W[((size_t)n * V + i) * V + j] = bf((i == j ? 0.7f : 0.0f) + 0.05f * nrand()); }
         }
     }
     for (auto &x : dy) { x = bf(nrand()); }

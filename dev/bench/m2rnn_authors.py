@@ -62,7 +62,7 @@ def bench(reps):
         q = silu(torch.randn(B, T, 1, K, device=dev, generator=g)).bfloat16().requires_grad_()
         k = silu(torch.randn(B, T, 1, K, device=dev, generator=g)).bfloat16().requires_grad_()
         v = silu(torch.randn(B, T, N, V, device=dev, generator=g)).bfloat16().requires_grad_()
-        W = (0.7 * torch.eye(V, device=dev) + 0.12 * torch.randn(N, V, V, device=dev, generator=g)).bfloat16()
+        W = (0.7 * torch.eye(V, device=dev) + 0.05 * torch.randn(N, V, V, device=dev, generator=g)).bfloat16()
         W.requires_grad_()
         f = torch.sigmoid(1.5 + 2 * torch.randn(B, T, N, device=dev, generator=g)).bfloat16().requires_grad_()
         dy = torch.randn(B, T, N, V, device=dev, generator=g).bfloat16()
