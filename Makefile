@@ -37,7 +37,7 @@ NVCC_LDLIBS = -lcublas -lcublasLt
 CPU_PROGRAMS = train_m2rnn
 CPU_TESTS = build/test_gradcheck build/test_m2rnn_ref build/test_train test/test_cli.sh
 
-REF_HEADERS = utils.h model.h checkpoint.h dataloader.h ref/common.h ref/m2rnn.h ref/attention.h ref/mlp.h
+REF_HEADERS = utils.h model.h checkpoint.h dataloader.h train_loop.h tokenizer.h unicode_tables.h ref/common.h ref/m2rnn.h ref/attention.h ref/mlp.h
 
 train_m2rnn: train_m2rnn.c $(REF_HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)

@@ -323,6 +323,13 @@ static void model_init_parameters(float *params, const ParamTable *t, uint64_t s
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// the optimizer's settings (the no-decay set comes from the parameter table)
+
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+} OptimizerConfig;
+
+// ----------------------------------------------------------------------------------------------------------------
 // FLOPs for MFU: counted per token of a training step (forward + backward = 3x forward), including the parts a
 // 6N estimate misses. Recurrence per step per head: H W (2·K·Vh²), k vᵀ add, tanh, gate (≈6·K·Vh), y = Hᵀq (2·K·Vh).
 // Attention: QKᵀ and AV, causal so half of 4·T·HS per head per token. Conv: 2·W per channel.

@@ -28,8 +28,6 @@ Build with -DM2RNN_REAL_DOUBLE to get the same code in float64 (the gradient che
 #include "ref/m2rnn.h"  // defines: the M²RNN recurrence, gate and mixer
 #include "ref/attention.h" // defines: causal attention (NoPE / RoPE)
 #include "ref/mlp.h"    // defines: SwiGLU MLP
-#include "checkpoint.h" // defines: the checkpoint format, atomic write, validated read
-#include "dataloader.h" // defines: DataLoader over llm.c token shards
 
 // ----------------------------------------------------------------------------------------------------------------
 // the model
@@ -254,7 +252,7 @@ void model_zero_grad(Model *model) { memset(model->grads_memory, 0, model->table
 
 // Backward of the last forward (which must have had targets); parameter grads accumulate (+=) scaled so that the
 // loss being differentiated is loss_scale · mean loss (loss_scale = 1/accumulation steps).
-void model_backward(Model *model, real loss_scale) {
+void model_backward(Model *model, float loss_scale) {
     const ModelConfig *c = &model->config;
     if (model->mean_loss < 0) {
         fail_with_hint("call model_forward with targets first", "model_backward without a forward pass with targets");
@@ -262,7 +260,7 @@ void model_backward(Model *model, real loss_scale) {
     const int B = model->B, T = model->T, BT = B * T, C = c->d_model, Vp = c->padded_vocab_size;
     memset(model->grad_scratch_memory, 0, model->grad_scratch_size * sizeof(real));
     // loss = mean over tokens, so each token's dloss is loss_scale / BT
-    crossentropy_softmax_backward_inplace(model->logits, model->targets, loss_scale / BT, BT, c->vocab_size, Vp);
+    crossentropy_softmax_backward_inplace(model->logits, model->targets, (real)loss_scale / BT, BT, c->vocab_size, Vp);
     real *dlogits = model->logits;
     matmul_backward(model->d_norm, model->grads.lm_head, dlogits, model->lnf_out, model->params.lm_head, BT, C, Vp);
     rmsnorm_backward(model->d_resid, model->grads.lnf_w, model->d_norm, model->resid_out, model->params.lnf_w,
@@ -306,9 +304,6 @@ double model_grad_norm(const Model *model) {
     return sqrt(total);
 }
 
-typedef struct {
-    float lr, beta1, beta2, eps, weight_decay, grad_clip;
-} OptimizerConfig;
 
 // One AdamW step (step counts from 1). Gradients are scaled by min(1, grad_clip / norm). Returns the grad norm.
 double model_update(Model *model, const OptimizerConfig *opt, int step) {
@@ -340,347 +335,45 @@ void model_free(Model *model) {
     memset(model, 0, sizeof(*model));
 }
 
-// ----------------------------------------------------------------------------------------------------------------
-// learning-rate schedule: linear warmup to lr, then cosine down to final_frac · lr at the last step
-
-static float lr_at_step(int step, int total_steps, float lr, int warmup, float final_frac) {
-    if (step < warmup) { return lr * (float)(step + 1) / (float)warmup; }
-    if (total_steps <= warmup) { return lr; }
-    double progress = (double)(step - warmup) / (double)(total_steps - warmup);
-    if (progress > 1.0) { progress = 1.0; }
-    const double min_lr = lr * final_frac;
-    return (float)(min_lr + 0.5 * (1.0 + cos(M_PI * progress)) * (lr - min_lr));
-}
 
 // ----------------------------------------------------------------------------------------------------------------
-// the training run
+// what the shared training loop needs from an executor (train_loop.h)
 
-typedef struct {
-    const char *train_pattern, *val_pattern; // shard globs
-    const char *init;      // model descriptor ("d256:l4:MMAM") or a checkpoint file (*.bin)
-    const char *out_dir;   // logs and checkpoints; NULL = none
-    int vocab_size;        // of a model built from a descriptor (a checkpoint carries its own)
-    int B, T;              // micro-batch
-    int total_batch;       // tokens per optimizer step; a multiple of B·T (gradient accumulation)
-    int max_steps;
-    float lr, final_lr_frac, weight_decay, grad_clip, rnn_clamp;
-    int warmup;
-    int val_every, val_batches;
-    int ckpt_every, ckpt_keep, ckpt_major, resume;
-    int overfit;           // 1: train on the first batch only
-    int threads;
-    uint64_t seed;
-    int quiet;             // 1: no per-step lines (tests)
-    float *loss_trace;     // if not NULL: (max_steps) the train loss of each step (tests)
-} TrainOptions;
+typedef real master_t;
+#define EXECUTOR_NAME "./train_m2rnn (CPU reference, OpenMP)"
+static double executor_peak_flops(void) { return 0; }
+static void executor_sync(void) {}
 
-static TrainOptions train_options_default(void) {
-    TrainOptions o;
-    memset(&o, 0, sizeof(o));
-    o.train_pattern = "dev/data/gutenberg/gutenberg_train_*.bin";
-    o.val_pattern = "dev/data/gutenberg/gutenberg_val_*.bin";
-    o.init = "d256:l4:MMAM";
-    o.vocab_size = 50257;
-    o.B = 4; o.T = 256; o.total_batch = 0; o.max_steps = 200;
-    o.lr = 1e-3f; o.final_lr_frac = 0.1f; o.weight_decay = 0.1f; o.grad_clip = 1.0f; o.rnn_clamp = 1.0f;
-    o.warmup = 20; o.val_every = 50; o.val_batches = 10;
-    o.ckpt_every = 0; o.ckpt_keep = 0; o.ckpt_major = 0; o.resume = 0;
-    o.seed = 1337;
-    return o;
+static int model_has_optimizer(const Model *model) { return model->m_memory != NULL; }
+
+static void model_read_state(const Model *model, master_t *params, master_t *m, master_t *v) {
+    const size_t bytes = model->table.num_parameters * sizeof(real);
+    memcpy(params, model->params_memory, bytes);
+    if (m != NULL && model->m_memory != NULL) { memcpy(m, model->m_memory, bytes); memcpy(v, model->v_memory, bytes); }
 }
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
-static double wall_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static void log_line(const char *out_dir, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void log_line(const char *out_dir, const char *fmt, ...) {
-    if (out_dir == NULL) { return; }
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/main.log", out_dir);
-    FILE *fp = fopenCheck(path, "a");
-    va_list args;
-    va_start(args, fmt);
-    vfprintf(fp, fmt, args);
-    va_end(args);
-    fcloseCheck(fp);
-}
-
-static void save_checkpoint(const TrainOptions *o, const Model *model, int step, int grad_accum, uint64_t rng_state,
-                            const DataLoader *loader) {
-    CheckpointHeader h;
-    memset(&h, 0, sizeof(h));
-    h.config = model->config;
-    h.elem_bytes = (int)sizeof(real);
-    h.has_optimizer = model->m_memory != NULL;
-    h.num_parameters = model->table.num_parameters;
-    h.step = step; h.B = o->B; h.T = o->T; h.grad_accum = grad_accum;
-    h.rng_state = rng_state;
-    DataLoaderState state;
-    memset(&state, 0, sizeof(state));
-    if (loader != NULL) { dataloader_get_state(loader, &state); }
-    h.loader_state_bytes = loader != NULL ? (uint32_t)sizeof(state) : 0;
-    char path[4096];
-    checkpoint_path(path, sizeof(path), o->out_dir, step);
-    checkpoint_write(path, &h, model->params_memory, model->m_memory, model->v_memory, &state);
-    checkpoint_prune(o->out_dir, o->ckpt_keep, o->ckpt_major);
-}
-
-static real validate(Model *model, DataLoader *val, int max_batches) {
-    dataloader_reset(val);
-    int batches = (int)dataloader_num_batches(val);
-    if (max_batches > 0 && batches > max_batches) { batches = max_batches; }
-    double sum = 0.0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_next_batch(val);
-        sum += model_forward(model, val->inputs, val->targets, (int)val->B, (int)val->T);
-    }
-    return (real)(sum / (batches > 0 ? batches : 1));
-}
-
-// Runs training as the options say. Returns the last step's train loss.
-real train_run(const TrainOptions *o) {
-#ifdef _OPENMP
-    if (o->threads > 0) { omp_set_num_threads(o->threads); }
-#endif
-    const int tokens_per_micro = o->B * o->T;
-    const int total_batch = o->total_batch > 0 ? o->total_batch : tokens_per_micro;
-    if (total_batch % tokens_per_micro != 0) {
-        fail_with_hint("make -d a multiple of -b times -t",
-                       "total batch %d tokens is not a multiple of B*T = %d*%d = %d", total_batch, o->B, o->T,
-                       tokens_per_micro);
-    }
-    const int grad_accum = total_batch / tokens_per_micro;
-    if (o->out_dir != NULL) { create_dir_if_not_exists(o->out_dir); }
-
-    // where the model comes from: a checkpoint to resume, a checkpoint file, or a descriptor
-    char ckpt_path[4096] = {0};
-    if (o->resume) {
-        if (o->out_dir == NULL) { fail_with_hint("pass -o DIR together with -y 1", "resume (-y 1) needs an output directory"); }
-        int last = checkpoint_find_latest(o->out_dir);
-        if (last >= 0) { checkpoint_path(ckpt_path, sizeof(ckpt_path), o->out_dir, last); }
-        else if (!o->quiet) { printf("no checkpoint in %s: starting from scratch\n", o->out_dir); }
-    } else if (ends_with(o->init, ".bin")) {
-        snprintf(ckpt_path, sizeof(ckpt_path), "%s", o->init);
-    }
-    CheckpointHeader ckpt;
-    memset(&ckpt, 0, sizeof(ckpt));
-    ModelConfig config;
-    memset(&config, 0, sizeof(config));
-    if (ckpt_path[0] != '\0') {
-        checkpoint_read_header(ckpt_path, &ckpt);
-        if (ckpt.elem_bytes != (int)sizeof(real)) {
-            fail_with_hint("use a checkpoint written by a build with the same precision",
-                           "checkpoint '%s' holds %d-byte numbers, this build uses %d", ckpt_path, ckpt.elem_bytes,
-                           (int)sizeof(real));
-        }
-        config = ckpt.config;
-    } else {
-        config.rnn_grad_clamp = o->rnn_clamp;
-        config.vocab_size = o->vocab_size;
-        model_config_from_descriptor(&config, o->init);
-    }
-    Model model;
-    model_build(&model, &config);
-    if (ckpt_path[0] != '\0' && model.table.num_parameters != ckpt.num_parameters) {
-        fail_with_hint("the checkpoint is damaged or from another m2rnn version",
-                       "checkpoint '%s' holds %llu parameters, its config implies %zu", ckpt_path,
-                       (unsigned long long)ckpt.num_parameters, model.table.num_parameters);
-    }
-    const int resuming = o->resume && ckpt_path[0] != '\0';
-    if (resuming && (ckpt.B != o->B || ckpt.T != o->T || ckpt.grad_accum != grad_accum)) {
-        fail_with_hint("resume with the -b, -t and -d the run was started with",
-                       "checkpoint '%s' was trained with B=%d T=%d accumulation %d, this run asks B=%d T=%d "
-                       "accumulation %d", ckpt_path, ckpt.B, ckpt.T, ckpt.grad_accum, o->B, o->T, grad_accum);
-    }
-
-    DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, o->train_pattern, (size_t)o->B, (size_t)o->T, 0, 1, 1, o->seed,
-                    model.config.vocab_size);
-    const int have_val = o->val_pattern != NULL && o->val_pattern[0] != '\0' && o->val_every > 0;
-    if (have_val) {
-        dataloader_init(&val_loader, o->val_pattern, (size_t)o->B, (size_t)o->T, 0, 1, 0, o->seed,
-                        model.config.vocab_size);
-    }
-
-    int start_step = 0;
-    uint64_t rng_state = o->seed;
-    if (ckpt_path[0] != '\0') {
-        DataLoaderState loader_state;
-        int restore_optimizer = resuming && ckpt.has_optimizer;
-        if (restore_optimizer) {
-            model.m_memory = (real *)callocCheck(model.table.num_parameters, sizeof(real));
-            model.v_memory = (real *)callocCheck(model.table.num_parameters, sizeof(real));
-        }
-        if (resuming && ckpt.loader_state_bytes != sizeof(DataLoaderState)) {
-            fail_with_hint("resume from a checkpoint written by this version of train_m2rnn",
-                           "checkpoint '%s' has a %u-byte dataloader state, this build's is %zu", ckpt_path,
-                           ckpt.loader_state_bytes, sizeof(DataLoaderState));
-        }
-        checkpoint_read_payload(ckpt_path, &ckpt, model.params_memory, restore_optimizer ? model.m_memory : NULL,
-                                restore_optimizer ? model.v_memory : NULL, resuming ? &loader_state : NULL);
-        if (resuming) {
-            dataloader_set_state(&train_loader, &loader_state);
-            start_step = ckpt.step;
-            rng_state = ckpt.rng_state;
-        }
-    } else {
-        model_init_weights(&model, o->seed);
-    }
-
-    const ModelConfig *c = &model.config;
-    if (!o->quiet) {
-        printf("+-----------------------+----------------------------------------------------+\n");
-        printf("| model                 | d%d:l%d:%s\n", c->d_model, c->n_layer, c->pattern);
-        printf("| parameters            | %zu\n", model.table.num_parameters);
-        printf("| M2RNN N, Nq, K, V     | %d, %d, %d, %d (conv %d, dH clamp %g)\n", c->rnn_heads, c->rnn_qk_heads,
-               c->rnn_k, c->rnn_v, c->conv_width, c->rnn_grad_clamp);
-        printf("| attention heads x dim | %d x %d (%s)\n", c->attn_heads, c->attn_head_dim, c->use_rope ? "RoPE" : "NoPE");
-        printf("| MLP hidden, vocab     | %d, %d (padded %d)\n", c->mlp_hidden, c->vocab_size, c->padded_vocab_size);
-        printf("| B, T, accumulation    | %d, %d, %d (%d tokens per step)\n", o->B, o->T, grad_accum, total_batch);
-        printf("| train tokens          | %zu (%s)\n", train_loader.num_tokens, o->train_pattern);
-        if (have_val) { printf("| val tokens            | %zu (%s)\n", val_loader.num_tokens, o->val_pattern); }
-        printf("| steps, lr, warmup     | %d, %g, %d (cosine to %g x)\n", o->max_steps, o->lr, o->warmup,
-               o->final_lr_frac);
-#ifdef _OPENMP
-        printf("| OpenMP threads        | %d\n", omp_get_max_threads());
-#endif
-        printf("+-----------------------+----------------------------------------------------+\n");
-        if (resuming) { printf("resumed from %s at step %d\n", ckpt_path, start_step); }
-    }
-
-    OptimizerConfig opt = {o->lr, 0.9f, 0.95f, 1e-10f, o->weight_decay, o->grad_clip};
-    const double flops_per_step = model_flops_per_token(c, o->T) * total_batch;
-    double time_sum = 0.0;
-    int timed_steps = 0;
-    real last_loss = -1;
-    if (o->overfit) { dataloader_next_batch(&train_loader); }
-    for (int step = start_step; step < o->max_steps; step++) {
-        const int last_step = step == o->max_steps - 1;
-        if (have_val && (step % o->val_every == 0 || last_step)) {
-            real val_loss = validate(&model, &val_loader, o->val_batches);
-            if (!o->quiet) { printf("step %5d | val loss %.6f\n", step, val_loss); }
-            log_line(o->out_dir, "s:%d tel:%.6f\n", step, val_loss);
-        }
-        const double t0 = wall_seconds();
-        model_zero_grad(&model);
-        double loss_sum = 0.0;
-        for (int micro = 0; micro < grad_accum; micro++) {
-            if (!o->overfit) { dataloader_next_batch(&train_loader); }
-            loss_sum += model_forward(&model, train_loader.inputs, train_loader.targets, o->B, o->T);
-            model_backward(&model, (real)1.0 / grad_accum);
-        }
-        opt.lr = lr_at_step(step, o->max_steps, o->lr, o->warmup, o->final_lr_frac);
-        const double norm = model_update(&model, &opt, step + 1);
-        const double dt = wall_seconds() - t0;
-        last_loss = (real)(loss_sum / grad_accum);
-        if (o->loss_trace != NULL) { o->loss_trace[step] = (float)last_loss; }
-        if (step > start_step) { time_sum += dt; timed_steps++; } // the first step warms caches: not timed
-        const double avg = timed_steps > 0 ? time_sum / timed_steps : dt;
-        if (!o->quiet) {
-            printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.2f GFLOP/s | ETA %.1f min\n",
-                   step + 1, o->max_steps, last_loss, norm, opt.lr, 1000.0 * dt, total_batch / dt,
-                   flops_per_step / dt * 1e-9, avg * (o->max_steps - step - 1) / 60.0);
-            fflush(stdout);
-        }
-        log_line(o->out_dir, "s:%d trl:%.6f lr:%.6e norm:%.4f\n", step + 1, last_loss, opt.lr, norm);
-        if (o->out_dir != NULL && ((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) ||
-                                   (o->ckpt_every > 0 && last_step))) {
-            save_checkpoint(o, &model, step + 1, grad_accum, rng_state, &train_loader);
-        }
-    }
-    if (!o->quiet && timed_steps > 0) { printf("average step time %.1f ms\n", 1000.0 * time_sum / timed_steps); }
-    dataloader_free(&train_loader);
-    if (have_val) { dataloader_free(&val_loader); }
-    model_free(&model);
-    return last_loss;
-}
-
-// ----------------------------------------------------------------------------------------------------------------
-// CLI
-
-static void print_usage(void) {
-    TrainOptions d = train_options_default();
-    fprintf(stderr, "usage: ./train_m2rnn [-flag value]...   (CPU fp32 reference trainer)\n");
-    fprintf(stderr, "  -i  train shards glob            (%s)\n", d.train_pattern);
-    fprintf(stderr, "  -j  val shards glob, \"\" = none   (%s)\n", d.val_pattern);
-    fprintf(stderr, "  -e  model descriptor or ckpt.bin (%s)\n", d.init);
-    fprintf(stderr, "      descriptor fields: dNNN width, lNN layers, pattern of M/A letters, nNN M2RNN heads,\n");
-    fprintf(stderr, "      qNN M2RNN q/k heads (1 or N), kNN K, vNN V, hNN attention heads, fNNN MLP hidden, rope\n");
-    fprintf(stderr, "  -vs vocabulary size of a model built from a descriptor (%d = GPT-2)\n", d.vocab_size);
-    fprintf(stderr, "  -o  output dir for main.log and checkpoints (none)\n");
-    fprintf(stderr, "  -b  micro-batch size B           (%d)\n", d.B);
-    fprintf(stderr, "  -t  sequence length T            (%d)\n", d.T);
-    fprintf(stderr, "  -d  total batch in tokens, a multiple of B*T; 0 = B*T (%d)\n", d.total_batch);
-    fprintf(stderr, "  -x  optimizer steps              (%d)\n", d.max_steps);
-    fprintf(stderr, "  -l  peak learning rate           (%g)\n", d.lr);
-    fprintf(stderr, "  -u  warmup steps                 (%d)\n", d.warmup);
-    fprintf(stderr, "  -q  final lr as a fraction of -l (%g)\n", d.final_lr_frac);
-    fprintf(stderr, "  -c  weight decay                 (%g)\n", d.weight_decay);
-    fprintf(stderr, "  -gc global grad-norm clip, 0 = off (%g)\n", d.grad_clip);
-    fprintf(stderr, "  -rc M2RNN carried-dH clamp, 0 = off (%g)\n", d.rnn_clamp);
-    fprintf(stderr, "  -v  validate every N steps, 0 = never (%d)\n", d.val_every);
-    fprintf(stderr, "  -m  max validation batches, 0 = all (%d)\n", d.val_batches);
-    fprintf(stderr, "  -n  checkpoint every N steps, 0 = never (%d)\n", d.ckpt_every);
-    fprintf(stderr, "  -nk keep the newest N checkpoints, 0 = all (%d)\n", d.ckpt_keep);
-    fprintf(stderr, "  -nm never delete checkpoints at multiples of N (%d)\n", d.ckpt_major);
-    fprintf(stderr, "  -y  resume from the newest checkpoint in -o (%d)\n", d.resume);
-    fprintf(stderr, "  -a  overfit the first batch      (%d)\n", d.overfit);
-    fprintf(stderr, "  -s  seed                         (%llu)\n", (unsigned long long)d.seed);
-    fprintf(stderr, "  -nt OpenMP threads, 0 = default  (%d)\n", d.threads);
-    fprintf(stderr, "  -h  this help\n");
-}
-
-// Parses argv into o; refuses unknown flags, missing values and malformed numbers with one line and a hint.
-static void parse_args(TrainOptions *o, int argc, char **argv) {
-    const char *hint = "run ./train_m2rnn -h to list every flag and its default";
-    for (int i = 1; i < argc; i++) {
-        const char *flag = argv[i];
-        if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) { print_usage(); exit(EXIT_SUCCESS); }
-        if (flag[0] != '-' || strlen(flag) < 2 || strlen(flag) > 3) {
-            fail_with_hint(hint, "expected a flag like -b, got '%s'", flag);
-        }
-        if (i + 1 >= argc) { fail_with_hint(hint, "flag %s needs a value", flag); }
-        const char *v = argv[++i];
-        const char *f = flag + 1;
-        if (strcmp(f, "i") == 0) { o->train_pattern = v; }
-        else if (strcmp(f, "j") == 0) { o->val_pattern = v; }
-        else if (strcmp(f, "e") == 0) { o->init = v; }
-        else if (strcmp(f, "o") == 0) { o->out_dir = v; }
-        else if (strcmp(f, "vs") == 0) { o->vocab_size = (int)parse_int_arg(flag, v, 2, 1 << 24); }
-        else if (strcmp(f, "b") == 0) { o->B = (int)parse_int_arg(flag, v, 1, 1 << 16); }
-        else if (strcmp(f, "t") == 0) { o->T = (int)parse_int_arg(flag, v, 1, 1 << 20); }
-        else if (strcmp(f, "d") == 0) { o->total_batch = (int)parse_int_arg(flag, v, 0, INT_MAX); }
-        else if (strcmp(f, "x") == 0) { o->max_steps = (int)parse_int_arg(flag, v, 1, INT_MAX); }
-        else if (strcmp(f, "l") == 0) { o->lr = (float)parse_float_arg(flag, v, 0.0, 10.0); }
-        else if (strcmp(f, "u") == 0) { o->warmup = (int)parse_int_arg(flag, v, 0, INT_MAX); }
-        else if (strcmp(f, "q") == 0) { o->final_lr_frac = (float)parse_float_arg(flag, v, 0.0, 1.0); }
-        else if (strcmp(f, "c") == 0) { o->weight_decay = (float)parse_float_arg(flag, v, 0.0, 10.0); }
-        else if (strcmp(f, "gc") == 0) { o->grad_clip = (float)parse_float_arg(flag, v, 0.0, 1e9); }
-        else if (strcmp(f, "rc") == 0) { o->rnn_clamp = (float)parse_float_arg(flag, v, 0.0, 1e9); }
-        else if (strcmp(f, "v") == 0) { o->val_every = (int)parse_int_arg(flag, v, 0, INT_MAX); }
-        else if (strcmp(f, "m") == 0) { o->val_batches = (int)parse_int_arg(flag, v, 0, INT_MAX); }
-        else if (strcmp(f, "n") == 0) { o->ckpt_every = (int)parse_int_arg(flag, v, 0, INT_MAX); }
-        else if (strcmp(f, "nk") == 0) { o->ckpt_keep = (int)parse_int_arg(flag, v, 0, INT_MAX); }
-        else if (strcmp(f, "nm") == 0) { o->ckpt_major = (int)parse_int_arg(flag, v, 0, INT_MAX); }
-        else if (strcmp(f, "y") == 0) { o->resume = (int)parse_int_arg(flag, v, 0, 1); }
-        else if (strcmp(f, "a") == 0) { o->overfit = (int)parse_int_arg(flag, v, 0, 1); }
-        else if (strcmp(f, "s") == 0) { o->seed = (uint64_t)parse_int_arg(flag, v, 0, LLONG_MAX); }
-        else if (strcmp(f, "nt") == 0) { o->threads = (int)parse_int_arg(flag, v, 0, 1024); }
-        else { fail_with_hint(hint, "unknown flag %s", flag); }
-    }
-    if (o->ckpt_every > 0 && o->out_dir == NULL) {
-        fail_with_hint("pass -o DIR to say where checkpoints go", "checkpoints every %d steps (-n) need -o DIR",
-                       o->ckpt_every);
+// m, v NULL: a fresh optimizer
+static void model_write_state(Model *model, const master_t *params, const master_t *m, const master_t *v) {
+    const size_t n = model->table.num_parameters, bytes = n * sizeof(real);
+    memcpy(model->params_memory, params, bytes);
+    free(model->m_memory);
+    free(model->v_memory);
+    model->m_memory = model->v_memory = NULL;
+    if (m != NULL) {
+        model->m_memory = (real *)mallocCheck(bytes);
+        model->v_memory = (real *)mallocCheck(bytes);
+        memcpy(model->m_memory, m, bytes);
+        memcpy(model->v_memory, v, bytes);
     }
 }
+
+static void model_logits_row(Model *model, int b, int t, float *out) {
+    const int Vp = model->config.padded_vocab_size;
+    const real *row = model->logits + ((size_t)b * model->T + t) * Vp;
+    for (int i = 0; i < Vp; i++) { out[i] = (float)row[i]; }
+}
+
+#include "train_loop.h" // defines: TrainOptions, the CLI, lr schedule, validation, samples, checkpoints, train_run
 
 #ifndef TESTING
 int main(int argc, char **argv) {
