@@ -99,7 +99,7 @@ static inline uint64_t dataloader_mix64(uint64_t x) {
 }
 
 // Fisher-Yates shuffle of order[0..n) = 0..n-1 driven by a counter-mode splitmix64 stream
-static void dataloader_permutation(size_t *order, size_t n, uint64_t key) {
+static inline void dataloader_permutation(size_t *order, size_t n, uint64_t key) {
     for (size_t i = 0; i < n; i++) { order[i] = i; }
     uint64_t ctr = dataloader_mix64(key);
     for (size_t i = n; i > 1; i--) {
@@ -121,7 +121,7 @@ static inline uint64_t dataloader_key(uint64_t seed, uint64_t epoch, uint64_t sh
 }
 
 // reads and checks one shard's header and size; returns ntok and sets *token_bytes
-static size_t dataloader_check_shard(const char *path, int *token_bytes) {
+static inline size_t dataloader_check_shard(const char *path, int *token_bytes) {
     FILE *fp = fopenCheck(path, "rb");
     int64_t size = file_size_of(fp);
     if (size < (int64_t)DATA_SHARD_HEADER_BYTES) {
@@ -165,7 +165,7 @@ static size_t dataloader_check_shard(const char *path, int *token_bytes) {
 }
 
 // converts raw tokens to ints, refusing any id outside the vocabulary; pos is the shard token index of raw[0]
-static void dataloader_decode_tokens(int *out, const uint8_t *raw, size_t n, int token_bytes, int vocab_size,
+static inline void dataloader_decode_tokens(int *out, const uint8_t *raw, size_t n, int token_bytes, int vocab_size,
                                      const char *path, size_t pos) {
     for (size_t i = 0; i < n; i++) {
         uint32_t tok;
@@ -186,7 +186,7 @@ static void dataloader_decode_tokens(int *out, const uint8_t *raw, size_t n, int
     }
 }
 
-static void dataloader_open_shard(DataLoader *loader, size_t shard) {
+static inline void dataloader_open_shard(DataLoader *loader, size_t shard) {
     if (loader->fp_shard == shard) { return; }
     if (loader->fp != NULL) { fcloseCheck(loader->fp); }
     loader->fp = fopenCheck(loader->shard_paths[shard], "rb");
@@ -194,7 +194,7 @@ static void dataloader_open_shard(DataLoader *loader, size_t shard) {
 }
 
 // reads n tokens starting at shard token index pos into out[0..n)
-static void dataloader_read_tokens(DataLoader *loader, int *out, size_t shard, size_t pos, size_t n) {
+static inline void dataloader_read_tokens(DataLoader *loader, int *out, size_t shard, size_t pos, size_t n) {
     dataloader_open_shard(loader, shard);
     int64_t offset = (int64_t)DATA_SHARD_HEADER_BYTES + (int64_t)pos * (int64_t)loader->token_bytes;
     fseekCheck(loader->fp, offset, SEEK_SET);
@@ -204,7 +204,7 @@ static void dataloader_read_tokens(DataLoader *loader, int *out, size_t shard, s
 }
 
 // the glob index of the shard at position pos of the current epoch's order
-static size_t dataloader_shard_at(DataLoader *loader, uint64_t epoch, size_t pos) {
+static inline size_t dataloader_shard_at(DataLoader *loader, uint64_t epoch, size_t pos) {
     if (!loader->state.shuffle) { return pos; }
     if (loader->perm_epoch != epoch) {
         dataloader_permutation(loader->shard_order, loader->num_shards,

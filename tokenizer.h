@@ -132,7 +132,7 @@ static inline int tokenizer_lookup(const Tokenizer *t, const uint8_t *p, size_t 
 
 // loads a tokenizer file; returns 0 (and leaves t unusable, init_ok = 0) only if the file does not exist, so callers
 // that can run without one (sample printing) may go on; a file that exists but is malformed is refused
-static int tokenizer_try_init(Tokenizer *t, const char *path) {
+static inline int tokenizer_try_init(Tokenizer *t, const char *path) {
     memset(t, 0, sizeof(*t));
     FILE *fp = fopen(path, "rb");
     if (fp == NULL) { return 0; }
@@ -206,14 +206,14 @@ static int tokenizer_try_init(Tokenizer *t, const char *path) {
 }
 
 // loads a tokenizer file or refuses with a hint
-static void tokenizer_init(Tokenizer *t, const char *path) {
+static inline void tokenizer_init(Tokenizer *t, const char *path) {
     if (!tokenizer_try_init(t, path)) {
         fail_with_hint("run `make data` (it writes dev/data/gpt2_tokenizer.bin), or pass the right path",
                        "tokenizer file '%s' not found", path);
     }
 }
 
-static void tokenizer_free(Tokenizer *t) {
+static inline void tokenizer_free(Tokenizer *t) {
     free(t->offsets);
     free(t->bytes);
     free(t->table);
@@ -304,7 +304,7 @@ static inline size_t run_end(const uint8_t *s, size_t n, size_t i, int cls) {
 // pre-tokenizers: each returns the end of the piece that starts at i (i < n)
 
 // r50k / gpt2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-static size_t pretok_next_gpt2(const uint8_t *s, size_t n, size_t i) {
+static inline size_t pretok_next_gpt2(const uint8_t *s, size_t n, size_t i) {
     uint8_t c0 = s[i];
     if (c0 == '\'' && i + 1 < n) {
         uint8_t c1 = s[i + 1];
@@ -340,7 +340,7 @@ static inline int cp_in(uint32_t cp, const uint32_t *set, size_t n) {
 
 // cl100k: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|
 //         \s+(?!\S)|\s+
-static size_t pretok_next_cl100k(const uint8_t *s, size_t n, size_t i) {
+static inline size_t pretok_next_cl100k(const uint8_t *s, size_t n, size_t i) {
     size_t len0, len1, len2;
     uint32_t c, a, b;
     int cls = cp_class_at(s, n, i, &len0, &c);
@@ -410,7 +410,7 @@ static inline uint32_t pair_rank(const Tokenizer *t, const uint8_t *p, size_t a,
 }
 
 // merges a piece of n >= 2 bytes by rescanning all pairs each step: fastest for the short pieces of real text
-static void bpe_merge_small(const Tokenizer *t, TokenBuffer *out, const uint8_t *p, size_t n) {
+static inline void bpe_merge_small(const Tokenizer *t, TokenBuffer *out, const uint8_t *p, size_t n) {
     size_t start_buf[128];
     uint32_t rank_buf[128], id_buf[128];
     size_t *start = start_buf;
@@ -453,7 +453,7 @@ static inline int bpe_heap_less(const BpeHeapItem *x, const BpeHeapItem *y) {
     return x->rank < y->rank || (x->rank == y->rank && x->left < y->left);
 }
 
-static void bpe_heap_push(BpeHeapItem *h, size_t *hn, BpeHeapItem it) {
+static inline void bpe_heap_push(BpeHeapItem *h, size_t *hn, BpeHeapItem it) {
     size_t i = (*hn)++;
     while (i > 0) {
         size_t parent = (i - 1) / 2;
@@ -464,7 +464,7 @@ static void bpe_heap_push(BpeHeapItem *h, size_t *hn, BpeHeapItem it) {
     h[i] = it;
 }
 
-static BpeHeapItem bpe_heap_pop(BpeHeapItem *h, size_t *hn) {
+static inline BpeHeapItem bpe_heap_pop(BpeHeapItem *h, size_t *hn) {
     BpeHeapItem top = h[0], last = h[--(*hn)];
     size_t i = 0;
     for (;;) {
@@ -479,7 +479,7 @@ static BpeHeapItem bpe_heap_pop(BpeHeapItem *h, size_t *hn) {
     return top;
 }
 
-static void bpe_merge_heap(const Tokenizer *t, TokenBuffer *out, const uint8_t *p, size_t n) {
+static inline void bpe_merge_heap(const Tokenizer *t, TokenBuffer *out, const uint8_t *p, size_t n) {
     // parts are a linked list indexed by their first byte; a heap item is valid while its part's version matches
     size_t *next = (size_t *)mallocCheck((n + 1) * sizeof(size_t));
     size_t *prev = (size_t *)mallocCheck((n + 1) * sizeof(size_t));
@@ -538,7 +538,7 @@ static inline void bpe_encode_piece(const Tokenizer *t, TokenBuffer *out, const 
 // public encoding
 
 // appends the ids of text to out; special-token text such as <|endoftext|> is encoded as ordinary text
-static void tokenizer_encode(const Tokenizer *t, TokenBuffer *out, const uint8_t *text, size_t n) {
+static inline void tokenizer_encode(const Tokenizer *t, TokenBuffer *out, const uint8_t *text, size_t n) {
     size_t i = 0;
     if (t->encoding == TOKENIZER_CL100K) {
         while (i < n) {
@@ -568,7 +568,7 @@ static inline size_t tokenizer_find_eot_text(const uint8_t *text, size_t n, size
 }
 
 // as tokenizer_encode, but each literal "<|endoftext|>" becomes the EOT id (tiktoken's allowed_special={eot})
-static void tokenizer_encode_with_eot(const Tokenizer *t, TokenBuffer *out, const uint8_t *text, size_t n) {
+static inline void tokenizer_encode_with_eot(const Tokenizer *t, TokenBuffer *out, const uint8_t *text, size_t n) {
     const size_t m = sizeof(TOKENIZER_EOT_TEXT) - 1;
     size_t i = 0;
     while (i < n) {
