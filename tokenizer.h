@@ -233,6 +233,17 @@ static inline const uint8_t *tokenizer_decode(const Tokenizer *t, int id, size_t
     return t->bytes + t->offsets[id];
 }
 
+// writes one id's bytes to fp for sample printing; a lone control byte (e.g. id 188 = 0x00) is dropped so it cannot
+// garble the terminal, and an id outside the vocabulary prints as <id> (multi-byte tokens are written as they are:
+// a character split over two tokens comes out whole once both are printed)
+static inline void tokenizer_safe_print(const Tokenizer *t, int id, FILE *fp) {
+    size_t len;
+    const uint8_t *b = tokenizer_decode(t, id, &len);
+    if (b == NULL) { fprintf(fp, "<%d>", id); return; }
+    if (len == 1 && (b[0] < 0x20 || b[0] == 0x7f) && b[0] != '\n' && b[0] != '\t') { return; }
+    fwrite(b, 1, len, fp);
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // UTF-8 and code point classes
 

@@ -700,6 +700,15 @@ static void test_misc(const Tokenizer *gpt2, const Tokenizer *cl100k) {
              tokenizer_eot(cl100k) == 100257 && tokenizer_vocab_size(cl100k) == 100277 &&
              cl100k->padded_vocab_size == 100352;
     test_result(ok, "decode_eot_vocab", "eot/vocab: gpt2 50256/50257, cl100k 100257/100277 (padded 100352)");
+    FILE *mem = tmpfile();
+    tokenizer_safe_print(gpt2, 15496, mem); // "Hello"
+    tokenizer_safe_print(gpt2, 188, mem);   // the byte 0x00: dropped
+    tokenizer_safe_print(gpt2, 99999, mem); // out of range: <99999>
+    rewind(mem);
+    char got[64] = {0};
+    size_t gl = fread(got, 1, sizeof(got) - 1, mem);
+    fclose(mem);
+    test_result(gl == 12 && memcmp(got, "Hello<99999>", 12) == 0, "safe_print", "'%s'", got);
     Tokenizer missing;
     test_result(tokenizer_try_init(&missing, "build/no_such_tokenizer.bin") == 0, "missing_file_is_reported",
                 "tokenizer_try_init returns 0");
