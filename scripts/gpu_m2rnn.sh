@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script sent to the GPU machine for the M²RNN kernels: build, GPU numerics test, our benchmark, the
 # same-inputs comparison with the authors' Triton kernel against float64, and the authors' benchmark in the same run.
-#   bash scripts/gpu_m2rnn.sh [stages...]     stages: build test bench profile compare authors (default: all but profile)
+#   bash scripts/gpu_m2rnn.sh [stages...]     stages: build test bench sass profile compare authors (default: all but sass, profile)
 # Logs go to $OUT (set by the device tool) or ./out_gpu_m2rnn. The authors' package is read from .peers/ (a trimmed,
 # git-ignored copy of open-lm-engine/accelerated-model-architectures' xma package); without it their stages are skipped.
 set -u -o pipefail
@@ -22,6 +22,11 @@ if has test; then
 fi
 if has bench; then
     timeout 120 ./build/bench_m2rnn 2>&1 | tee "$OUT/bench_ours.log"
+fi
+if has sass; then # machine code of the K=64, V=16, 2-heads-per-CTA recurrence kernels
+    cuobjdump -sass build/bench_m2rnn | awk '/Function : .*m2rnn_(forward|backward)_kernelILi16ELi2/{p=1} /Function : /&&!/ILi16ELi2/{p=0} p' \
+        > "$OUT/m2rnn_k64v16.sass" 2>&1
+    grep -cE "^\s+/\*[0-9a-f]{4}\*/" "$OUT/m2rnn_k64v16.sass"
 fi
 if has profile; then # stall reasons of the two recurrence kernels at the paper's B=8, N=84 shape
     for kern in forward backward; do

@@ -178,11 +178,11 @@ template <class T> static void dump(const char *dir, const char *name, const T *
     fwriteCheck(h.data(), sizeof(T), n, fp);
     fcloseCheck(fp);
 }
-// strided (ntok, width) columns of a (ntok, ld) device buffer, written packed
-static void dump_cols(const char *dir, const char *name, const floatX *dptr, long ntok, int width, int ld) {
+// columns [col, col+width) of a (ntok, ld) device buffer, written packed
+static void dump_cols(const char *dir, const char *name, const floatX *dbase, int col, long ntok, int width, int ld) {
     std::vector<floatX> all((size_t)ntok * ld), out((size_t)ntok * width);
-    cudaCheck(cudaMemcpy(all.data(), dptr, all.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
-    for (long t = 0; t < ntok; t++) { memcpy(&out[t * width], &all[t * ld], width * sizeof(floatX)); }
+    cudaCheck(cudaMemcpy(all.data(), dbase, all.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (long t = 0; t < ntok; t++) { memcpy(&out[t * width], &all[t * ld + col], width * sizeof(floatX)); }
     char path[512];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     FILE *fp = fopenCheck(path, "wb");
@@ -203,9 +203,9 @@ static void dump_problem(const char *dir, int B, int T, int N, int Nq, int K, in
                    in.f, in.W, 0.0f, d, 0);
     cudaCheck(cudaDeviceSynchronize());
     const size_t S = (size_t)B * N * K * V;
-    dump_cols(dir, "q.bin", in.conv, ntok, QK, c);
-    dump_cols(dir, "k.bin", in.conv + QK, ntok, QK, c);
-    dump_cols(dir, "v.bin", in.conv + 2 * QK, ntok, N * V, c);
+    dump_cols(dir, "q.bin", in.conv, 0, ntok, QK, c);
+    dump_cols(dir, "k.bin", in.conv, QK, ntok, QK, c);
+    dump_cols(dir, "v.bin", in.conv, 2 * QK, ntok, N * V, c);
     dump(dir, "f.bin", in.f, (size_t)ntok * N);
     dump(dir, "W.bin", in.W, (size_t)N * V * V);
     dump(dir, "h0.bin", in.h0, S);
@@ -213,9 +213,9 @@ static void dump_problem(const char *dir, int B, int T, int N, int Nq, int K, in
     dump(dir, "dhT.bin", in.dhT, S);
     dump(dir, "y.bin", in.y, (size_t)ntok * N * V);
     dump(dir, "hT.bin", in.hT, S);
-    dump_cols(dir, "dq.bin", in.dconv, ntok, QK, c);
-    dump_cols(dir, "dk.bin", in.dconv + QK, ntok, QK, c);
-    dump_cols(dir, "dv.bin", in.dconv + 2 * QK, ntok, N * V, c);
+    dump_cols(dir, "dq.bin", in.dconv, 0, ntok, QK, c);
+    dump_cols(dir, "dk.bin", in.dconv, QK, ntok, QK, c);
+    dump_cols(dir, "dv.bin", in.dconv, 2 * QK, ntok, N * V, c);
     dump(dir, "df.bin", in.df, (size_t)ntok * N);
     dump(dir, "dW.bin", in.dW, (size_t)N * V * V);
     dump(dir, "dh0.bin", in.dh0, S);
