@@ -58,7 +58,11 @@ typedef struct {
     int32_t token_bytes;
     uint64_t reserved[4];          // zero; room to grow without changing the size
 } DataLoaderState;
+#ifdef __cplusplus
+static_assert(sizeof(DataLoaderState) == 128, "DataLoaderState is copied verbatim into checkpoints");
+#else
 _Static_assert(sizeof(DataLoaderState) == 128, "DataLoaderState is copied verbatim into checkpoints");
+#endif
 
 typedef struct {
     // public

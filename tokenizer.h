@@ -460,6 +460,14 @@ static inline void bpe_merge_small(const Tokenizer *t, TokenBuffer *out, const u
 // the same merge order with a binary heap keyed (rank, start): the leftmost-lowest pair first, as in the rescan
 typedef struct { uint32_t rank; uint32_t version; size_t left; } BpeHeapItem;
 
+static inline BpeHeapItem bpe_item(uint32_t rank, uint32_t version, size_t left) {
+    BpeHeapItem it;
+    it.rank = rank;
+    it.version = version;
+    it.left = left;
+    return it;
+}
+
 static inline int bpe_heap_less(const BpeHeapItem *x, const BpeHeapItem *y) {
     return x->rank < y->rank || (x->rank == y->rank && x->left < y->left);
 }
@@ -505,7 +513,7 @@ static inline void bpe_merge_heap(const Tokenizer *t, TokenBuffer *out, const ui
     }
     for (size_t k = 0; k + 1 < n; k++) {
         uint32_t r = pair_rank(t, p, k, k + 2);
-        if (r != TOK_NO_RANK) { bpe_heap_push(heap, &hn, (BpeHeapItem){r, 0, k}); }
+        if (r != TOK_NO_RANK) { bpe_heap_push(heap, &hn, bpe_item(r, 0, k)); }
     }
     while (hn > 0) {
         BpeHeapItem it = bpe_heap_pop(heap, &hn);
@@ -520,13 +528,13 @@ static inline void bpe_merge_heap(const Tokenizer *t, TokenBuffer *out, const ui
         version[l]++;
         if (next[l] < n) {
             uint32_t rk = pair_rank(t, p, l, next[next[l]] > n ? n : next[next[l]]);
-            if (rk != TOK_NO_RANK) { bpe_heap_push(heap, &hn, (BpeHeapItem){rk, version[l], l}); }
+            if (rk != TOK_NO_RANK) { bpe_heap_push(heap, &hn, bpe_item(rk, version[l], l)); }
         }
         if (prev[l] != SIZE_MAX) {
             size_t q = prev[l];
             version[q]++;
             uint32_t rk = pair_rank(t, p, q, next[l]);
-            if (rk != TOK_NO_RANK) { bpe_heap_push(heap, &hn, (BpeHeapItem){rk, version[q], q}); }
+            if (rk != TOK_NO_RANK) { bpe_heap_push(heap, &hn, bpe_item(rk, version[q], q)); }
         }
         if (hn + 2 > 3 * n) { // compaction is never needed in practice; the bound is 2 pushes per merge + n
             fail_with_hint("", "bpe heap overflow");
