@@ -109,8 +109,8 @@ static inline void dataloader_permutation(size_t *order, size_t n, uint64_t key)
     for (size_t i = n; i > 1; i--) {
         ctr += 0x9E3779B97F4A7C15ull;
         uint64_t r = dataloader_mix64(ctr);
-        // multiply-shift maps r to [0, i) without a division; its bias (i / 2^64) is immaterial here
-        size_t j = (size_t)(((unsigned __int128)r * (unsigned __int128)i) >> 64);
+        // modulo bias is at most i / 2^64: immaterial here
+        size_t j = (size_t)(r % (uint64_t)i);
         size_t tmp = order[i - 1];
         order[i - 1] = order[j];
         order[j] = tmp;
