@@ -157,6 +157,17 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// shared-memory stores done by a subset of lanes: predicated, so the warp never diverges around them
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void st_shared_if(bool pred, uint32_t addr, float a) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.shared.f32 [%1], %2;\n}\n" ::"r"((int)pred),
+                 "r"(addr), "f"(a));
+}
+__device__ __forceinline__ void st_shared_v2_if(bool pred, uint32_t addr, float a, float b) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.shared.v2.f32 [%1], {%2, %3};\n}\n" ::"r"(
+                     (int)pred),
+                 "r"(addr), "f"(a), "f"(b));
+}
 __device__ __forceinline__ void red_add_v4(float *gmem, float4 v) {
     asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(gmem), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                  : "memory");
@@ -336,7 +347,7 @@ __device__ __forceinline__ long ckpt_slot(const CtaMap &m, int c) { return m.b +
 
 // Forward. grid (N/HPC, B), block HPC*(K/16) warps. ckpt (slots,N,K,V) fp32 or NULL: H at the start of each chunk.
 template <int V, int HPC, bool BIG>
-__global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
+__global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 2)
     m2rnn_forward_kernel(floatX *__restrict__ y, float *__restrict__ hT, float *__restrict__ ckpt,
                          const floatX *__restrict__ q, const floatX *__restrict__ k, const floatX *__restrict__ v,
                          const float *__restrict__ f, const floatX *__restrict__ W, const float *__restrict__ h0,
@@ -396,21 +407,40 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
             }
         }
         const Stage<V, HPC, false> st(smem + (c & 1) * stage_bytes, K);
-#pragma unroll 2
-        for (int i = 0; i < len; i++) {
-            const TokenIn<V, HPC> in = read_token<V, HPC, false>(st, i, K, hh, row0, t4);
-            // q broadcast over the 16 output rows: A[m][r] = q[r] for this warp's 16 rows r
+        // per-lane base pointers, so a step's addresses are base + compile-time offsets in the unrolled loop
+        const floatX *kp = st.k + row0, *qp = st.q + rb * 16 + 2 * t4, *vp = st.v + hh * V + 2 * t4;
+        const float *fp = st.f + hh;
+        const uint32_t yaddr = smem_addr(ybuf + warp * V + 2 * t4);
+        auto token = [&](int i) {
+            TokenIn<V, HPC> in;
+            in.k0 = bf2f(kp[i * K]);
+            in.k1 = bf2f(kp[i * K + 8]);
+            in.gate = 1.0f - fp[i * HPC];
+#pragma unroll
+            for (int h = 0; h < NT; h++) {
+                const uint32_t u = *(const uint32_t *)(vp + i * HV + 8 * h);
+                in.vv[h][0] = bf_lo(u);
+                in.vv[h][1] = bf_hi(u);
+            }
+            // q broadcast over output rows 0..7: A[m][r] = q[r] for this warp's 16 rows r (rows 8..15 unused: 0)
             uint32_t aq[4];
-            aq[0] = aq[1] = *(const uint32_t *)(st.q + i * K + rb * 16 + 2 * t4);
-            aq[2] = aq[3] = *(const uint32_t *)(st.q + i * K + rb * 16 + 8 + 2 * t4);
+            aq[0] = *(const uint32_t *)(qp + i * K);
+            aq[2] = *(const uint32_t *)(qp + i * K + 8);
+            aq[1] = aq[3] = 0u;
             forward_step<V, HPC>(S, aS, bW, in);
             // y partial over this warp's rows: out[m][j] = sum_r q[r] H[r][j] (B = H as k16 x n8 tiles)
 #pragma unroll
             for (int h = 0; h < NT; h++) {
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma16816(acc, aq, trans8x8(aS[h >> 1][2 * (h & 1)]), trans8x8(aS[h >> 1][2 * (h & 1) + 1]));
-                if (g == 0) { *(float2 *)(ybuf + (i * NW + warp) * V + 8 * h + 2 * t4) = make_float2(acc[0], acc[1]); }
+                st_shared_v2_if(g == 0, yaddr + (uint32_t)((i * NW * V + 8 * h) * 4), acc[0], acc[1]);
             }
+        };
+        if (len == M2RNN_CHUNK) {
+#pragma unroll 4
+            for (int i = 0; i < M2RNN_CHUNK; i++) { token(i); }
+        } else {
+            for (int i = 0; i < len; i++) { token(i); }
         }
         __syncthreads();
         // y = sum over the head's row-block warps
@@ -591,7 +621,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                 }
                 // off the chain: df, dk = dX v, dq = H_{t+1} dy, dv = dX^T k, dW += H_t^T dX
                 dfp = warp_reduce_sum(dfp);
-                if (lane == 0) { rdf[i * NW + warp] = dfp; }
+                st_shared_if(lane == 0, smem_addr(rdf + i * NW + warp), dfp);
                 float ak[4], aq[4];
                 ak[0] = ak[1] = ak[2] = ak[3] = 0.0f;
                 aq[0] = aq[1] = aq[2] = aq[3] = 0.0f;
@@ -604,12 +634,13 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                     const uint32_t bd1 = *(const uint32_t *)(st.dy + lt * HV + hh * V + 16 * s + 8 + 2 * t4);
                     mma16816(aq, aN[s], bd0, bd1);
                 }
-                if (t4 == 0) {
-                    float *pk = rdk + (i * NW + warp) * 16 + g, *pq = rdq + (i * NW + warp) * 16 + g;
-                    pk[0] = ak[0];
-                    pk[8] = ak[2];
-                    pq[0] = aq[0];
-                    pq[8] = aq[2];
+                {
+                    const uint32_t pk = smem_addr(rdk + (i * NW + warp) * 16 + g);
+                    const uint32_t pq = smem_addr(rdq + (i * NW + warp) * 16 + g);
+                    st_shared_if(t4 == 0, pk, ak[0]);
+                    st_shared_if(t4 == 0, pk + 32, ak[2]);
+                    st_shared_if(t4 == 0, pq, aq[0]);
+                    st_shared_if(t4 == 0, pq + 32, aq[2]);
                 }
                 uint32_t bdX[NT][2];
 #pragma unroll
@@ -630,7 +661,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                 for (int h = 0; h < NT; h++) {
                     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma16816(acc, akb, bdX[h][0], bdX[h][1]);
-                    if (g == 0) { *(float2 *)(rdv + (i * NW + warp) * V + 8 * h + 2 * t4) = make_float2(acc[0], acc[1]); }
+                    st_shared_v2_if(g == 0, smem_addr(rdv + (i * NW + warp) * V + 8 * h + 2 * t4), acc[0], acc[1]);
                 }
             }
             __syncthreads();
