@@ -34,12 +34,12 @@ NVCC_LDLIBS = -lcublas -lcublasLt
 # ---------------------------------------------------------------------------------------------------------------
 # CPU reference trainer and its tests
 
-CPU_PROGRAMS = train_m2rnn
+CPU_PROGRAMS = train_m2rnn_cpu
 CPU_TESTS = build/test_gradcheck build/test_m2rnn_ref build/test_train test/test_cli.sh
 
 REF_HEADERS = utils.h model.h checkpoint.h dataloader.h train_loop.h tokenizer.h unicode_tables.h ref/common.h ref/m2rnn.h ref/attention.h ref/mlp.h
 
-train_m2rnn: train_m2rnn.c $(REF_HEADERS)
+train_m2rnn_cpu: train_m2rnn.c $(REF_HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 # the tests #include train_m2rnn.c (its main() sits inside #ifndef TESTING)
@@ -48,19 +48,27 @@ build/test_%: test/test_%.c train_m2rnn.c $(REF_HEADERS) test/test_common.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 # the bad-input CLI test drives the real binary and the fixtures test_train writes
-test/test_cli.sh: train_m2rnn build/test_train
+test/test_cli.sh: train_m2rnn_cpu build/test_train
 
 build/bench_cpu_step: dev/bench/bench_cpu_step.c train_m2rnn.c $(REF_HEADERS)
 	@mkdir -p build
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-# the default small hybrid (d=256, 4 layers M M A M) on the default corpus. There is no CUDA trainer in the tree
-# yet, so every machine trains it with the CPU reference, and says so. Override with TRAIN_FLAGS="...".
-TRAIN_FLAGS ?= -e d256:l4:MMAM -b 8 -t 128 -x 200 -l 2e-3 -u 20 -q 0.1 -v 25 -m 8 -n 100 -nk 2
+# the default small hybrid (d=256, 4 layers M M A M) on the default corpus: with the CUDA trainer where a GPU
+# answers, else with the CPU reference (and it says so). Override with TRAIN_FLAGS="...".
+TRAIN_DATA = -i 'dev/data/gutenberg/gutenberg_train_*.bin' -j 'dev/data/gutenberg/gutenberg_val_*.bin' -o log_default
+TRAIN_FLAGS_GPU ?= -e d256:l4:MMAM -b 16 -t 256 -x 1000 -l 2e-3 -u 50 -q 0.1 -v 100 -m 20 -sg 250 -n 500 -nk 2
+TRAIN_FLAGS_CPU ?= -e d256:l4:MMAM -b 8 -t 128 -x 200 -l 2e-3 -u 20 -q 0.1 -v 25 -m 8 -n 100 -nk 2
+HAVE_GPU = $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_GPU)$(if $(NVCC),1,),11)
 train: train_m2rnn data
-	@echo "training the default model with the CPU reference (train_m2rnn: fp32, OpenMP); logs in log_default/"
-	./train_m2rnn -i 'dev/data/gutenberg/gutenberg_train_*.bin' -j 'dev/data/gutenberg/gutenberg_val_*.bin' \
-	    -o log_default $(TRAIN_FLAGS)
+	@echo "training the default model on the GPU (train_m2rnn); logs in log_default/"
+	./train_m2rnn $(TRAIN_DATA) $(TRAIN_FLAGS_GPU)
+else
+train: train_m2rnn_cpu data
+	@echo "no GPU here: training the default model with the CPU reference (train_m2rnn_cpu: fp32, OpenMP); logs in log_default/"
+	./train_m2rnn_cpu $(TRAIN_DATA) $(TRAIN_FLAGS_CPU)
+endif
 
 # ---------------------------------------------------------------------------------------------------------------
 # tokenizer and data pipeline (tokenizer.h, dataloader.h, dev/data/)
@@ -165,6 +173,40 @@ build/test_m2rnn_gpu: test/test_m2rnn_gpu.cu $(M2RNN_GPU_HEADERS) test/test_comm
 build/bench_m2rnn: dev/bench/bench_m2rnn.cu $(M2RNN_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -lineinfo -o $@ $< $(NVCC_LDLIBS)
+
+# ---------------------------------------------------------------------------------------------------------------
+# the CUDA trainer (bf16; PRECISION=FP32 builds the fp32 variant of every kernel but the tensor-core recurrence)
+
+TRAINER_GPU_HEADERS = $(REF_HEADERS) cuda_common.h common.cuh attention.cuh m2rnn_layer.cuh m2rnn_kernels.cuh
+TRAINER_PROGRAMS = train_m2rnn
+TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32
+ifeq ($(PRECISION),FP32)
+  TRAINER_PRECISION = -DENABLE_FP32
+endif
+
+train_m2rnn: train_m2rnn.cu $(TRAINER_GPU_HEADERS)
+	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
+
+# the CPU reference writes what the GPU test compares against
+build/gpu_ref/.done: test/gen_gpu_reference.c train_m2rnn.c $(REF_HEADERS)
+	@mkdir -p build/gpu_ref
+	$(CC) $(CFLAGS) -o build/gen_gpu_reference $< $(LDLIBS)
+	./build/gen_gpu_reference build/gpu_ref
+	touch $@
+
+build/test_gpu_trainer: test/test_gpu_trainer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS) test/test_common.h build/gpu_ref/.done
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+build/test_gpu_trainer_fp32: test/test_gpu_trainer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS) test/test_common.h build/gpu_ref/.done
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
+
+build/bench_train_step: dev/bench/bench_train_step.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
+
+CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step
+CUDA_TESTS += $(TRAINER_TESTS)
 
 # ---------------------------------------------------------------------------------------------------------------
 

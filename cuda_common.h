@@ -36,7 +36,13 @@ template <class T> static inline void cuda_free_check(T **ptr, const char *file,
 // ----------------------------------------------------------------------------------------------------------------
 // types and sizes
 
+#ifdef ENABLE_FP32
+typedef float floatX; // the fp32 build (make PRECISION=FP32): every kernel but the bf16 tensor-core recurrence
+#define FLOATX_IS_FP32 1
+#else
 typedef __nv_bfloat16 floatX; // storage type of activations and parameters on the GPU
+#define FLOATX_IS_FP32 0
+#endif
 
 #define WARP_SIZE 32
 #define CEIL_DIV(M, N) (((M) + (N) - 1) / (N))

@@ -340,7 +340,7 @@ void model_free(Model *model) {
 // what the shared training loop needs from an executor (train_loop.h)
 
 typedef real master_t;
-#define EXECUTOR_NAME "./train_m2rnn (CPU reference, OpenMP)"
+#define EXECUTOR_NAME "./train_m2rnn_cpu (CPU reference, OpenMP)"
 static double executor_peak_flops(void) { return 0; }
 static void executor_sync(void) {}
 

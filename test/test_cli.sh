@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_cli.sh: bad input to ./train_m2rnn must end in exactly one "error:" line plus a "---> HINT:" line on stderr and
+# test_cli.sh: bad input to ./train_m2rnn_cpu must end in exactly one "error:" line plus a "---> HINT:" line on stderr and
 # a non-zero exit status; never a crash (signal), a hang (each run has a time limit) or a silent start.
 # Fixtures (token shards and a real checkpoint) come from `build/test_train --fixtures`.
 set -u
@@ -16,7 +16,7 @@ data=(-i "$dir/train_*.bin" -j "$dir/val_*.bin" -vs 61 -b 2 -t 16 -x 3)
 expect_refusal() {
     local name="$1" word="$2"; shift 2
     local err rc
-    err=$(timeout 60 ./train_m2rnn "$@" 2>&1 >/dev/null); rc=$?
+    err=$(timeout 60 ./train_m2rnn_cpu "$@" 2>&1 >/dev/null); rc=$?
     local errors hints
     errors=$(printf '%s\n' "$err" | grep -c '^error: ')
     hints=$(printf '%s\n' "$err" | grep -c '^---> HINT: ')
@@ -57,7 +57,7 @@ expect_refusal "checkpoint with trailing bytes" "promises" -e "$dir/appended.bin
 expect_refusal "resume with another batch size" "resume with" -o "$dir/run" -y 1 -i "$dir/train_*.bin" -j "" -b 4 -t 16 -x 3
 
 # and the happy path still works: resume the fixture run for one more step
-if timeout 120 ./train_m2rnn -o "$dir/run" -y 1 "${data[@]}" > "$dir/resume.log" 2>&1 && grep -q "resumed from" "$dir/resume.log"; then
+if timeout 120 ./train_m2rnn_cpu -o "$dir/run" -y 1 "${data[@]}" > "$dir/resume.log" 2>&1 && grep -q "resumed from" "$dir/resume.log"; then
     echo "PASS resume through the CLI"; passed=$((passed + 1))
 else
     echo "FAIL resume through the CLI: $(cat "$dir/resume.log")"; failed=$((failed + 1))

@@ -1,0 +1,470 @@
+/*
+common.cuh: the GPU ops every layer uses, mirroring ref/common.h op for op: cuBLASLt matmuls, the embedding
+(forward, deterministic backward), RMSNorm with the residual add fused in, SwiGLU, the classifier (cross-entropy
+over the real vocabulary of the padded one, its gradient written in place of the logits, probabilities never stored),
+AdamW on fp32 master weights, and the global gradient norm.
+
+Storage: activations and the working copy of the weights in floatX (bf16; fp32 in the ENABLE_FP32 build); parameter
+gradients, master weights and AdamW state in fp32; every reduction accumulates in fp32. Parameter gradients are
+accumulated (+=) so micro-batches add up; activation gradients are written (=) unless a launcher says otherwise.
+Every reduction over tokens runs in a fixed order (per-block partials, then one ordered pass), so a step is bitwise
+reproducible on a given GPU.
+*/
+#ifndef M2RNN_COMMON_CUH
+#define M2RNN_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include "cuda_common.h"
+#include "utils.h"
+
+// ----------------------------------------------------------------------------------------------------------------
+// small device helpers
+
+__device__ __forceinline__ float to_float(floatX x) { return (float)x; }
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_grad_f(float x) {
+    const float s = 1.0f / (1.0f + expf(-x));
+    return s * (1.0f + x * (1.0f - s));
+}
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// sum of val over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result
+__device__ float block_reduce_sum(float val) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
+    val = warp_reduce_sum(val);
+    __syncthreads(); // partial[] may still be read by a previous call
+    if (lane == 0) { partial[warp] = val; }
+    __syncthreads();
+    val = lane < warps ? partial[lane] : 0.0f;
+    return warp_reduce_sum(val);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// cuBLAS(Lt)
+
+static void cublas_check(cublasStatus_t status, const char *file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "[cuBLAS ERROR] %d at file %s:%d\n", (int)status, file, line);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cublasCheck(status) (cublas_check((status), __FILE__, __LINE__))
+
+static cublasLtHandle_t cublaslt_handle;
+static void *cublaslt_workspace = NULL;
+static const size_t cublaslt_workspace_size = 32 * 1024 * 1024;
+#if FLOATX_IS_FP32
+static const cudaDataType_t CUBLAS_LOWP = CUDA_R_32F;
+#else
+static const cudaDataType_t CUBLAS_LOWP = CUDA_R_16BF;
+#endif
+
+static void cublas_init(void) {
+    cublasCheck(cublasLtCreate(&cublaslt_handle));
+    cudaCheck(cudaMalloc(&cublaslt_workspace, cublaslt_workspace_size));
+}
+
+// Column-major D (m, n) = alpha · op(A) op(B) + beta · D, batched with strides; A and B in floatX, D in floatX or fp32
+// (d_fp32). The fp32 build computes in plain fp32 (no TF32), so it can be held to the CPU reference at 1e-4.
+static void matmul_cublaslt(void *d, int d_fp32, const floatX *a, const floatX *b, int m, int n, int k, int trans_a,
+                            int trans_b, float alpha, float beta, int batch, long long stride_a, long long stride_b,
+                            long long stride_d, cudaStream_t stream) {
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUBLAS_LOWP, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUBLAS_LOWP, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, d_fp32 ? CUDA_R_32F : CUBLAS_LOWP, m, n, m));
+    if (batch > 1) {
+        cublasLtMatrixLayout_t layouts[3] = {la, lb, ld};
+        long long strides[3] = {stride_a, stride_b, stride_d};
+        for (int i = 0; i < 3; i++) {
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                         &strides[i], sizeof(strides[i])));
+        }
+    }
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &cublaslt_workspace_size, sizeof(cublaslt_workspace_size)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    if (found == 0) {
+        fail_with_hint("report the shape; it is a cuBLASLt limitation we have not met",
+                       "no cuBLASLt algorithm for m=%d n=%d k=%d transA=%d transB=%d batch=%d", m, n, k, trans_a,
+                       trans_b, batch);
+    }
+    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo,
+                               cublaslt_workspace, cublaslt_workspace_size, stream));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    cublasCheck(cublasLtMatrixLayoutDestroy(la));
+    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+// out (M, OC) = inp (M, IC) @ weightᵀ, weight (OC, IC), all row-major
+static void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, int M, int IC, int OC,
+                           cudaStream_t stream) {
+    matmul_cublaslt(out, 0, weight, inp, OC, M, IC, 1, 0, 1.0f, 0.0f, 1, 0, 0, 0, stream);
+}
+
+// dinp (M, IC) = dout (M, OC) @ weight (or += with accumulate_dinp); dweight (OC, IC) += doutᵀ @ inp in fp32.
+// Either output may be NULL.
+static void matmul_backward(floatX *dinp, float *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
+                            int M, int IC, int OC, int accumulate_dinp, cudaStream_t stream) {
+    if (dinp != NULL) {
+        matmul_cublaslt(dinp, 0, weight, dout, IC, M, OC, 0, 0, 1.0f, accumulate_dinp ? 1.0f : 0.0f, 1, 0, 0, 0, stream);
+    }
+    if (dweight != NULL) { matmul_cublaslt(dweight, 1, inp, dout, IC, OC, M, 0, 1, 1.0f, 1.0f, 1, 0, 0, 0, stream); }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// embedding
+
+__global__ void embedding_forward_kernel(floatX *out, const int *tokens, const floatX *wte, int M, int C) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)M * C) { return; }
+    const int m = (int)(i / C), c = (int)(i % C);
+    out[i] = wte[(long)tokens[m] * C + c];
+}
+
+// out (M, C) = wte[tokens]; tokens on the device
+static void embedding_forward(floatX *out, const int *tokens, const floatX *wte, int M, int C, cudaStream_t stream) {
+    const int block = 256;
+    embedding_forward_kernel<<<(unsigned)CEIL_DIV((long)M * C, (long)block), block, 0, stream>>>(out, tokens, wte, M, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// one block per distinct token: sums its rows of dout in position order and adds them to its row of dwte
+__global__ void embedding_backward_kernel(float *dwte, const floatX *dout, const int *bucket_token,
+                                          const int *bucket_start, const int *positions, int C) {
+    const int bucket = blockIdx.x, token = bucket_token[bucket];
+    const int begin = bucket_start[bucket], end = bucket_start[bucket + 1];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int i = begin; i < end; i++) { acc += to_float(dout[(long)positions[i] * C + c]); }
+        dwte[(long)token * C + c] += acc;
+    }
+}
+
+// Deterministic scatter-add: the host groups positions by token (the tokens are on the host anyway), so no two
+// blocks touch one row and the order of additions is fixed. scratch: device ints, at least 3*M+1.
+typedef struct { int *host, *device; int capacity; } EmbeddingBuckets;
+
+static int compare_token_position(const void *a, const void *b) {
+    const int *x = (const int *)a, *y = (const int *)b;
+    return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+static void embedding_backward(float *dwte, const floatX *dout, const int *tokens_host, int M, int C,
+                               EmbeddingBuckets *buckets, cudaStream_t stream) {
+    if (buckets->capacity < M) {
+        free(buckets->host);
+        if (buckets->device != NULL) { cudaCheck(cudaFree(buckets->device)); }
+        buckets->host = (int *)mallocCheck((size_t)(5 * M + 2) * sizeof(int));
+        cudaCheck(cudaMalloc(&buckets->device, (size_t)(3 * M + 1) * sizeof(int)));
+        buckets->capacity = M;
+    }
+    int *pairs = buckets->host + 3 * M + 1; // (M, 2) token, position
+    for (int i = 0; i < M; i++) { pairs[2 * i] = tokens_host[i]; pairs[2 * i + 1] = i; }
+    qsort(pairs, (size_t)M, 2 * sizeof(int), compare_token_position);
+    int *bucket_token = buckets->host, *bucket_start = buckets->host + M, *positions = buckets->host + 2 * M + 1;
+    int nb = 0;
+    for (int i = 0; i < M; i++) {
+        if (i == 0 || pairs[2 * i] != pairs[2 * i - 2]) { bucket_token[nb] = pairs[2 * i]; bucket_start[nb++] = i; }
+        positions[i] = pairs[2 * i + 1];
+    }
+    bucket_start[nb] = M;
+    // device layout: bucket_token (M) | bucket_start (M+1) | positions (M), copied from the same host layout
+    cudaCheck(cudaMemcpyAsync(buckets->device, buckets->host, (size_t)(3 * M + 1) * sizeof(int),
+                              cudaMemcpyHostToDevice, stream));
+    embedding_backward_kernel<<<nb, 256, 0, stream>>>(dwte, dout, buckets->device, buckets->device + M,
+                                                      buckets->device + 2 * M + 1, C);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaStreamSynchronize(stream)); // the host buffer is reused by the next call
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// RMSNorm (one warp per row), with the residual add fused in front
+
+// if residual_out != NULL: residual_out = a + b and the norm runs over it; else over a (b unused)
+__global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, floatX *residual_out, const floatX *a,
+                                       const floatX *b, const floatX *weight, int M, int C) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    if (row >= M) { return; }
+    const floatX *xa = a + (long)row * C;
+    float ss = 0.0f;
+    for (int i = lane; i < C; i += WARP_SIZE) {
+        float x = to_float(xa[i]);
+        if (residual_out != NULL) {
+            const floatX sum = (floatX)(x + to_float(b[(long)row * C + i]));
+            residual_out[(long)row * C + i] = sum;
+            x = to_float(sum); // normalize exactly what the residual stream holds
+        }
+        ss += x * x;
+    }
+    ss = warp_reduce_sum(ss);
+    const float s = rsqrtf(ss / C + 1e-5f);
+    if (lane == 0) { rstd[row] = s; }
+    const floatX *x = residual_out != NULL ? residual_out + (long)row * C : xa;
+    for (int i = lane; i < C; i += WARP_SIZE) { out[(long)row * C + i] = (floatX)(to_float(x[i]) * s * to_float(weight[i])); }
+}
+
+static void rmsnorm_forward(floatX *out, float *rstd, floatX *residual_out, const floatX *a, const floatX *b,
+                            const floatX *weight, int M, int C, cudaStream_t stream) {
+    const int block = 256, rows_per_block = block / WARP_SIZE;
+    rmsnorm_forward_kernel<<<CEIL_DIV(M, rows_per_block), block, 0, stream>>>(out, rstd, residual_out, a, b, weight, M, C);
+    cudaCheck(cudaGetLastError());
+}
+
+#define RMSNORM_BWD_ROWS 32 // rows per block: a block's dweight partial covers these rows, in order
+
+// dinp = (accumulate ? dinp : 0) + ...; dweight_partial (blocks, C) per block, reduced in order afterwards
+__global__ void rmsnorm_backward_kernel(floatX *dinp, float *dweight_partial, const floatX *dout, const floatX *inp,
+                                        const floatX *weight, const float *rstd, int M, int C, int accumulate) {
+    extern __shared__ float dw_shared[]; // (warps, C)
+    const int warps = blockDim.x / WARP_SIZE, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    float *my_dw = dw_shared + (long)warp * C;
+    for (int i = lane; i < C; i += WARP_SIZE) { my_dw[i] = 0.0f; }
+    const int row0 = blockIdx.x * RMSNORM_BWD_ROWS;
+    for (int r = warp; r < RMSNORM_BWD_ROWS; r += warps) {
+        const int row = row0 + r;
+        if (row >= M) { break; }
+        const floatX *x = inp + (long)row * C, *dy = dout + (long)row * C;
+        const float s = rstd[row];
+        float dot = 0.0f;
+        for (int i = lane; i < C; i += WARP_SIZE) { dot += to_float(dy[i]) * to_float(weight[i]) * to_float(x[i]); }
+        dot = warp_reduce_sum(dot);
+        const float coef = dot * s * s * s / C;
+        floatX *dx = dinp + (long)row * C;
+        for (int i = lane; i < C; i += WARP_SIZE) {
+            float g = s * to_float(weight[i]) * to_float(dy[i]) - coef * to_float(x[i]);
+            if (accumulate) { g += to_float(dx[i]); }
+            dx[i] = (floatX)g;
+            my_dw[i] += to_float(dy[i]) * to_float(x[i]) * s;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int w = 0; w < warps; w++) { acc += dw_shared[(long)w * C + i]; }
+        dweight_partial[(long)blockIdx.x * C + i] = acc;
+    }
+}
+
+// out (C) += Σ_p partial (P, C), p in order
+__global__ void reduce_partials_kernel(float *out, const float *partial, int P, int C) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= C) { return; }
+    float acc = 0.0f;
+    for (int p = 0; p < P; p++) { acc += partial[(long)p * C + i]; }
+    out[i] += acc;
+}
+
+static void reduce_partials(float *out, const float *partial, int P, int C, cudaStream_t stream) {
+    reduce_partials_kernel<<<CEIL_DIV(C, 256), 256, 0, stream>>>(out, partial, P, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// scratch floats needed by rmsnorm_backward
+static inline size_t rmsnorm_backward_scratch(int M, int C) { return (size_t)CEIL_DIV(M, RMSNORM_BWD_ROWS) * C; }
+
+// dinp (M,C) = or += ...; dweight (C) += ...; scratch: rmsnorm_backward_scratch(M, C) floats
+static void rmsnorm_backward(floatX *dinp, float *dweight, float *scratch, const floatX *dout, const floatX *inp,
+                             const floatX *weight, const float *rstd, int M, int C, int accumulate, cudaStream_t stream) {
+    const int block = 256, blocks = CEIL_DIV(M, RMSNORM_BWD_ROWS);
+    const size_t smem = (size_t)(block / WARP_SIZE) * C * sizeof(float);
+    if (smem > 48 * 1024) {
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    rmsnorm_backward_kernel<<<blocks, block, smem, stream>>>(dinp, scratch, dout, inp, weight, rstd, M, C, accumulate);
+    cudaCheck(cudaGetLastError());
+    reduce_partials(dweight, scratch, blocks, C, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// SwiGLU: h = SiLU(up[:, :F]) ⊙ up[:, F:]
+
+__global__ void swiglu_forward_kernel(floatX *h, const floatX *up, int M, int F) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)M * F) { return; }
+    const long m = i / F, j = i % F;
+    h[i] = (floatX)(silu_f(to_float(up[m * 2 * F + j])) * to_float(up[m * 2 * F + F + j]));
+}
+
+__global__ void swiglu_backward_kernel(floatX *dup, const floatX *dh, const floatX *up, int M, int F) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)M * F) { return; }
+    const long m = i / F, j = i % F;
+    const float gate = to_float(up[m * 2 * F + j]), lin = to_float(up[m * 2 * F + F + j]), g = to_float(dh[i]);
+    dup[m * 2 * F + j] = (floatX)(g * lin * silu_grad_f(gate));
+    dup[m * 2 * F + F + j] = (floatX)(g * silu_f(gate));
+}
+
+static void swiglu_forward(floatX *h, const floatX *up, int M, int F, cudaStream_t stream) {
+    swiglu_forward_kernel<<<(unsigned)CEIL_DIV((long)M * F, 256L), 256, 0, stream>>>(h, up, M, F);
+    cudaCheck(cudaGetLastError());
+}
+static void swiglu_backward(floatX *dup, const floatX *dh, const floatX *up, int M, int F, cudaStream_t stream) {
+    swiglu_backward_kernel<<<(unsigned)CEIL_DIV((long)M * F, 256L), 256, 0, stream>>>(dup, dh, up, M, F);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// classifier: the forward keeps only each row's log-sum-exp; the backward turns the logits into dlogits in place
+
+__global__ void crossentropy_forward_kernel(float *losses, float *lse, const floatX *logits, const int *targets, int V,
+                                            int Vp) {
+    const long row = blockIdx.x;
+    const floatX *x = logits + row * Vp;
+    float maxv = -INFINITY, sum = 0.0f; // online softmax: running max and the sum scaled to it
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        const float v = to_float(x[i]);
+        if (v > maxv) { sum = sum * expf(maxv - v) + 1.0f; maxv = v; }
+        else { sum += expf(v - maxv); }
+    }
+    // combine (max, sum) pairs across the block
+    __shared__ float smax[32], ssum[32];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const float om = __shfl_xor_sync(0xffffffffu, maxv, offset), os = __shfl_xor_sync(0xffffffffu, sum, offset);
+        const float nm = fmaxf(maxv, om);
+        sum = (maxv == -INFINITY ? 0.0f : sum * expf(maxv - nm)) + (om == -INFINITY ? 0.0f : os * expf(om - nm));
+        maxv = nm;
+    }
+    if (lane == 0) { smax[warp] = maxv; ssum[warp] = sum; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = smax[0], s = ssum[0];
+        for (int w = 1; w < warps; w++) {
+            const float nm = fmaxf(m, smax[w]);
+            s = s * expf(m - nm) + ssum[w] * expf(smax[w] - nm);
+            m = nm;
+        }
+        const float l = m + logf(s);
+        lse[row] = l;
+        if (losses != NULL) { losses[row] = l - to_float(x[targets[row]]); }
+    }
+}
+
+__global__ void crossentropy_backward_kernel(floatX *logits, const float *lse, const int *targets, float dloss, int V,
+                                             int Vp) {
+    const long row = blockIdx.x;
+    floatX *x = logits + row * Vp;
+    const float l = lse[row];
+    const int target = targets[row];
+    for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
+        float g = 0.0f;
+        if (i < V) { g = (expf(to_float(x[i]) - l) - (i == target ? 1.0f : 0.0f)) * dloss; }
+        x[i] = (floatX)g;
+    }
+}
+
+// losses (M) and lse (M) from logits (M, Vp) over the first V columns; losses may be NULL (lse only)
+static void crossentropy_forward(float *losses, float *lse, const floatX *logits, const int *targets, int M, int V,
+                                 int Vp, cudaStream_t stream) {
+    crossentropy_forward_kernel<<<M, 1024, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+    cudaCheck(cudaGetLastError());
+}
+// logits (M, Vp) become (softmax − onehot) · dloss in place; the padding columns become 0
+static void crossentropy_backward_inplace(floatX *logits, const float *lse, const int *targets, float dloss, int M,
+                                          int V, int Vp, cudaStream_t stream) {
+    crossentropy_backward_kernel<<<M, 1024, 0, stream>>>(logits, lse, targets, dloss, V, Vp);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// AdamW and the global gradient norm
+
+__global__ void adamw_kernel(floatX *params, float *master, float *m, float *v, const float *grads, long n, float lr,
+                             float beta1, float beta2, float bc1, float bc2, float eps, float weight_decay,
+                             float grad_scale) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    const float g = grads[i] * grad_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g, vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float p = master[i];
+    const float updated = p - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + weight_decay * p);
+    master[i] = updated;
+    params[i] = (floatX)updated;
+}
+
+static void adamw_update(floatX *params, float *master, float *m, float *v, const float *grads, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale,
+                         cudaStream_t stream) {
+    const float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
+    adamw_kernel<<<(unsigned)CEIL_DIV((long)n, 512L), 512, 0, stream>>>(params, master, m, v, grads, (long)n, lr, beta1,
+                                                                         beta2, bc1, bc2, eps, weight_decay, grad_scale);
+    cudaCheck(cudaGetLastError());
+}
+
+#define NORM_BLOCKS 1024
+
+__global__ void sum_squares_kernel(float *partial, const float *x, long n) {
+    float acc = 0.0f;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        acc += x[i] * x[i];
+    }
+    acc = block_reduce_sum(acc);
+    if (threadIdx.x == 0) { partial[blockIdx.x] = acc; }
+}
+
+__global__ void sum_partials_kernel(float *out, const float *partial, int n) {
+    float acc = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) { acc += partial[i]; }
+    acc = block_reduce_sum(acc);
+    if (threadIdx.x == 0) { *out = acc; }
+}
+
+// *out = Σ x²; scratch: NORM_BLOCKS floats. Fixed grid and order: the same bits every run.
+static void global_sum_squares(float *out, float *scratch, const float *x, size_t n, cudaStream_t stream) {
+    sum_squares_kernel<<<NORM_BLOCKS, 512, 0, stream>>>(scratch, x, (long)n);
+    cudaCheck(cudaGetLastError());
+    sum_partials_kernel<<<1, 1024, 0, stream>>>(out, scratch, NORM_BLOCKS);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// elementwise
+
+__global__ void add_kernel(floatX *out, const floatX *a, const floatX *b, long n) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = (floatX)(to_float(a[i]) + to_float(b[i])); }
+}
+// out = a + b (out may alias a or b)
+static void add_tensors(floatX *out, const floatX *a, const floatX *b, long n, cudaStream_t stream) {
+    add_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(out, a, b, n);
+    cudaCheck(cudaGetLastError());
+}
+
+__global__ void accumulate_f32_kernel(float *out, const float *in, long n) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] += in[i]; }
+}
+// out += in (fp32)
+static void accumulate_f32(float *out, const float *in, long n, cudaStream_t stream) {
+    accumulate_f32_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(out, in, n);
+    cudaCheck(cudaGetLastError());
+}
+
+__global__ void cast_f32_to_floatx_kernel(floatX *out, const float *in, long n) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = (floatX)in[i]; }
+}
+static void cast_f32_to_floatx(floatX *out, const float *in, long n, cudaStream_t stream) {
+    cast_f32_to_floatx_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(out, in, n);
+    cudaCheck(cudaGetLastError());
+}
+
+#endif // M2RNN_COMMON_CUH

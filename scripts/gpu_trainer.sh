@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU machine's run for the CUDA trainer: build it, its tests and its benchmark there (the GPU machine has nvcc
+# and gcc but no npm, so only these targets), run the tests against the CPU reference, the step benchmark of the
+# ≈125M-parameter hybrid at T=1024 and T=4096, and a short training run on the default corpus (carried over as shards).
+# Logs go to $OUT. usage: OUT=dir bash scripts/gpu_trainer.sh [quick]
+set -uo pipefail
+OUT=${OUT:-build/gpu_out}
+mkdir -p "$OUT"
+nvidia-smi -L | tee "$OUT/gpu.txt"
+make -j16 train_m2rnn build/test_gpu_trainer build/test_gpu_trainer_fp32 build/bench_train_step > "$OUT/build.log" 2>&1 \
+    || { tail -40 "$OUT/build.log"; exit 1; }
+./build/test_gpu_trainer 2>&1 | tee "$OUT/test_gpu_trainer.log"
+./build/test_gpu_trainer_fp32 2>&1 | tee "$OUT/test_gpu_trainer_fp32.log"
+[ "${1:-}" = quick ] && exit 0
+{
+    echo "| GPU | model | parameters | B | T | step ms | fwd ms | bwd ms | update ms | tokens/s | MFU | GiB |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    ./build/bench_train_step d768:MMMAMMMAMMMA 16 1024 10
+    ./build/bench_train_step d768:MMMAMMMAMMMA 4 4096 10
+} 2>&1 | tee "$OUT/bench_train_step.md"
+timeout 150 ./train_m2rnn -e d256:l4:MMAM -b 16 -t 256 -x 200 -l 2e-3 -u 30 -v 50 -m 10 -sg 100 -g 48 -o "$OUT/run" \
+    2>&1 | tee "$OUT/train.log" | grep -v "^step .*/" ; tail -3 "$OUT/train.log"

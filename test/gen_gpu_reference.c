@@ -1,0 +1,86 @@
+/*
+gen_gpu_reference.c: writes what the GPU trainer test (test/test_gpu_trainer.cu) holds the CUDA trainer to, computed
+by the fp32 CPU reference: a checkpoint of a tiny hybrid with non-trivial weights (W, D and the norm weights moved off
+their identity/ones init so a transposed or skipped op shows), and a data file with 21 batches, the logits and loss
+of the first batch, every parameter gradient of that batch, and the losses of 20 AdamW steps.
+usage: build/gen_gpu_reference OUT_DIR   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/gpu_ref_data.bin
+*/
+#define TESTING
+#include "train_m2rnn.c"
+
+#define GPU_REF_MAGIC 20261123
+#define GPU_REF_STEPS 20
+
+int main(int argc, char **argv) {
+    if (argc != 2) { fail_with_hint("pass an output directory", "usage: gen_gpu_reference OUT_DIR"); }
+    create_dir_if_not_exists(argv[1]);
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
+    ModelConfig config;
+    memset(&config, 0, sizeof(config));
+    config.vocab_size = 300; config.d_model = 64; config.rnn_heads = 4; config.rnn_qk_heads = 1; config.rnn_k = 16;
+    config.rnn_v = 16; config.attn_heads = 2; config.attn_head_dim = 32; config.mlp_hidden = 128;
+    config.rnn_grad_clamp = 1.0f; config.use_rope = 1;
+    snprintf(config.pattern, sizeof(config.pattern), "MMAM");
+    Model model;
+    model_build(&model, &config);
+    model_init_weights(&model, 42);
+    Rng rng = {99};
+    for (int i = 0; i < model.table.num_specs; i++) {
+        const ParamSpec *s = &model.table.specs[i];
+        real *p = model.params_memory + s->offset;
+        if (s->kind == PK_m_W) { for (size_t j = 0; j < s->numel; j++) { p[j] += (real)(0.3 / 4.0 * rng_normal(&rng)); } }
+        if (s->kind == PK_m_D || s->kind == PK_m_norm_w || s->kind == PK_ln1_w || s->kind == PK_ln2_w || s->kind == PK_lnf_w) {
+            for (size_t j = 0; j < s->numel; j++) { p[j] += (real)(0.2 * rng_normal(&rng)); }
+        }
+    }
+    const int B = 2, T = 80, BT = B * T;
+    // batches: a little structure so the loss can fall
+    int *tokens = (int *)mallocCheck((size_t)(GPU_REF_STEPS + 1) * (BT + 1) * sizeof(int));
+    for (int s = 0; s <= GPU_REF_STEPS; s++) {
+        for (int i = 0; i <= BT; i++) {
+            tokens[s * (BT + 1) + i] = (int)((i * 7 + (rng_next_u64(&rng) % 5) + s) % config.vocab_size);
+        }
+    }
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/gpu_ref_ckpt.bin", argv[1]);
+    CheckpointHeader h;
+    memset(&h, 0, sizeof(h));
+    h.config = model.config; h.elem_bytes = 4; h.num_parameters = model.table.num_parameters; h.B = B; h.T = T;
+    h.grad_accum = 1;
+    checkpoint_write(path, &h, model.params_memory, NULL, NULL, NULL);
+
+    const size_t n = model.table.num_parameters, Vp = (size_t)model.config.padded_vocab_size;
+    model_zero_grad(&model);
+    const float loss0 = model_forward(&model, tokens, tokens + 1, B, T);
+    float *logits = (float *)mallocCheck((size_t)BT * Vp * sizeof(float));
+    memcpy(logits, model.logits, (size_t)BT * Vp * sizeof(float));
+    model_backward(&model, 1.0f);
+    float *grads = (float *)mallocCheck(n * sizeof(float));
+    memcpy(grads, model.grads_memory, n * sizeof(float));
+    // 20 steps on batches 1..20, the optimizer as the trainer runs it
+    OptimizerConfig opt = {1e-3f, 0.9f, 0.95f, 1e-10f, 0.1f, 1.0f};
+    float losses[GPU_REF_STEPS];
+    for (int s = 0; s < GPU_REF_STEPS; s++) {
+        const int *batch = tokens + (s + 1) * (BT + 1);
+        model_zero_grad(&model);
+        losses[s] = model_forward(&model, batch, batch + 1, B, T);
+        model_backward(&model, 1.0f);
+        model_update(&model, &opt, s + 1);
+    }
+    snprintf(path, sizeof(path), "%s/gpu_ref_data.bin", argv[1]);
+    FILE *fp = fopenCheck(path, "wb");
+    int32_t header[8] = {GPU_REF_MAGIC, B, T, GPU_REF_STEPS, (int32_t)n, (int32_t)Vp, 0, 0};
+    fwriteCheck(header, sizeof(int32_t), 8, fp);
+    fwriteCheck(tokens, sizeof(int), (size_t)(GPU_REF_STEPS + 1) * (BT + 1), fp);
+    fwriteCheck(&loss0, sizeof(float), 1, fp);
+    fwriteCheck(logits, sizeof(float), (size_t)BT * Vp, fp);
+    fwriteCheck(grads, sizeof(float), n, fp);
+    fwriteCheck(losses, sizeof(float), GPU_REF_STEPS, fp);
+    fcloseCheck(fp);
+    printf("wrote %s: %zu parameters, loss %.6f, step-20 loss %.6f\n", path, n, loss0, losses[GPU_REF_STEPS - 1]);
+    free(tokens); free(logits); free(grads);
+    model_free(&model);
+    return 0;
+}
