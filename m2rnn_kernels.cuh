@@ -518,6 +518,9 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
     }
     uint32_t *my_hist = hist + warp * NS * 4 * 32 + lane; // entry j, reg r at [(j*NW*NS*4 + r)*32]
     const int hist_step = NW * NS * 4 * 32;
+    // shared addresses of this lane's partial-sum slots for token 0 of a sub-chunk
+    const uint32_t rdf_a = smem_addr(rdf + warp), rdk_a = smem_addr(rdk + warp * 16 + g);
+    const uint32_t rdq_a = smem_addr(rdq + warp * 16 + g), rdv_a = smem_addr(rdv + warp * V + 2 * t4);
 
     const int nchunks = CEIL_DIV(m.L, M2RNN_CHUNK);
     for (int c = nchunks - 1; c >= 0; c--) {
@@ -539,20 +542,37 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
             }
         }
         pack_frag<V>(aS, S);
+        // per-lane base pointers into the staged chunk: a token's inputs are base + token * stride
+        const floatX *kp = st.k + row0, *qp = st.q + row0, *kbp = st.k + rb * 16 + 2 * t4;
+        const floatX *vp = st.v + hh * V + 2 * t4, *dyp = st.dy + hh * V + 2 * t4;
+        const float *fp = st.f + hh;
+        auto token_in = [&](int lt) {
+            TokenIn<V, HPC> in;
+            in.k0 = bf2f(kp[lt * K]);
+            in.k1 = bf2f(kp[lt * K + 8]);
+            in.fval = fp[lt * HPC];
+            in.gate = 1.0f - in.fval;
+#pragma unroll
+            for (int h = 0; h < NT; h++) {
+                const uint32_t u = *(const uint32_t *)(vp + lt * HV + 8 * h);
+                in.vv[h][0] = bf_lo(u);
+                in.vv[h][1] = bf_hi(u);
+            }
+            return in;
+        };
         // chunk pass: states at the starts of sub-chunks 1..3, in registers
         const int nsub = CEIL_DIV(clen, SUB);
         float st1[NT][4], st2[NT][4], st3[NT][4];
-        for (int i = 0; i < (nsub - 1) * SUB; i++) {
-            forward_step<V, HPC>(S, aS, bW, read_token<V, HPC, true>(st, i, K, hh, row0, t4));
-            if (i == SUB - 1 || i == 2 * SUB - 1 || i == 3 * SUB - 1) {
+        for (int jj = 0; jj < nsub - 1; jj++) {
 #pragma unroll
-                for (int h = 0; h < NT; h++) {
+            for (int ii = 0; ii < SUB; ii++) { forward_step<V, HPC>(S, aS, bW, token_in(jj * SUB + ii)); }
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        if (i == SUB - 1) { st1[h][e] = S[h][e]; }
-                        if (i == 2 * SUB - 1) { st2[h][e] = S[h][e]; }
-                        if (i == 3 * SUB - 1) { st3[h][e] = S[h][e]; }
-                    }
+            for (int h = 0; h < NT; h++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (jj == 0) { st1[h][e] = S[h][e]; }
+                    if (jj == 1) { st2[h][e] = S[h][e]; }
+                    if (jj == 2) { st3[h][e] = S[h][e]; }
                 }
             }
         }
@@ -572,14 +592,15 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
             pack_frag<V>(aS, S);
 #pragma unroll
             for (int r = 0; r < NS * 4; r++) { my_hist[r * 32] = aS[r / 4][r % 4]; }
-            for (int i = 0; i < slen; i++) { // recompute: hist entry i+1 = bf16 fragments of H after token s0+i
-                forward_step<V, HPC>(S, aS, bW, read_token<V, HPC, true>(st, s0 + i, K, hh, row0, t4));
+            // recompute: hist entry i+1 = bf16 fragments of H after token s0+i
+            auto recompute = [&](int i) {
+                forward_step<V, HPC>(S, aS, bW, token_in(s0 + i));
 #pragma unroll
                 for (int r = 0; r < NS * 4; r++) { my_hist[(i + 1) * hist_step + r * 32] = aS[r / 4][r % 4]; }
-            }
-            for (int i = slen - 1; i >= 0; i--) { // reverse steps
+            };
+            auto reverse = [&](int i) {
                 const int lt = s0 + i;
-                const TokenIn<V, HPC> in = read_token<V, HPC, true>(st, lt, K, hh, row0, t4);
+                const TokenIn<V, HPC> in = token_in(lt);
                 uint32_t aP[NS][4], aN[NS][4]; // H_t (before the token) and H_{t+1}, as bf16 fragments
 #pragma unroll
                 for (int r = 0; r < NS * 4; r++) {
@@ -588,11 +609,11 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                 }
                 float Z[NT][4];
                 compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
-                const float q0 = bf2f(st.q[lt * K + row0]), q1 = bf2f(st.q[lt * K + row0 + 8]);
+                const float q0 = bf2f(qp[lt * K]), q1 = bf2f(qp[lt * K + 8]);
                 float dyv[NT][2];
 #pragma unroll
                 for (int h = 0; h < NT; h++) {
-                    uint32_t u = *(const uint32_t *)(st.dy + lt * HV + hh * V + 8 * h + 2 * t4);
+                    const uint32_t u = *(const uint32_t *)(dyp + lt * HV + 8 * h);
                     dyv[h][0] = bf_lo(u);
                     dyv[h][1] = bf_hi(u);
                 }
@@ -621,27 +642,19 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                 }
                 // off the chain: df, dk = dX v, dq = H_{t+1} dy, dv = dX^T k, dW += H_t^T dX
                 dfp = warp_reduce_sum(dfp);
-                st_shared_if(lane == 0, smem_addr(rdf + i * NW + warp), dfp);
-                float ak[4], aq[4];
-                ak[0] = ak[1] = ak[2] = ak[3] = 0.0f;
-                aq[0] = aq[1] = aq[2] = aq[3] = 0.0f;
+                st_shared_if(lane == 0, rdf_a + (uint32_t)(i * NW * 4), dfp);
+                float ak[4] = {0.0f, 0.0f, 0.0f, 0.0f}, aq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int s = 0; s < NS; s++) {
-                    const uint32_t bv0 = *(const uint32_t *)(st.v + lt * HV + hh * V + 16 * s + 2 * t4);
-                    const uint32_t bv1 = *(const uint32_t *)(st.v + lt * HV + hh * V + 16 * s + 8 + 2 * t4);
-                    mma16816(ak, adX[s], bv0, bv1);
-                    const uint32_t bd0 = *(const uint32_t *)(st.dy + lt * HV + hh * V + 16 * s + 2 * t4);
-                    const uint32_t bd1 = *(const uint32_t *)(st.dy + lt * HV + hh * V + 16 * s + 8 + 2 * t4);
-                    mma16816(aq, aN[s], bd0, bd1);
+                    const uint32_t *pv = (const uint32_t *)(vp + lt * HV + 16 * s);
+                    const uint32_t *pd = (const uint32_t *)(dyp + lt * HV + 16 * s);
+                    mma16816(ak, adX[s], pv[0], pv[4]);
+                    mma16816(aq, aN[s], pd[0], pd[4]);
                 }
-                {
-                    const uint32_t pk = smem_addr(rdk + (i * NW + warp) * 16 + g);
-                    const uint32_t pq = smem_addr(rdq + (i * NW + warp) * 16 + g);
-                    st_shared_if(t4 == 0, pk, ak[0]);
-                    st_shared_if(t4 == 0, pk + 32, ak[2]);
-                    st_shared_if(t4 == 0, pq, aq[0]);
-                    st_shared_if(t4 == 0, pq + 32, aq[2]);
-                }
+                st_shared_if(t4 == 0, rdk_a + (uint32_t)(i * NW * 64), ak[0]);
+                st_shared_if(t4 == 0, rdk_a + (uint32_t)(i * NW * 64 + 32), ak[2]);
+                st_shared_if(t4 == 0, rdq_a + (uint32_t)(i * NW * 64), aq[0]);
+                st_shared_if(t4 == 0, rdq_a + (uint32_t)(i * NW * 64 + 32), aq[2]);
                 uint32_t bdX[NT][2];
 #pragma unroll
                 for (int h = 0; h < NT; h++) {
@@ -654,15 +667,26 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
 #pragma unroll
                     for (int h = 0; h < NT; h++) { mma16816(dWa[s][h], aT, bdX[h][0], bdX[h][1]); }
                 }
+                // k broadcast over output rows 0..7 (rows 8..15 unused: 0)
                 uint32_t akb[4];
-                akb[0] = akb[1] = *(const uint32_t *)(st.k + lt * K + rb * 16 + 2 * t4);
-                akb[2] = akb[3] = *(const uint32_t *)(st.k + lt * K + rb * 16 + 8 + 2 * t4);
+                akb[0] = *(const uint32_t *)(kbp + lt * K);
+                akb[2] = *(const uint32_t *)(kbp + lt * K + 8);
+                akb[1] = akb[3] = 0u;
 #pragma unroll
                 for (int h = 0; h < NT; h++) {
                     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma16816(acc, akb, bdX[h][0], bdX[h][1]);
-                    st_shared_v2_if(g == 0, smem_addr(rdv + (i * NW + warp) * V + 8 * h + 2 * t4), acc[0], acc[1]);
+                    st_shared_v2_if(g == 0, rdv_a + (uint32_t)((i * NW * V + 8 * h) * 4), acc[0], acc[1]);
                 }
+            };
+            if (slen == SUB) {
+#pragma unroll
+                for (int i = 0; i < SUB; i++) { recompute(i); }
+#pragma unroll 2
+                for (int i = SUB - 1; i >= 0; i--) { reverse(i); }
+            } else {
+                for (int i = 0; i < slen; i++) { recompute(i); }
+                for (int i = slen - 1; i >= 0; i--) { reverse(i); }
             }
             __syncthreads();
             // flush the sub-chunk's sums: dq/dk into the fp32 accumulators (N/HPC adders per address), dv, df
