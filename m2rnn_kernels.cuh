@@ -814,10 +814,14 @@ __global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ st
 // ----------------------------------------------------------------------------------------------------------------
 // kernel launchers
 
-// heads per CTA: 2 when each q/k head serves an even number of value heads and the CTA stays small, else 1
+// heads per CTA (HPC): 2 when each q/k head serves an even number of value heads and the CTA stays small, else 1.
+// HPC=2 halves the adders per dq/dk address in the backward; HPC=1 gives finer CTAs (better SM balance at small B*N).
+static int m2rnn_hpc_override = 0; // benchmarks only: 1 or 2 forces HPC where legal, 0 = automatic
 static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
     const int Gq = d->N / d->Nq, RB = d->K / 16;
-    return (Gq % 2 == 0 && 2 * RB <= 8) ? 2 : 1;
+    const bool two_ok = Gq % 2 == 0 && 2 * RB <= 8;
+    if (m2rnn_hpc_override == 1 || (m2rnn_hpc_override == 2 && two_ok)) { return m2rnn_hpc_override; }
+    return two_ok ? 2 : 1;
 }
 static inline size_t m2rnn_forward_smem(const M2RNNDims *d, int hpc) {
     const size_t stage = (size_t)M2RNN_CHUNK * (2 * d->K * 2 + hpc * d->V * 2 + hpc * 4);

@@ -139,6 +139,15 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
                         double clock_ghz) {
     Inputs in;
     make(in, B, T, N, Nq, K, V, false);
+    // heads per CTA: the automatic choice, then each setting forced (CTA granularity vs dq/dk adders)
+    double hpc_f[3] = {0, 0, 0}, hpc_b[3] = {0, 0, 0};
+    for (int h = 1; h <= 2; h++) {
+        m2rnn_hpc_override = h;
+        hpc_f[h] = time_median([&] { fwd(in, false); }, reps);
+        fwd(in, true);
+        hpc_b[h] = time_median([&] { bwd(in); }, reps);
+    }
+    m2rnn_hpc_override = 0;
     const double f_inf = time_median([&] { fwd(in, false); }, reps);
     const double f_tr = time_median([&] { fwd(in, true); }, reps);
     fwd(in, true);
@@ -165,6 +174,8 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
            "each) | SFU floor (1x tanh) %.3f ms\n",
            B, T, N, K, V, Nq, f_inf, f_tr, b_ms, fb, (double)B * T / (fb * 1e-3) / 1e6, ws_gib, ctas, occ_f, occ_b,
            threads / 32, sfu_ms);
+    printf("      heads/CTA=1: fwd %.3f ms bwd %.3f ms | heads/CTA=2: fwd %.3f ms bwd %.3f ms\n", hpc_f[1], hpc_b[1],
+           hpc_f[2], hpc_b[2]);
     fflush(stdout);
     release(in);
 }
