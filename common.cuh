@@ -69,18 +69,29 @@ static void cublas_init(void) {
 
 // Column-major D (m, n) = alpha · op(A) op(B) + beta · D, batched with strides; A and B in floatX, D in floatX or fp32
 // (d_fp32). The fp32 build computes in plain fp32 (no TF32), so it can be held to the CPU reference at 1e-4.
-static void matmul_cublaslt(void *d, int d_fp32, const floatX *a, const floatX *b, int m, int n, int k, int trans_a,
-                            int trans_b, float alpha, float beta, int batch, long long stride_a, long long stride_b,
-                            long long stride_d, cudaStream_t stream) {
+// the largest power of two (≤ 256) dividing both the address and the leading dimension in bytes: cuBLASLt picks a
+// kernel for the alignment it is told, and every row of a view must meet it, not only the first
+static uint32_t operand_alignment(const void *ptr, long long ld, size_t elem) {
+    const unsigned long long v = (unsigned long long)(uintptr_t)ptr | (unsigned long long)(ld * (long long)elem) | 256ull;
+    return (uint32_t)(v & (~v + 1));
+}
+
+// lda, ldb, ldd = 0 mean dense (the rows of op-less storage)
+static void matmul_cublaslt_ld(void *d, int d_fp32, const floatX *a, const floatX *b, int m, int n, int k, int trans_a,
+                               int trans_b, float alpha, float beta, int batch, long long stride_a, long long stride_b,
+                               long long stride_d, int lda, int ldb, int ldd, cudaStream_t stream) {
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     cublasLtMatrixLayout_t la, lb, ld;
-    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUBLAS_LOWP, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
-    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUBLAS_LOWP, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
-    cublasCheck(cublasLtMatrixLayoutCreate(&ld, d_fp32 ? CUDA_R_32F : CUBLAS_LOWP, m, n, m));
+    if (lda == 0) { lda = trans_a ? k : m; }
+    if (ldb == 0) { ldb = trans_b ? n : k; }
+    if (ldd == 0) { ldd = m; }
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUBLAS_LOWP, trans_a ? k : m, trans_a ? m : k, lda));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUBLAS_LOWP, trans_b ? n : k, trans_b ? k : n, ldb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, d_fp32 ? CUDA_R_32F : CUBLAS_LOWP, m, n, ldd));
     if (batch > 1) {
         cublasLtMatrixLayout_t layouts[3] = {la, lb, ld};
         long long strides[3] = {stride_a, stride_b, stride_d};
@@ -94,6 +105,18 @@ static void matmul_cublaslt(void *d, int d_fp32, const floatX *a, const floatX *
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &cublaslt_workspace_size, sizeof(cublaslt_workspace_size)));
+    const size_t ex = sizeof(floatX), ed = d_fp32 ? sizeof(float) : sizeof(floatX);
+    uint32_t align_a = operand_alignment(a, lda, ex), align_b = operand_alignment(b, ldb, ex);
+    uint32_t align_d = operand_alignment(d, ldd, ed);
+    if (batch > 1) {
+        align_a = min(align_a, operand_alignment(NULL, stride_a, ex));
+        align_b = min(align_b, operand_alignment(NULL, stride_b, ex));
+        align_d = min(align_d, operand_alignment(NULL, stride_d, ed));
+    }
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
@@ -111,20 +134,39 @@ static void matmul_cublaslt(void *d, int d_fp32, const floatX *a, const floatX *
     cublasCheck(cublasLtMatmulDescDestroy(desc));
 }
 
-// out (M, OC) = inp (M, IC) @ weightᵀ, weight (OC, IC), all row-major
+static void matmul_cublaslt(void *d, int d_fp32, const floatX *a, const floatX *b, int m, int n, int k, int trans_a,
+                            int trans_b, float alpha, float beta, int batch, long long stride_a, long long stride_b,
+                            long long stride_d, cudaStream_t stream) {
+    matmul_cublaslt_ld(d, d_fp32, a, b, m, n, k, trans_a, trans_b, alpha, beta, batch, stride_a, stride_b, stride_d, 0,
+                       0, 0, stream);
+}
+
+// out (M, OC) = inp (M, IC) @ weightᵀ, weight (OC, IC), all row-major; out's rows are out_stride ≥ OC apart
+static void matmul_forward_strided(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC,
+                                   int OC, cudaStream_t stream) {
+    matmul_cublaslt_ld(out, 0, weight, inp, OC, M, IC, 1, 0, 1.0f, 0.0f, 1, 0, 0, 0, 0, 0, out_stride, stream);
+}
 static void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, int M, int IC, int OC,
                            cudaStream_t stream) {
-    matmul_cublaslt(out, 0, weight, inp, OC, M, IC, 1, 0, 1.0f, 0.0f, 1, 0, 0, 0, stream);
+    matmul_forward_strided(out, OC, inp, weight, M, IC, OC, stream);
 }
 
 // dinp (M, IC) = dout (M, OC) @ weight (or += with accumulate_dinp); dweight (OC, IC) += doutᵀ @ inp in fp32.
-// Either output may be NULL.
+// Either output may be NULL. dout's rows are dout_stride ≥ OC apart.
+static void matmul_backward_strided(floatX *dinp, float *dweight, const floatX *dout, int dout_stride,
+                                    const floatX *inp, const floatX *weight, int M, int IC, int OC, int accumulate_dinp,
+                                    cudaStream_t stream) {
+    if (dinp != NULL) {
+        matmul_cublaslt_ld(dinp, 0, weight, dout, IC, M, OC, 0, 0, 1.0f, accumulate_dinp ? 1.0f : 0.0f, 1, 0, 0, 0, 0,
+                           dout_stride, 0, stream);
+    }
+    if (dweight != NULL) {
+        matmul_cublaslt_ld(dweight, 1, inp, dout, IC, OC, M, 0, 1, 1.0f, 1.0f, 1, 0, 0, 0, 0, dout_stride, 0, stream);
+    }
+}
 static void matmul_backward(floatX *dinp, float *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
                             int M, int IC, int OC, int accumulate_dinp, cudaStream_t stream) {
-    if (dinp != NULL) {
-        matmul_cublaslt(dinp, 0, weight, dout, IC, M, OC, 0, 0, 1.0f, accumulate_dinp ? 1.0f : 0.0f, 1, 0, 0, 0, stream);
-    }
-    if (dweight != NULL) { matmul_cublaslt(dweight, 1, inp, dout, IC, OC, M, 0, 1, 1.0f, 1.0f, 1, 0, 0, 0, stream); }
+    matmul_backward_strided(dinp, dweight, dout, OC, inp, weight, M, IC, OC, accumulate_dinp, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------------------

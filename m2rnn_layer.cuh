@@ -97,23 +97,23 @@ static void conv1d_silu_backward(floatX *dx, float *dw, float *scratch, const fl
 // the forget gate f = exp(−exp(A_log) · softplus(f_raw + dt_bias)), in fp32 (spec §1 item 2; kept fp32 for the
 // recurrence, see m2rnn_kernels.cuh)
 
-__global__ void m2rnn_gate_forward_kernel(float *f, const floatX *f_raw, const floatX *A_log, const floatX *dt_bias,
+__global__ void m2rnn_gate_forward_kernel(float *f, const floatX *f_raw, const float *A_log, const float *dt_bias,
                                           long BT, int N, int stride) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= BT * N) { return; }
     const int n = (int)(i % N);
     const long m = i / N;
-    const float dt = softplus_f(to_float(f_raw[m * stride + n]) + to_float(dt_bias[n]));
-    f[i] = expf(-expf(to_float(A_log[n])) * dt);
+    const float dt = softplus_f(to_float(f_raw[m * stride + n]) + dt_bias[n]);
+    f[i] = expf(-expf(A_log[n]) * dt);
 }
 
 // df_raw (view) = ...; partials per token chunk of dA_log and ddt_bias: partial (chunks, 2, N)
 __global__ void m2rnn_gate_backward_kernel(floatX *df_raw, float *partial, const float *df, const float *f,
-                                           const floatX *f_raw, const floatX *A_log, const floatX *dt_bias, long BT,
+                                           const floatX *f_raw, const float *A_log, const float *dt_bias, long BT,
                                            int N, int stride) {
     const int n = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
     if (n >= N) { return; }
-    const float alpha = expf(to_float(A_log[n])), bias = to_float(dt_bias[n]);
+    const float alpha = expf(A_log[n]), bias = dt_bias[n];
     float sum_dA = 0.0f, sum_db = 0.0f;
     const long begin = (long)chunk * TOKEN_CHUNK, end = min(begin + TOKEN_CHUNK, BT);
     for (long m = begin; m < end; m++) {
@@ -128,7 +128,9 @@ __global__ void m2rnn_gate_backward_kernel(floatX *df_raw, float *partial, const
     partial[((long)chunk * 2 + 1) * N + n] = sum_db;
 }
 
-static void m2rnn_gate_forward(float *f, const floatX *f_raw, const floatX *A_log, const floatX *dt_bias, long BT,
+// A_log and dt_bias are read from the fp32 master weights: in bf16 a dt_bias near −4.6 is off by up to 0.016, which
+// moves dt = softplus(x + dt_bias) ≈ e^(x + dt_bias) by 1.6% (the authors' bf16 parameters carry that error)
+static void m2rnn_gate_forward(float *f, const floatX *f_raw, const float *A_log, const float *dt_bias, long BT,
                                int N, int stride, cudaStream_t stream) {
     m2rnn_gate_forward_kernel<<<(unsigned)CEIL_DIV(BT * N, 256L), 256, 0, stream>>>(f, f_raw, A_log, dt_bias, BT, N,
                                                                                     stride);
@@ -138,7 +140,7 @@ static void m2rnn_gate_forward(float *f, const floatX *f_raw, const floatX *A_lo
 // dA_log (N) and ddt_bias (N) += ...; they must be adjacent in the gradient buffer (dA_log then ddt_bias), as the
 // parameter table lays them out. scratch: token_chunks(BT)·2·N floats
 static void m2rnn_gate_backward(floatX *df_raw, float *dA_log_then_dt_bias, float *scratch, const float *df,
-                                const float *f, const floatX *f_raw, const floatX *A_log, const floatX *dt_bias,
+                                const float *f, const floatX *f_raw, const float *A_log, const float *dt_bias,
                                 long BT, int N, int stride, cudaStream_t stream) {
     const int chunks = token_chunks(BT);
     m2rnn_gate_backward_kernel<<<dim3(CEIL_DIV(N, 64), chunks), 64, 0, stream>>>(df_raw, scratch, df, f, f_raw, A_log,

@@ -212,7 +212,7 @@ typedef struct {
 typedef struct {
     ParamSpec specs[MAX_PARAM_SPECS];
     int num_specs;
-    size_t num_parameters;
+    size_t num_parameters; // elements of the one buffer, the alignment gaps between tensors included
 } ParamTable;
 
 static void param_table_add(ParamTable *t, const char *name, int layer, int kind, int ndim, size_t d0, size_t d1,
@@ -228,6 +228,9 @@ static void param_table_add(ParamTable *t, const char *name, int layer, int kind
     s->shape[1] = ndim > 1 ? d1 : 1;
     s->shape[2] = ndim > 2 ? d2 : 1;
     s->numel = s->shape[0] * s->shape[1] * s->shape[2];
+    // every tensor starts on a multiple of 8 elements (16 bytes of bf16): aligned operands for the GPU's matmuls;
+    // the few gap elements stay zero
+    t->num_parameters = (t->num_parameters + 7) / 8 * 8;
     s->offset = t->num_parameters;
     s->init = init;
     s->init_std = std;
@@ -272,6 +275,13 @@ static void param_table_build(ParamTable *t, const ModelConfig *c) {
     t->specs[t->num_specs - 1].zero_rows_from = (size_t)c->vocab_size;
 }
 
+// the number of weights (the buffer's alignment gaps not counted)
+static inline size_t param_table_count(const ParamTable *t) {
+    size_t n = 0;
+    for (int i = 0; i < t->num_specs; i++) { n += t->specs[i].numel; }
+    return n;
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // seeded init (host side, so every executor starts from the same numbers)
 
@@ -290,9 +300,10 @@ static inline double rng_normal(Rng *r) { // Box-Muller, one draw per call
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-// Writes the initial value of every parameter (fp32) into params (num_parameters). Each tensor draws from its own
-// stream (seed, tensor index), so adding a layer does not change the init of the others.
+// Writes the initial value of every parameter (fp32) into params (num_parameters; the alignment gaps get zero).
+// Each tensor draws from its own stream (seed, tensor index), so adding a layer does not change the others' init.
 static void model_init_parameters(float *params, const ParamTable *t, uint64_t seed) {
+    memset(params, 0, t->num_parameters * sizeof(float));
     for (int i = 0; i < t->num_specs; i++) {
         const ParamSpec *s = &t->specs[i];
         float *p = params + s->offset;

@@ -272,7 +272,7 @@ float train_run(const TrainOptions *o) {
     if (!o->quiet) {
         printf("+-----------------------+----------------------------------------------------+\n");
         printf("| model                 | d%d:l%d:%s\n", c->d_model, c->n_layer, c->pattern);
-        printf("| parameters            | %zu\n", model.table.num_parameters);
+        printf("| parameters            | %zu\n", param_table_count(&model.table));
         printf("| M2RNN N, Nq, K, V     | %d, %d, %d, %d (conv %d, dH clamp %g)\n", c->rnn_heads, c->rnn_qk_heads,
                c->rnn_k, c->rnn_v, c->conv_width, c->rnn_grad_clamp);
         printf("| attention heads x dim | %d x %d (%s)\n", c->attn_heads, c->attn_head_dim, c->use_rope ? "RoPE" : "NoPE");

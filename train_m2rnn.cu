@@ -86,6 +86,7 @@ typedef struct {
     float *m_memory, *v_memory; // AdamW, allocated at the first update (or by a resume)
     Weights params;
     Grads grads;
+    Grads master; // fp32 views of the master weights (the same layout as the gradients)
     // activations, sized for (B, T) at the first forward
     int B, T;
     void *acts_memory;
@@ -157,6 +158,7 @@ void model_build(Model *model, const ModelConfig *config) {
         const ParamSpec *s = &model->table.specs[i];
         *(floatX **)view_slot(&model->params, s->layer, s->kind) = model->params_memory + s->offset;
         *(float **)view_slot(&model->grads, s->layer, s->kind) = model->grads_memory + s->offset;
+        *(float **)view_slot(&model->master, s->layer, s->kind) = model->master_memory + s->offset;
     }
     model->mean_loss = -1;
 }
@@ -186,6 +188,9 @@ static void *take(DeviceArena *a, size_t bytes) {
 #define TAKE_X(a, n) ((floatX *)take(a, (size_t)(n) * sizeof(floatX)))
 #define TAKE_F(a, n) ((float *)take(a, (size_t)(n) * sizeof(float)))
 
+// row stride of the projection output q|k|v|f_raw|g: R rounded up to 8 elements, so every row is 16-byte aligned
+static inline int m2rnn_proj_stride(const ModelConfig *c) { return round_up(m2rnn_proj_rows(c), 8); }
+
 static int use_fast_recurrence(const ModelConfig *c) {
 #if FLOATX_IS_FP32
     return 0;
@@ -212,7 +217,7 @@ static void model_layout_activations(Model *model, DeviceArena *a) {
     const ModelConfig *c = &model->config;
     const int B = model->B, T = model->T;
     const size_t BT = (size_t)B * T, C = c->d_model, F = c->mlp_hidden;
-    const size_t R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c), N = c->rnn_heads, NV = N * c->rnn_v;
+    const size_t R = m2rnn_proj_stride(c), CD = m2rnn_conv_dim(c), N = c->rnn_heads, NV = N * c->rnn_v;
     const size_t NH = c->attn_heads, HS = c->attn_head_dim, inner = NH * HS;
     const int has_m = strchr(c->pattern, 'M') != NULL, has_a = strchr(c->pattern, 'A') != NULL;
     const int fast = use_fast_recurrence(c);
@@ -354,16 +359,16 @@ static void m2rnn_recurrence_backward(Model *model, LayerActs *la, const Weights
                          main_stream);
 }
 
-// out (B,T,C) = M2RNN(inp)
+// out (B,T,C) = M2RNN(inp); mw: the layer's fp32 master weights (the gate reads A_log and dt_bias from them)
 static void m2rnn_mixer_forward(floatX *out, LayerActs *la, const floatX *inp, const WeightsLayer *w,
-                                const ModelConfig *c, int B, int T) {
-    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c);
+                                const GradsLayer *mw, const ModelConfig *c, int B, int T) {
+    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), Rs = m2rnn_proj_stride(c), CD = m2rnn_conv_dim(c);
     const int N = c->rnn_heads, NV = N * c->rnn_v, off_v = 2 * c->rnn_qk_heads * c->rnn_k;
-    matmul_forward(la->proj, inp, w->m_in_w, BT, C, R, main_stream);
-    conv1d_silu_forward(la->conv_pre, la->conv_act, la->proj, w->m_conv_w, B, T, CD, c->conv_width, R, main_stream);
-    m2rnn_gate_forward(la->f, la->proj + CD, w->m_A_log, w->m_dt_bias, BT, N, R, main_stream);
+    matmul_forward_strided(la->proj, Rs, inp, w->m_in_w, BT, C, R, main_stream);
+    conv1d_silu_forward(la->conv_pre, la->conv_act, la->proj, w->m_conv_w, B, T, CD, c->conv_width, Rs, main_stream);
+    m2rnn_gate_forward(la->f, la->proj + CD, mw->m_A_log, mw->m_dt_bias, BT, N, Rs, main_stream);
     m2rnn_recurrence_forward(la, w, c, B, T);
-    m2rnn_output_gate_forward(la->y, la->gated, la->conv_act + off_v, la->proj + CD + N, w->m_D, BT, NV, CD, R,
+    m2rnn_output_gate_forward(la->y, la->gated, la->conv_act + off_v, la->proj + CD + N, w->m_D, BT, NV, CD, Rs,
                               main_stream);
     rmsnorm_forward(la->normed, la->rstd, NULL, la->gated, NULL, w->m_norm_w, BT, NV, main_stream);
     matmul_forward(out, la->normed, w->m_out_w, BT, NV, C, main_stream);
@@ -371,24 +376,24 @@ static void m2rnn_mixer_forward(floatX *out, LayerActs *la, const floatX *inp, c
 
 // dinp (B,T,C) written; dout (B,T,C)
 static void m2rnn_mixer_backward(Model *model, floatX *dinp, GradsLayer *g, const floatX *dout, const floatX *inp,
-                                 LayerActs *la, const WeightsLayer *w, int B, int T) {
+                                 LayerActs *la, const WeightsLayer *w, const GradsLayer *mw, int B, int T) {
     const ModelConfig *c = &model->config;
-    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c);
+    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), Rs = m2rnn_proj_stride(c), CD = m2rnn_conv_dim(c);
     const int N = c->rnn_heads, NV = N * c->rnn_v, off_v = 2 * c->rnn_qk_heads * c->rnn_k;
     float *scratch = model->reduce_scratch;
     matmul_backward(model->d_normed, g->m_out_w, dout, la->normed, w->m_out_w, BT, NV, C, 0, main_stream);
     rmsnorm_backward(model->d_gated, g->m_norm_w, scratch, model->d_normed, la->gated, w->m_norm_w, la->rstd, BT, NV, 0,
                      main_stream);
-    m2rnn_output_gate_backward(model->d_y, model->d_proj + CD + N, model->d_gated, la->y, la->proj + CD + N, BT, NV, R,
+    m2rnn_output_gate_backward(model->d_y, model->d_proj + CD + N, model->d_gated, la->y, la->proj + CD + N, BT, NV, Rs,
                                main_stream);
     m2rnn_recurrence_backward(model, la, w, g, B, T);
     m2rnn_residual_backward(model->d_conv_act + off_v, g->m_D, scratch, model->d_y, la->conv_act + off_v, w->m_D, BT,
                             NV, CD, main_stream);
-    m2rnn_gate_backward(model->d_proj + CD, g->m_A_log, scratch, model->d_f, la->f, la->proj + CD, w->m_A_log,
-                        w->m_dt_bias, BT, N, R, main_stream);
+    m2rnn_gate_backward(model->d_proj + CD, g->m_A_log, scratch, model->d_f, la->f, la->proj + CD, mw->m_A_log,
+                        mw->m_dt_bias, BT, N, Rs, main_stream);
     conv1d_silu_backward(model->d_proj, g->m_conv_w, scratch, model->d_conv_act, la->conv_pre, la->proj, w->m_conv_w,
-                         B, T, CD, c->conv_width, R, main_stream);
-    matmul_backward(dinp, g->m_in_w, model->d_proj, inp, w->m_in_w, BT, C, R, 0, main_stream);
+                         B, T, CD, c->conv_width, Rs, main_stream);
+    matmul_backward_strided(dinp, g->m_in_w, model->d_proj, Rs, inp, w->m_in_w, BT, C, R, 0, main_stream);
 }
 
 static void attention_mixer_forward(Model *model, floatX *out, LayerActs *la, const floatX *inp, const WeightsLayer *w,
@@ -433,7 +438,9 @@ float model_forward(Model *model, const int *inputs, const int *targets, int B, 
     for (int l = 0; l < c->n_layer; l++) {
         LayerActs *la = &model->layer_acts[l];
         const WeightsLayer *w = &model->params.layers[l];
-        if (c->pattern[l] == 'M') { m2rnn_mixer_forward(model->branch_out, la, la->ln1_out, w, c, B, T); }
+        if (c->pattern[l] == 'M') {
+            m2rnn_mixer_forward(model->branch_out, la, la->ln1_out, w, &model->master.layers[l], c, B, T);
+        }
         else { attention_mixer_forward(model, model->branch_out, la, la->ln1_out, w, B, T); }
         // resid_mid = resid_in + mixer; ln2 = RMSNorm(resid_mid)
         rmsnorm_forward(la->ln2_out, la->ln2_rstd, la->resid_mid, la->resid_in, model->branch_out, w->ln2_w, BT, C,
@@ -502,7 +509,8 @@ void model_backward(Model *model, float loss_scale) {
                          1, main_stream);
         // resid_mid = resid_in + Mixer(RMSNorm(resid_in))
         if (c->pattern[l] == 'M') {
-            m2rnn_mixer_backward(model, model->d_norm, g, model->d_resid, la->ln1_out, la, w, B, T);
+            m2rnn_mixer_backward(model, model->d_norm, g, model->d_resid, la->ln1_out, la, w, &model->master.layers[l], B,
+                                 T);
         } else {
             attention_mixer_backward(model, model->d_norm, g, model->d_resid, la->ln1_out, la, w, B, T);
         }

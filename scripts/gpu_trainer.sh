@@ -18,5 +18,10 @@ make -j16 train_m2rnn build/test_gpu_trainer build/test_gpu_trainer_fp32 build/b
     ./build/bench_train_step d768:MMMAMMMAMMMA 16 1024 10
     ./build/bench_train_step d768:MMMAMMMAMMMA 4 4096 10
 } 2>&1 | tee "$OUT/bench_train_step.md"
+# where the time goes: every kernel of one step (after one warm-up step) under Nsight Compute
+if [ "${1:-}" = profile ]; then
+    ncu --metrics gpu__time_duration.sum --launch-skip 0 --print-summary per-kernel --csv \
+        ./build/bench_train_step d768:MMMAMMMAMMMA 16 1024 1 1 > "$OUT/ncu_step.csv" 2>&1 || tail -5 "$OUT/ncu_step.csv"
+fi
 timeout 150 ./train_m2rnn -e d256:l4:MMAM -b 16 -t 256 -x 200 -l 2e-3 -u 30 -v 50 -m 10 -sg 100 -g 48 -o "$OUT/run" \
     2>&1 | tee "$OUT/train.log" | grep -v "^step .*/" ; tail -3 "$OUT/train.log"

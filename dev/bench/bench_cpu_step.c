@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
     const int threads = 1;
 #endif
     printf("model %s (%zu parameters, N=%d), B=%d T=%d, %d threads, median of %d steps\n", descriptor,
-           model.table.num_parameters, model.config.rnn_heads, B, T, threads, steps);
+           param_table_count(&model.table), model.config.rnn_heads, B, T, threads, steps);
     printf("| step ms | forward ms | backward ms | update ms | tokens/s | GFLOP/s |\n");
     printf("|---|---|---|---|---|---|\n");
     printf("| %.1f | %.1f | %.1f | %.1f | %.0f | %.1f |\n", 1e3 * med, 1e3 * fwd[steps / 2], 1e3 * bwd[steps / 2],

@@ -2,7 +2,7 @@
 bench_train_step.cu: one training step of the CUDA trainer (forward, backward, AdamW) on random tokens, timed with
 CUDA events after warm-up; prints the median step time, tokens/s, MFU (FLOPs from model_flops_per_token, which counts
 the recurrence, conv and causal attention) and peak device memory, plus a split of the step by part.
-usage: build/bench_train_step DESCRIPTOR B T [steps]
+usage: build/bench_train_step DESCRIPTOR B T [steps] [warmup]
 */
 #define TESTING
 #include "train_m2rnn.cu"
@@ -15,6 +15,7 @@ static int cmp_float(const void *a, const void *b) {
 int main(int argc, char **argv) {
     if (argc < 4) { fail_with_hint("e.g. build/bench_train_step d768:MMMAMMMAMMMA 16 1024", "usage: bench_train_step DESCRIPTOR B T [steps]"); }
     const int B = atoi(argv[2]), T = atoi(argv[3]), steps = argc > 4 ? atoi(argv[4]) : 10;
+    const int warmup = argc > 5 ? atoi(argv[5]) : 3;
     ModelConfig config;
     memset(&config, 0, sizeof(config));
     config.vocab_size = 50257; config.rnn_grad_clamp = 1.0f;
@@ -30,14 +31,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 4; i++) { cudaCheck(cudaEventCreate(&ev[i])); }
     float *fwd = (float *)mallocCheck(steps * sizeof(float)), *bwd = (float *)mallocCheck(steps * sizeof(float));
     float *upd = (float *)mallocCheck(steps * sizeof(float)), *tot = (float *)mallocCheck(steps * sizeof(float));
-    for (int s = -3; s < steps; s++) { // three warm-up steps
+    for (int s = -warmup; s < steps; s++) {
         cudaCheck(cudaEventRecord(ev[0], main_stream));
         model_zero_grad(&model);
         model_forward(&model, tokens, tokens + 1, B, T);
         cudaCheck(cudaEventRecord(ev[1], main_stream));
         model_backward(&model, 1.0f);
         cudaCheck(cudaEventRecord(ev[2], main_stream));
-        model_update(&model, &opt, s + 4);
+        model_update(&model, &opt, s + warmup + 1);
         cudaCheck(cudaEventRecord(ev[3], main_stream));
         cudaCheck(cudaEventSynchronize(ev[3]));
         if (s >= 0) {
@@ -56,7 +57,7 @@ int main(int argc, char **argv) {
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     const double peak = executor_peak_flops();
     printf("| %s | %s | %zu | %d | %d | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.1f |\n", prop.name, argv[1],
-           model.num_parameters, B, T, ms, fwd[steps / 2], bwd[steps / 2], upd[steps / 2], B * T / ms * 1e3,
+           param_table_count(&model.table), B, T, ms, fwd[steps / 2], bwd[steps / 2], upd[steps / 2], B * T / ms * 1e3,
            peak > 0 ? 100.0 * flops / (ms * 1e-3) / peak : 0.0, (total_b - free_b) / 1073741824.0);
     model_free(&model);
     return 0;
