@@ -816,12 +816,23 @@ __global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ st
 
 // heads per CTA (HPC): 2 when each q/k head serves an even number of value heads and the CTA stays small, else 1.
 // HPC=2 halves the adders per dq/dk address in the backward; HPC=1 gives finer CTAs (better SM balance at small B*N).
-static int m2rnn_hpc_override = 0; // benchmarks only: 1 or 2 forces HPC where legal, 0 = automatic
+// Measured on H200 (dev/bench/NOTES.md): HPC=2 wins once its grid has >= 2 CTAs per SM; below that (e.g. B=4, N=84:
+// 168 CTAs on 132 SMs) the SMs holding two CTAs set the time and HPC=1 is 12% faster.
+static int m2rnn_hpc_override = 0; // tests/benchmarks: 1 or 2 forces HPC where legal, 0 = automatic
+static inline int m2rnn_num_sms(void) {
+    static int sms = 0;
+    if (sms == 0) {
+        int dev = 0;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return sms;
+}
 static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
     const int Gq = d->N / d->Nq, RB = d->K / 16;
     const bool two_ok = Gq % 2 == 0 && 2 * RB <= 8;
     if (m2rnn_hpc_override == 1 || (m2rnn_hpc_override == 2 && two_ok)) { return m2rnn_hpc_override; }
-    return two_ok ? 2 : 1;
+    return (two_ok && (long)d->B * (d->N / 2) >= 2L * m2rnn_num_sms()) ? 2 : 1;
 }
 static inline size_t m2rnn_forward_smem(const M2RNNDims *d, int hpc) {
     const size_t stage = (size_t)M2RNN_CHUNK * (2 * d->K * 2 + hpc * d->V * 2 + hpc * 4);

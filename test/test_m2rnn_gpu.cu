@@ -47,6 +47,7 @@ struct Case {
     float clip;
     double dy_scale;
     int window; // > 0: report per-window errors over t
+    int hpc;    // heads per CTA forced (m2rnn_hpc_override): 0 = automatic, 2 = two heads per CTA where legal
 };
 
 struct Problem {
@@ -278,6 +279,8 @@ static void run_case(const Case &c, uint64_t seed) {
     d.sq = d.sk = d.sv = p.conv_dim;
     d.cu_seqlens = d_cu;
     const floatX *q = d_conv, *k = d_conv + Nq * K, *v = d_conv + 2 * Nq * K;
+    m2rnn_hpc_override = c.hpc;
+    printf("     [%s: %d heads per CTA]\n", c.name, m2rnn_heads_per_cta(&d));
 
     void *ws = nullptr;
     cudaCheck(cudaMalloc(&ws, m2rnn_workspace_bytes(&d)));
@@ -388,6 +391,7 @@ static void run_case(const Case &c, uint64_t seed) {
     cudaCheck(cudaFree(d_df));
     cudaCheck(cudaFree(d_dW));
     cudaCheck(cudaFree(d_dh0));
+    m2rnn_hpc_override = 0;
 }
 
 int main(void) {
@@ -420,13 +424,14 @@ int main(void) {
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
 
-    //      name                     B   T    N  Nq   K   V   lens            h0     dhT    clip   dy    window
-    run_case({"basic K64V16 Nq1", 2, 77, 4, 1, 64, 16, {}, true, true, 0.0f, 1.0, 0}, 1);
-    run_case({"clamp Nq=N K32V32", 2, 50, 3, 3, 32, 32, {}, true, true, 0.05f, 20.0, 0}, 2);
-    run_case({"varlen K16V16", 0, 0, 2, 1, 16, 16, {5, 35, 1, 0, 70, 33}, true, true, 0.0f, 1.0, 0}, 3);
-    run_case({"K128 V16 Nq=N", 1, 45, 2, 2, 128, 16, {}, false, false, 0.0f, 1.0, 0}, 4);
-    run_case({"K48 N6 Nq2 (3 heads/qk)", 2, 40, 6, 2, 48, 16, {}, true, false, 0.5f, 5.0, 0}, 5);
-    run_case({"K256 V32 Nq1", 1, 33, 2, 1, 256, 32, {}, true, true, 0.0f, 1.0, 0}, 6);
-    run_case({"T4096 K64V16 Nq1", 1, 4096, 4, 1, 64, 16, {}, false, false, 0.0f, 1.0, 512}, 7);
+    //      name                     B   T    N  Nq   K   V   lens            h0     dhT    clip   dy  window hpc
+    run_case({"basic K64V16 Nq1", 2, 77, 4, 1, 64, 16, {}, true, true, 0.0f, 1.0, 0, 2}, 1);
+    run_case({"basic K64V16 Nq1 1 head/CTA", 2, 77, 4, 1, 64, 16, {}, true, true, 0.0f, 1.0, 0, 0}, 1);
+    run_case({"clamp Nq=N K32V32", 2, 50, 3, 3, 32, 32, {}, true, true, 0.05f, 20.0, 0, 0}, 2);
+    run_case({"varlen K16V16", 0, 0, 2, 1, 16, 16, {5, 35, 1, 0, 70, 33}, true, true, 0.0f, 1.0, 0, 2}, 3);
+    run_case({"K128 V16 Nq=N", 1, 45, 2, 2, 128, 16, {}, false, false, 0.0f, 1.0, 0, 0}, 4);
+    run_case({"K48 N6 Nq2 (3 heads/qk)", 2, 40, 6, 2, 48, 16, {}, true, false, 0.5f, 5.0, 0, 0}, 5);
+    run_case({"K256 V32 Nq1", 1, 33, 2, 1, 256, 32, {}, true, true, 0.0f, 1.0, 0, 2}, 6);
+    run_case({"T4096 K64V16 Nq1", 1, 4096, 4, 1, 64, 16, {}, false, false, 0.0f, 1.0, 512, 2}, 7);
     return test_summary("test_m2rnn_gpu");
 }
