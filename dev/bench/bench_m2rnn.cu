@@ -156,14 +156,20 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
     // occupancy of the two recurrence kernels at this shape
     const int hpc = m2rnn_heads_per_cta(&in.d), threads = hpc * (K / 16) * 32;
     int occ_f = 0, occ_b = 0;
-    if (V == 16 && hpc == 2) {
-        cudaCheck(cudaFuncSetAttribute(m2rnn_forward_kernel<16, 2, false>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+    auto occupancy = [&](auto fk, auto bk) {
+        cudaCheck(cudaFuncSetAttribute(fk, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)m2rnn_forward_smem(&in.d, hpc)));
-        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, m2rnn_forward_kernel<16, 2, false>, threads,
-                                                                 m2rnn_forward_smem(&in.d, hpc)));
-        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_b, m2rnn_backward_kernel<16, 2, false>, threads,
-                                                                 m2rnn_backward_smem(&in.d, hpc)));
+        cudaCheck(cudaFuncSetAttribute(bk, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)m2rnn_backward_smem(&in.d, hpc)));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, fk, threads, m2rnn_forward_smem(&in.d, hpc)));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_b, bk, threads, m2rnn_backward_smem(&in.d, hpc)));
+    };
+    if (V == 16 && threads <= 256) {
+        if (hpc == 2) {
+            occupancy(m2rnn_forward_kernel<16, 2, false>, m2rnn_backward_kernel<16, 2, false>);
+        } else {
+            occupancy(m2rnn_forward_kernel<16, 1, false>, m2rnn_backward_kernel<16, 1, false>);
+        }
     }
     const long ctas = (long)B * N / hpc;
     const double tanh_count = (double)B * T * N * K * V;
