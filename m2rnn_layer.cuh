@@ -15,40 +15,39 @@ All reductions over tokens go through fixed-order partials: deterministic.
 // ----------------------------------------------------------------------------------------------------------------
 // causal depthwise conv + SiLU: pre[t, c] = Σ_j w[c, j] x[t − (W−1) + j, c]; act = SiLU(pre)
 
-__global__ void conv1d_silu_forward_kernel(floatX *pre, floatX *act, const floatX *x, const floatX *w, int B, int T,
-                                           int CD, int W, int x_stride) {
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)B * T * CD) { return; }
-    const int c = (int)(i % CD);
-    const long bt = i / CD;
+// one block per token (b, t): no 64-bit division per element
+__global__ void conv1d_silu_forward_kernel(floatX *pre, floatX *act, const floatX *x, const floatX *w, int T, int CD,
+                                           int W, int x_stride) {
+    const long bt = blockIdx.x;
     const int t = (int)(bt % T);
-    float acc = 0.0f;
-    for (int j = 0; j < W; j++) {
-        const int ts = t - (W - 1) + j;
-        if (ts >= 0) { acc += to_float(w[c * W + j]) * to_float(x[(bt - t + ts) * x_stride + c]); }
+    for (int c = threadIdx.x; c < CD; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < W; j++) {
+            const int ts = t - (W - 1) + j;
+            if (ts >= 0) { acc += to_float(w[c * W + j]) * to_float(x[(bt - t + ts) * x_stride + c]); }
+        }
+        const floatX p = (floatX)acc;
+        pre[bt * CD + c] = p;
+        act[bt * CD + c] = (floatX)silu_f(to_float(p));
     }
-    const floatX p = (floatX)acc;
-    pre[i] = p;
-    act[i] = (floatX)silu_f(to_float(p));
 }
 
-// dx[t, c] = Σ_j w[c, j] dpre[t + (W−1) − j, c] (gather: no atomics), dpre = dact ⊙ SiLU'(pre)
+// dx[t, c] = Σ_j w[c, j] dpre[t + (W−1) − j, c] (gather: no atomics), dpre = dact ⊙ SiLU'(pre); one block per token
 __global__ void conv1d_silu_backward_dx_kernel(floatX *dx, const floatX *dact, const floatX *pre, const floatX *w,
-                                               int B, int T, int CD, int W, int x_stride) {
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)B * T * CD) { return; }
-    const int c = (int)(i % CD);
-    const long bt = i / CD;
+                                               int T, int CD, int W, int x_stride) {
+    const long bt = blockIdx.x;
     const int t = (int)(bt % T);
-    float acc = 0.0f;
-    for (int j = 0; j < W; j++) {
-        const int to = t + (W - 1) - j;
-        if (to < T) {
-            const long o = (bt - t + to) * CD + c;
-            acc += to_float(w[c * W + j]) * to_float(dact[o]) * silu_grad_f(to_float(pre[o]));
+    for (int c = threadIdx.x; c < CD; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < W; j++) {
+            const int to = t + (W - 1) - j;
+            if (to < T) {
+                const long o = (bt - t + to) * CD + c;
+                acc += to_float(w[c * W + j]) * to_float(dact[o]) * silu_grad_f(to_float(pre[o]));
+            }
         }
+        dx[bt * x_stride + c] = (floatX)acc;
     }
-    dx[bt * x_stride + c] = (floatX)acc;
 }
 
 // partial (chunks, CD, W): per chunk of tokens, Σ dpre[t, c] x[t − (W−1) + j, c]
@@ -59,8 +58,8 @@ __global__ void conv1d_weight_grad_kernel(float *partial, const floatX *dact, co
     float acc[16];
     for (int j = 0; j < W; j++) { acc[j] = 0.0f; }
     const long begin = (long)chunk * TOKEN_CHUNK, end = min(begin + TOKEN_CHUNK, (long)B * T);
-    for (long bt = begin; bt < end; bt++) {
-        const int t = (int)(bt % T);
+    int t = (int)(begin % T); // advanced alongside bt: no division in the loop
+    for (long bt = begin; bt < end; bt++, t = (t + 1 == T) ? 0 : t + 1) {
         const float g = to_float(dact[bt * CD + c]) * silu_grad_f(to_float(pre[bt * CD + c]));
         for (int j = 0; j < W; j++) {
             const int ts = t - (W - 1) + j;
@@ -74,8 +73,7 @@ static inline int token_chunks(long BT) { return (int)CEIL_DIV(BT, (long)TOKEN_C
 
 static void conv1d_silu_forward(floatX *pre, floatX *act, const floatX *x, const floatX *w, int B, int T, int CD, int W,
                                 int x_stride, cudaStream_t stream) {
-    conv1d_silu_forward_kernel<<<(unsigned)CEIL_DIV((long)B * T * CD, 256L), 256, 0, stream>>>(pre, act, x, w, B, T, CD,
-                                                                                                W, x_stride);
+    conv1d_silu_forward_kernel<<<B * T, 256, 0, stream>>>(pre, act, x, w, T, CD, W, x_stride);
     cudaCheck(cudaGetLastError());
 }
 
@@ -83,8 +81,7 @@ static void conv1d_silu_forward(floatX *pre, floatX *act, const floatX *x, const
 static void conv1d_silu_backward(floatX *dx, float *dw, float *scratch, const floatX *dact, const floatX *pre,
                                  const floatX *x, const floatX *w, int B, int T, int CD, int W, int x_stride,
                                  cudaStream_t stream) {
-    conv1d_silu_backward_dx_kernel<<<(unsigned)CEIL_DIV((long)B * T * CD, 256L), 256, 0, stream>>>(dx, dact, pre, w, B,
-                                                                                                    T, CD, W, x_stride);
+    conv1d_silu_backward_dx_kernel<<<B * T, 256, 0, stream>>>(dx, dact, pre, w, T, CD, W, x_stride);
     cudaCheck(cudaGetLastError());
     const int chunks = token_chunks((long)B * T);
     conv1d_weight_grad_kernel<<<dim3(CEIL_DIV(CD, 128), chunks), 128, 0, stream>>>(scratch, dact, pre, x, B, T, CD, W,
@@ -97,17 +94,17 @@ static void conv1d_silu_backward(floatX *dx, float *dw, float *scratch, const fl
 // the forget gate f = exp(−exp(A_log) · softplus(f_raw + dt_bias)), in fp32 (spec §1 item 2; kept fp32 for the
 // recurrence, see m2rnn_kernels.cuh)
 
+// one block per token
 __global__ void m2rnn_gate_forward_kernel(float *f, const floatX *f_raw, const float *A_log, const float *dt_bias,
-                                          long BT, int N, int stride) {
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= BT * N) { return; }
-    const int n = (int)(i % N);
-    const long m = i / N;
-    const float dt = softplus_f(to_float(f_raw[m * stride + n]) + dt_bias[n]);
-    f[i] = expf(-expf(A_log[n]) * dt);
+                                          int N, int stride) {
+    const long m = blockIdx.x;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+        const float dt = softplus_f(to_float(f_raw[m * stride + n]) + dt_bias[n]);
+        f[m * N + n] = expf(-expf(A_log[n]) * dt);
+    }
 }
 
-// df_raw (view) = ...; partials per token chunk of dA_log and ddt_bias: partial (chunks, 2, N)
+// df_raw (view) = ...; partials per token chunk of dA_log and ddt_bias: partial (2, chunks, N)
 __global__ void m2rnn_gate_backward_kernel(floatX *df_raw, float *partial, const float *df, const float *f,
                                            const floatX *f_raw, const float *A_log, const float *dt_bias, long BT,
                                            int N, int stride) {
@@ -124,55 +121,55 @@ __global__ void m2rnn_gate_backward_kernel(floatX *df_raw, float *partial, const
         sum_db += dx;
         sum_dA += -g * alpha * softplus_f(x);
     }
-    partial[((long)chunk * 2 + 0) * N + n] = sum_dA;
-    partial[((long)chunk * 2 + 1) * N + n] = sum_db;
+    partial[(long)chunk * N + n] = sum_dA;
+    partial[((long)gridDim.y + chunk) * N + n] = sum_db;
 }
 
 // A_log and dt_bias are read from the fp32 master weights: in bf16 a dt_bias near −4.6 is off by up to 0.016, which
 // moves dt = softplus(x + dt_bias) ≈ e^(x + dt_bias) by 1.6% (the authors' bf16 parameters carry that error)
 static void m2rnn_gate_forward(float *f, const floatX *f_raw, const float *A_log, const float *dt_bias, long BT,
                                int N, int stride, cudaStream_t stream) {
-    m2rnn_gate_forward_kernel<<<(unsigned)CEIL_DIV(BT * N, 256L), 256, 0, stream>>>(f, f_raw, A_log, dt_bias, BT, N,
-                                                                                    stride);
+    m2rnn_gate_forward_kernel<<<(unsigned)BT, 128, 0, stream>>>(f, f_raw, A_log, dt_bias, N, stride);
     cudaCheck(cudaGetLastError());
 }
 
-// dA_log (N) and ddt_bias (N) += ...; they must be adjacent in the gradient buffer (dA_log then ddt_bias), as the
-// parameter table lays them out. scratch: token_chunks(BT)·2·N floats
-static void m2rnn_gate_backward(floatX *df_raw, float *dA_log_then_dt_bias, float *scratch, const float *df,
+// dA_log (N) and ddt_bias (N) += ...; scratch: token_chunks(BT)·2·N floats
+static void m2rnn_gate_backward(floatX *df_raw, float *dA_log, float *ddt_bias, float *scratch, const float *df,
                                 const float *f, const floatX *f_raw, const float *A_log, const float *dt_bias,
                                 long BT, int N, int stride, cudaStream_t stream) {
     const int chunks = token_chunks(BT);
     m2rnn_gate_backward_kernel<<<dim3(CEIL_DIV(N, 64), chunks), 64, 0, stream>>>(df_raw, scratch, df, f, f_raw, A_log,
                                                                                  dt_bias, BT, N, stride);
     cudaCheck(cudaGetLastError());
-    reduce_partials(dA_log_then_dt_bias, scratch, chunks, 2 * N, stream);
+    reduce_partials(dA_log, scratch, chunks, N, stream);
+    reduce_partials(ddt_bias, scratch + (size_t)chunks * N, chunks, N, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
 // output path: y += v ⊙ D;  gated = y ⊙ SiLU(g)
 
+// one block per token
 __global__ void m2rnn_output_gate_forward_kernel(floatX *y, floatX *gated, const floatX *v, const floatX *g,
-                                                 const floatX *D, long BT, int NV, int v_stride, int g_stride) {
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= BT * NV) { return; }
-    const long m = i / NV;
-    const int j = (int)(i % NV);
-    const floatX yv = (floatX)(to_float(y[i]) + to_float(v[m * v_stride + j]) * to_float(D[j]));
-    y[i] = yv;
-    gated[i] = (floatX)(to_float(yv) * silu_f(to_float(g[m * g_stride + j])));
+                                                 const floatX *D, int NV, int v_stride, int g_stride) {
+    const long m = blockIdx.x;
+    for (int j = threadIdx.x; j < NV; j += blockDim.x) {
+        const long i = m * NV + j;
+        const floatX yv = (floatX)(to_float(y[i]) + to_float(v[m * v_stride + j]) * to_float(D[j]));
+        y[i] = yv;
+        gated[i] = (floatX)(to_float(yv) * silu_f(to_float(g[m * g_stride + j])));
+    }
 }
 
 // dy = dgated ⊙ SiLU(g) (the recurrence's dy); dg (view) = dgated ⊙ y ⊙ SiLU'(g)
 __global__ void m2rnn_output_gate_backward_kernel(floatX *dy, floatX *dg, const floatX *dgated, const floatX *y,
-                                                  const floatX *g, long BT, int NV, int g_stride) {
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= BT * NV) { return; }
-    const long m = i / NV;
-    const int j = (int)(i % NV);
-    const float gv = to_float(g[m * g_stride + j]), dgt = to_float(dgated[i]);
-    dy[i] = (floatX)(dgt * silu_f(gv));
-    dg[m * g_stride + j] = (floatX)(dgt * to_float(y[i]) * silu_grad_f(gv));
+                                                  const floatX *g, int NV, int g_stride) {
+    const long m = blockIdx.x;
+    for (int j = threadIdx.x; j < NV; j += blockDim.x) {
+        const long i = m * NV + j;
+        const float gv = to_float(g[m * g_stride + j]), dgt = to_float(dgated[i]);
+        dy[i] = (floatX)(dgt * silu_f(gv));
+        dg[m * g_stride + j] = (floatX)(dgt * to_float(y[i]) * silu_grad_f(gv));
+    }
 }
 
 // dv (view) += dy ⊙ D; partial (chunks, NV) of dD = Σ dy ⊙ v
@@ -193,15 +190,13 @@ __global__ void m2rnn_residual_backward_kernel(floatX *dv, float *partial, const
 
 static void m2rnn_output_gate_forward(floatX *y, floatX *gated, const floatX *v, const floatX *g, const floatX *D,
                                       long BT, int NV, int v_stride, int g_stride, cudaStream_t stream) {
-    m2rnn_output_gate_forward_kernel<<<(unsigned)CEIL_DIV(BT * NV, 256L), 256, 0, stream>>>(y, gated, v, g, D, BT, NV,
-                                                                                            v_stride, g_stride);
+    m2rnn_output_gate_forward_kernel<<<(unsigned)BT, 256, 0, stream>>>(y, gated, v, g, D, NV, v_stride, g_stride);
     cudaCheck(cudaGetLastError());
 }
 
 static void m2rnn_output_gate_backward(floatX *dy, floatX *dg, const floatX *dgated, const floatX *y, const floatX *g,
                                        long BT, int NV, int g_stride, cudaStream_t stream) {
-    m2rnn_output_gate_backward_kernel<<<(unsigned)CEIL_DIV(BT * NV, 256L), 256, 0, stream>>>(dy, dg, dgated, y, g, BT,
-                                                                                             NV, g_stride);
+    m2rnn_output_gate_backward_kernel<<<(unsigned)BT, 256, 0, stream>>>(dy, dg, dgated, y, g, NV, g_stride);
     cudaCheck(cudaGetLastError());
 }
 

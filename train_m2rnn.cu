@@ -389,7 +389,7 @@ static void m2rnn_mixer_backward(Model *model, floatX *dinp, GradsLayer *g, cons
     m2rnn_recurrence_backward(model, la, w, g, B, T);
     m2rnn_residual_backward(model->d_conv_act + off_v, g->m_D, scratch, model->d_y, la->conv_act + off_v, w->m_D, BT,
                             NV, CD, main_stream);
-    m2rnn_gate_backward(model->d_proj + CD, g->m_A_log, scratch, model->d_f, la->f, la->proj + CD, mw->m_A_log,
+    m2rnn_gate_backward(model->d_proj + CD, g->m_A_log, g->m_dt_bias, scratch, model->d_f, la->f, la->proj + CD, mw->m_A_log,
                         mw->m_dt_bias, BT, N, Rs, main_stream);
     conv1d_silu_backward(model->d_proj, g->m_conv_w, scratch, model->d_conv_act, la->conv_pre, la->proj, w->m_conv_w,
                          B, T, CD, c->conv_width, Rs, main_stream);
