@@ -191,11 +191,15 @@ static void *take(DeviceArena *a, size_t bytes) {
 // row stride of the projection output q|k|v|f_raw|g: R rounded up to 8 elements, so every row is 16-byte aligned
 static inline int m2rnn_proj_stride(const ModelConfig *c) { return round_up(m2rnn_proj_rows(c), 8); }
 
+// The tensor-core recurrence sums dq and dk over head groups with fp32 atomics, so its gradients may differ in the last
+// bits from run to run; M2RNN_PLAIN_RECURRENCE=1 selects the plain kernels, with which a step is bitwise repeatable.
 static int use_fast_recurrence(const ModelConfig *c) {
 #if FLOATX_IS_FP32
     return 0;
 #else
     if (m2rnn_force_plain) { return 0; }
+    const char *env = getenv("M2RNN_PLAIN_RECURRENCE");
+    if (env != NULL && strcmp(env, "1") == 0) { return 0; }
     M2RNNDims d = {1, 1, c->rnn_heads, c->rnn_qk_heads, c->rnn_k, c->rnn_v, m2rnn_conv_dim(c), m2rnn_conv_dim(c),
                    m2rnn_conv_dim(c), NULL};
     return m2rnn_check_dims(&d) == NULL;

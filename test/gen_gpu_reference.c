@@ -2,7 +2,10 @@
 gen_gpu_reference.c: writes what the GPU trainer test (test/test_gpu_trainer.cu) holds the CUDA trainer to, computed
 by the fp32 CPU reference: a checkpoint of a tiny hybrid with non-trivial weights (W, D and the norm weights moved off
 their identity/ones init so a transposed or skipped op shows), and a data file with 21 batches, the logits and loss
-of the first batch, every parameter gradient of that batch, and the losses of 20 AdamW steps.
+of the first batch, every parameter gradient of that batch, and the losses of 20 AdamW steps; then the logits, loss
+and gradients once more with the weights rounded to bf16 as the bf16 GPU build holds them (all but A_log and dt_bias,
+which the GPU reads from its fp32 master). The bf16 build is compared with the latter: some gradients (A_log, dt_bias
+and W of a layer) move by 3-5e-2 from that rounding alone, in exact fp32 arithmetic, which no kernel can undo.
 usage: build/gen_gpu_reference OUT_DIR   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/gpu_ref_data.bin
 */
 #define TESTING
@@ -19,7 +22,7 @@ int main(int argc, char **argv) {
 #endif
     ModelConfig config;
     memset(&config, 0, sizeof(config));
-    config.vocab_size = 300; config.d_model = 64; config.rnn_heads = 4; config.rnn_qk_heads = 1; config.rnn_k = 16;
+    config.vocab_size = 300; config.d_model = 64; config.rnn_heads = 6; config.rnn_qk_heads = 1; config.rnn_k = 16;
     config.rnn_v = 16; config.attn_heads = 2; config.attn_head_dim = 32; config.mlp_hidden = 128;
     config.rnn_grad_clamp = 1.0f; config.use_rope = 1;
     snprintf(config.pattern, sizeof(config.pattern), "MMAM");
@@ -61,6 +64,29 @@ int main(int argc, char **argv) {
     memcpy(grads, model.grads_memory, n * sizeof(float));
     // 20 steps on batches 1..20, the optimizer as the trainer runs it
     OptimizerConfig opt = {1e-3f, 0.9f, 0.95f, 1e-10f, 0.1f, 1.0f};
+    // the same batch with bf16-rounded weights (rounded to nearest even, as the GPU's cast does)
+    float *params0 = (float *)mallocCheck(n * sizeof(float));
+    memcpy(params0, model.params_memory, n * sizeof(float));
+    for (int i = 0; i < model.table.num_specs; i++) {
+        const ParamSpec *s = &model.table.specs[i];
+        if (s->kind == PK_m_A_log || s->kind == PK_m_dt_bias) { continue; }
+        for (size_t j = 0; j < s->numel; j++) {
+            float x = model.params_memory[s->offset + j];
+            uint32_t u;
+            memcpy(&u, &x, 4);
+            u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+            memcpy(&x, &u, 4);
+            model.params_memory[s->offset + j] = x;
+        }
+    }
+    model_zero_grad(&model);
+    const float loss0_bf16w = model_forward(&model, tokens, tokens + 1, B, T);
+    float *logits_bf16w = (float *)mallocCheck((size_t)BT * Vp * sizeof(float));
+    memcpy(logits_bf16w, model.logits, (size_t)BT * Vp * sizeof(float));
+    model_backward(&model, 1.0f);
+    float *grads_bf16w = (float *)mallocCheck(n * sizeof(float));
+    memcpy(grads_bf16w, model.grads_memory, n * sizeof(float));
+    memcpy(model.params_memory, params0, n * sizeof(float));
     float losses[GPU_REF_STEPS];
     for (int s = 0; s < GPU_REF_STEPS; s++) {
         const int *batch = tokens + (s + 1) * (BT + 1);
@@ -78,9 +104,12 @@ int main(int argc, char **argv) {
     fwriteCheck(logits, sizeof(float), (size_t)BT * Vp, fp);
     fwriteCheck(grads, sizeof(float), n, fp);
     fwriteCheck(losses, sizeof(float), GPU_REF_STEPS, fp);
+    fwriteCheck(&loss0_bf16w, sizeof(float), 1, fp);
+    fwriteCheck(logits_bf16w, sizeof(float), (size_t)BT * Vp, fp);
+    fwriteCheck(grads_bf16w, sizeof(float), n, fp);
     fcloseCheck(fp);
     printf("wrote %s: %zu parameters, loss %.6f, step-20 loss %.6f\n", path, n, loss0, losses[GPU_REF_STEPS - 1]);
-    free(tokens); free(logits); free(grads);
+    free(tokens); free(logits); free(grads); free(params0); free(logits_bf16w); free(grads_bf16w);
     model_free(&model);
     return 0;
 }
