@@ -57,8 +57,9 @@ static inline int m2rnn_proj_rows(const ModelConfig *c) {
 static inline int m2rnn_conv_dim(const ModelConfig *c) { return 2 * c->rnn_qk_heads * c->rnn_k + c->rnn_heads * c->rnn_v; }
 
 // Fills every size a user did not set (0 or -1 means "derive it"). Defaults: K=64, V=16 and Nq=1 as the paper;
-// N chosen so an M²RNN layer has about the parameters of an attention layer (4C²), which gives N≈81 at C=1024 (the
-// paper uses 84); attention heads of dim 64; SwiGLU hidden 8C/3 rounded up to 64 (2752 at C=1024, as the paper).
+// N chosen so an M²RNN layer has about the parameters of an attention layer (4C²), rounded to a multiple of 8 so the
+// projection's 2·64 + 33·N rows are too (the GPU's matmuls then run aligned kernels): 80 at C=1024 (the paper used
+// 84, pass n84 for it); attention heads of dim 64; SwiGLU hidden 8C/3 rounded up to 64 (2752 at C=1024, as the paper).
 static void model_config_fill_defaults(ModelConfig *c) {
     if (c->vocab_size <= 0) { c->vocab_size = 50257; }
     c->padded_vocab_size = round_up(c->vocab_size, VOCAB_PAD_MULTIPLE);
@@ -67,8 +68,9 @@ static void model_config_fill_defaults(ModelConfig *c) {
     if (c->rnn_qk_heads <= 0) { c->rnn_qk_heads = 1; }
     if (c->conv_width <= 0) { c->conv_width = 4; }
     if (c->rnn_heads <= 0) {
-        int n = (4 * c->d_model - 2 * c->rnn_k) / (3 * c->rnn_v + 1);
-        c->rnn_heads = n < 1 ? 1 : n;
+        const double n = (4.0 * c->d_model - 2.0 * c->rnn_k) / (3.0 * c->rnn_v + 1.0);
+        const int n8 = 8 * (int)floor(n / 8.0 + 0.5);
+        c->rnn_heads = n8 >= 8 ? n8 : (n >= 1 ? (int)n : 1);
     }
     if (c->rnn_grad_clamp < 0) { c->rnn_grad_clamp = 1.0f; }
     if (c->attn_head_dim <= 0) { c->attn_head_dim = c->d_model >= 64 ? 64 : c->d_model; }
