@@ -10,7 +10,7 @@ All reductions over tokens go through fixed-order partials: deterministic.
 
 #include "common.cuh"
 
-#define TOKEN_CHUNK 256 // tokens per partial sum in the parameter-gradient reductions
+#define TOKEN_CHUNK 64 // tokens per partial sum in the parameter-gradient reductions (small: enough threads in flight)
 
 // ----------------------------------------------------------------------------------------------------------------
 // causal depthwise conv + SiLU: pre[t, c] = Σ_j w[c, j] x[t − (W−1) + j, c]; act = SiLU(pre)

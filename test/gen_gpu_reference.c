@@ -22,7 +22,7 @@ int main(int argc, char **argv) {
 #endif
     ModelConfig config;
     memset(&config, 0, sizeof(config));
-    config.vocab_size = 300; config.d_model = 64; config.rnn_heads = 6; config.rnn_qk_heads = 1; config.rnn_k = 16;
+    config.vocab_size = 300; config.d_model = 256; config.rnn_heads = 6; config.rnn_qk_heads = 1; config.rnn_k = 16;
     config.rnn_v = 16; config.attn_heads = 2; config.attn_head_dim = 32; config.mlp_hidden = 128;
     config.rnn_grad_clamp = 1.0f; config.use_rope = 1;
     snprintf(config.pattern, sizeof(config.pattern), "MMAM");
