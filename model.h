@@ -335,6 +335,17 @@ static void model_init_parameters(float *params, const ParamTable *t, uint64_t s
     }
 }
 
+// refuses token ids outside [0, vocab_size) with one line naming the position and the fix
+static void model_check_tokens(const int *tokens, size_t n, int vocab_size, const char *what) {
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= vocab_size) {
+            fail_with_hint("the data was tokenized with a larger vocabulary than the model's; check -e / the shards",
+                           "%s token %d at position %zu is outside the model's vocabulary [0, %d)", what, tokens[i], i,
+                           vocab_size);
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // the optimizer's settings (the no-decay set comes from the parameter table)
 

@@ -202,22 +202,12 @@ static void model_ensure_activations(Model *model, int B, int T) {
     model->targets = (int *)mallocCheck((size_t)B * T * sizeof(int));
 }
 
-static void check_tokens(const int *tokens, size_t n, int vocab_size, const char *what) {
-    for (size_t i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= vocab_size) {
-            fail_with_hint("the data was tokenized with a larger vocabulary than the model's; check -e / the shards",
-                           "%s token %d at position %zu is outside the model's vocabulary [0, %d)", what, tokens[i], i,
-                           vocab_size);
-        }
-    }
-}
-
 // Forward pass over inputs (B,T); with targets (B,T) also the mean loss. Returns the mean loss or -1.
 real model_forward(Model *model, const int *inputs, const int *targets, int B, int T) {
     const ModelConfig *c = &model->config;
     const int BT = B * T, C = c->d_model, V = c->vocab_size, Vp = c->padded_vocab_size;
     model_ensure_activations(model, B, T);
-    check_tokens(inputs, (size_t)BT, V, "input");
+    model_check_tokens(inputs, (size_t)BT, V, "input");
     memcpy(model->inputs, inputs, (size_t)BT * sizeof(int));
     real *x = model->layer_acts[0].resid_in;
     embedding_forward(x, inputs, model->params.wte, BT, C);
@@ -239,7 +229,7 @@ real model_forward(Model *model, const int *inputs, const int *targets, int B, i
         model->mean_loss = -1;
         return -1;
     }
-    check_tokens(targets, (size_t)BT, V, "target");
+    model_check_tokens(targets, (size_t)BT, V, "target");
     memcpy(model->targets, targets, (size_t)BT * sizeof(int));
     crossentropy_forward(model->losses, model->logits, targets, BT, V, Vp);
     double sum = 0.0;

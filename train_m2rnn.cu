@@ -193,6 +193,15 @@ static inline int m2rnn_proj_stride(const ModelConfig *c) { return round_up(m2rn
 
 // The tensor-core recurrence sums dq and dk over head groups with fp32 atomics, so its gradients may differ in the last
 // bits from run to run; M2RNN_PLAIN_RECURRENCE=1 selects the plain kernels, with which a step is bitwise repeatable.
+#if !FLOATX_IS_FP32
+// the tensor-core kernels' view of a layer: q, k, v are columns of the (B,T,CD) conv output
+static M2RNNDims m2rnn_dims_of(const ModelConfig *c, int B, int T) {
+    const int CD = m2rnn_conv_dim(c);
+    M2RNNDims d = {B, T, c->rnn_heads, c->rnn_qk_heads, c->rnn_k, c->rnn_v, CD, CD, CD, NULL};
+    return d;
+}
+#endif
+
 static int use_fast_recurrence(const ModelConfig *c) {
 #if FLOATX_IS_FP32
     return 0;
@@ -200,8 +209,7 @@ static int use_fast_recurrence(const ModelConfig *c) {
     if (m2rnn_force_plain) { return 0; }
     const char *env = getenv("M2RNN_PLAIN_RECURRENCE");
     if (env != NULL && strcmp(env, "1") == 0) { return 0; }
-    M2RNNDims d = {1, 1, c->rnn_heads, c->rnn_qk_heads, c->rnn_k, c->rnn_v, m2rnn_conv_dim(c), m2rnn_conv_dim(c),
-                   m2rnn_conv_dim(c), NULL};
+    const M2RNNDims d = m2rnn_dims_of(c, 1, 1);
     return m2rnn_check_dims(&d) == NULL;
 #endif
 }
@@ -209,8 +217,7 @@ static int use_fast_recurrence(const ModelConfig *c) {
 static size_t m2rnn_saved_bytes(const ModelConfig *c, int B, int T, int fast) {
 #if !FLOATX_IS_FP32
     if (fast) {
-        M2RNNDims d = {B, T, c->rnn_heads, c->rnn_qk_heads, c->rnn_k, c->rnn_v, m2rnn_conv_dim(c), m2rnn_conv_dim(c),
-                       m2rnn_conv_dim(c), NULL};
+        const M2RNNDims d = m2rnn_dims_of(c, B, T);
         return m2rnn_workspace_bytes(&d);
     }
 #endif
@@ -316,16 +323,6 @@ static void model_ensure_activations(Model *model, int B, int T) {
     model->inputs_host = (int *)mallocCheck((size_t)B * T * sizeof(int));
 }
 
-static void check_tokens(const int *tokens, size_t n, int vocab_size, const char *what) {
-    for (size_t i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= vocab_size) {
-            fail_with_hint("the data was tokenized with a larger vocabulary than the model's; check -e / the shards",
-                           "%s token %d at position %zu is outside the model's vocabulary [0, %d)", what, tokens[i], i,
-                           vocab_size);
-        }
-    }
-}
-
 // ----------------------------------------------------------------------------------------------------------------
 // the mixers
 
@@ -334,7 +331,7 @@ static void m2rnn_recurrence_forward(LayerActs *la, const WeightsLayer *w, const
     const floatX *q = la->conv_act, *k = la->conv_act + Nq * K, *v = la->conv_act + 2 * Nq * K;
 #if !FLOATX_IS_FP32
     if (la->rec_fast) {
-        M2RNNDims d = {B, T, c->rnn_heads, Nq, K, c->rnn_v, CD, CD, CD, NULL};
+        const M2RNNDims d = m2rnn_dims_of(c, B, T);
         m2rnn_forward(la->y, NULL, la->rec_saved, q, k, v, la->f, w->m_W, NULL, &d, main_stream);
         return;
     }
@@ -351,7 +348,7 @@ static void m2rnn_recurrence_backward(Model *model, LayerActs *la, const Weights
     floatX *dq = model->d_conv_act, *dk = model->d_conv_act + Nq * K, *dv = model->d_conv_act + 2 * Nq * K;
 #if !FLOATX_IS_FP32
     if (la->rec_fast) {
-        M2RNNDims d = {B, T, c->rnn_heads, Nq, K, c->rnn_v, CD, CD, CD, NULL};
+        const M2RNNDims d = m2rnn_dims_of(c, B, T);
         m2rnn_backward(dq, dk, dv, model->d_f, model->d_W, NULL, la->rec_saved, model->d_y, NULL, q, k, v, la->f,
                        w->m_W, c->rnn_grad_clamp, &d, main_stream);
         accumulate_f32(g->m_W, model->d_W, (long)c->rnn_heads * c->rnn_v * c->rnn_v, main_stream);
@@ -428,11 +425,11 @@ float model_forward(Model *model, const int *inputs, const int *targets, int B, 
     const ModelConfig *c = &model->config;
     const int BT = B * T, C = c->d_model, V = c->vocab_size, Vp = c->padded_vocab_size;
     model_ensure_activations(model, B, T);
-    check_tokens(inputs, (size_t)BT, V, "input");
+    model_check_tokens(inputs, (size_t)BT, V, "input");
     memcpy(model->inputs_host, inputs, (size_t)BT * sizeof(int));
     cudaCheck(cudaMemcpyAsync(model->tokens_dev, inputs, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, main_stream));
     if (targets != NULL) {
-        check_tokens(targets, (size_t)BT, V, "target");
+        model_check_tokens(targets, (size_t)BT, V, "target");
         cudaCheck(cudaMemcpyAsync(model->tokens_dev + BT, targets, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice,
                                   main_stream));
     }
