@@ -46,6 +46,7 @@ typedef struct {
     const char *init;      // model descriptor ("d256:l4:MMAM") or a checkpoint file (*.bin)
     const char *out_dir;   // logs and checkpoints; NULL = none
     int vocab_size;        // of a model built from a descriptor (a checkpoint carries its own)
+    int use_rope;          // RoPE in the attention layers of a model built from a descriptor (0 = NoPE)
     int B, T;              // micro-batch
     int total_batch;       // tokens per optimizer step; a multiple of B·T (gradient accumulation)
     int max_steps;
@@ -217,6 +218,7 @@ float train_run(const TrainOptions *o) {
     } else {
         config.rnn_grad_clamp = o->rnn_clamp;
         config.vocab_size = o->vocab_size;
+        config.use_rope = o->use_rope;
         model_config_from_descriptor(&config, o->init);
     }
     Model model;
@@ -364,6 +366,7 @@ static void print_usage(void) {
     fprintf(stderr, "      descriptor fields: dNNN width, lNN layers, pattern of M/A letters, nNN M2RNN heads,\n");
     fprintf(stderr, "      qNN M2RNN q/k heads (1 or N), kNN K, vNN V, hNN attention heads, fNNN MLP hidden, rope\n");
     fprintf(stderr, "  -vs vocabulary size of a model built from a descriptor (%d = GPT-2)\n", d.vocab_size);
+    fprintf(stderr, "  -ro RoPE in attention, 1 = on (or `rope` in the descriptor); 0 = NoPE (%d)\n", d.use_rope);
     fprintf(stderr, "  -o  output dir for main.log and checkpoints (none)\n");
     fprintf(stderr, "  -b  micro-batch size B           (%d)\n", d.B);
     fprintf(stderr, "  -t  sequence length T            (%d)\n", d.T);
@@ -406,6 +409,7 @@ static void parse_args(TrainOptions *o, int argc, char **argv) {
         else if (strcmp(f, "j") == 0) { o->val_pattern = v; }
         else if (strcmp(f, "e") == 0) { o->init = v; }
         else if (strcmp(f, "o") == 0) { o->out_dir = v; }
+        else if (strcmp(f, "ro") == 0) { o->use_rope = (int)parse_int_arg(flag, v, 0, 1); }
         else if (strcmp(f, "vs") == 0) { o->vocab_size = (int)parse_int_arg(flag, v, 2, 1 << 24); }
         else if (strcmp(f, "b") == 0) { o->B = (int)parse_int_arg(flag, v, 1, 1 << 16); }
         else if (strcmp(f, "t") == 0) { o->T = (int)parse_int_arg(flag, v, 1, 1 << 20); }
