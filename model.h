@@ -193,6 +193,15 @@ enum {
     PK_lm_head,                     // (Vp, C) untied LM head
 };
 
+// Executors keep typed views of the buffer in a struct laid out as an array of pointers: wte, lnf_w, lm_head, then
+// for each of MAX_LAYERS layers its fields in PK_ order (a struct of the PARAM_LAYER_FIELDS pointers). This returns
+// the slot of tensor (layer, kind) in such a struct, whatever the pointer type.
+static inline void **model_view_slot(void *views, int layer, int kind) {
+    void **p = (void **)views;
+    if (layer < 0) { return &p[kind == PK_wte ? 0 : (kind == PK_lnf_w ? 1 : 2)]; }
+    return &p[3 + (size_t)layer * NUM_LAYER_PARAM_KINDS + kind];
+}
+
 typedef enum { INIT_NORMAL, INIT_ONES, INIT_IDENTITY, INIT_A_LOG, INIT_DT_BIAS } InitRule;
 
 typedef struct {

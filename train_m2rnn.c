@@ -37,18 +37,13 @@ typedef struct {
     real *lnf_w;   // (C)
     real *lm_head; // (Vp, C)
     LayerWeights layers[MAX_LAYERS];
-} ModelWeights;
-
-// the slot in `w` that spec (layer, kind) points to
-static real **param_view_slot(ModelWeights *w, int layer, int kind) {
-    if (layer < 0) { return kind == PK_wte ? &w->wte : (kind == PK_lnf_w ? &w->lnf_w : &w->lm_head); }
-    return &((real **)&w->layers[layer])[kind];
-}
+} ModelWeights; // laid out as model_view_slot() expects
+_Static_assert(sizeof(ModelWeights) == sizeof(real *) * (3 + MAX_LAYERS * NUM_LAYER_PARAM_KINDS), "ModelWeights layout");
 
 static void point_views(ModelWeights *w, real *memory, const ParamTable *t) {
     memset(w, 0, sizeof(*w));
     for (int i = 0; i < t->num_specs; i++) {
-        *param_view_slot(w, t->specs[i].layer, t->specs[i].kind) = memory + t->specs[i].offset;
+        *(real **)model_view_slot(w, t->specs[i].layer, t->specs[i].kind) = memory + t->specs[i].offset;
     }
 }
 

@@ -39,12 +39,7 @@ typedef struct { floatX *wte, *lnf_w, *lm_head; WeightsLayer layers[MAX_LAYERS];
 typedef struct { PARAM_LAYER_FIELDS(PARAM_FIELD_F) } GradsLayer;
 typedef struct { float *wte, *lnf_w, *lm_head; GradsLayer layers[MAX_LAYERS]; } Grads;
 
-// Both structs are arrays of pointers in the same order: wte, lnf_w, lm_head, then each layer's fields in PK_ order.
-static void **view_slot(void *views, int layer, int kind) {
-    void **p = (void **)views;
-    if (layer < 0) { return &p[kind == PK_wte ? 0 : (kind == PK_lnf_w ? 1 : 2)]; }
-    return &p[3 + (size_t)layer * NUM_LAYER_PARAM_KINDS + kind];
-}
+// both are laid out as model_view_slot() expects
 static_assert(sizeof(Weights) == sizeof(void *) * (3 + MAX_LAYERS * NUM_LAYER_PARAM_KINDS), "Weights layout");
 static_assert(sizeof(Grads) == sizeof(Weights), "Grads layout");
 
@@ -156,9 +151,9 @@ void model_build(Model *model, const ModelConfig *config) {
     cudaCheck(cudaMemset(model->grads_memory, 0, n * sizeof(float)));
     for (int i = 0; i < model->table.num_specs; i++) {
         const ParamSpec *s = &model->table.specs[i];
-        *(floatX **)view_slot(&model->params, s->layer, s->kind) = model->params_memory + s->offset;
-        *(float **)view_slot(&model->grads, s->layer, s->kind) = model->grads_memory + s->offset;
-        *(float **)view_slot(&model->master, s->layer, s->kind) = model->master_memory + s->offset;
+        *(floatX **)model_view_slot(&model->params, s->layer, s->kind) = model->params_memory + s->offset;
+        *(float **)model_view_slot(&model->grads, s->layer, s->kind) = model->grads_memory + s->offset;
+        *(float **)model_view_slot(&model->master, s->layer, s->kind) = model->master_memory + s->offset;
     }
     model->mean_loss = -1;
 }
