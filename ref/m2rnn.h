@@ -27,6 +27,21 @@ total dH instead; the two agree when nothing is clamped.)
 // ----------------------------------------------------------------------------------------------------------------
 // the recurrence
 
+// z (Vh) = tanh(hprev (Vh) W + k_r v (Vh)): one row of Z_t; hprev NULL means H_{t−1} = 0. The loop runs over the
+// contiguous j inside, so it vectorizes; tanhr is tanhf in the fp32 build (double tanh there cost most of a step).
+static inline void m2rnn_z_row(real *z, const real *hprev, const real *W, real kr, const real *v, int Vh) {
+    for (int j = 0; j < Vh; j++) { z[j] = kr * v[j]; }
+    if (hprev != NULL) {
+        for (int i = 0; i < Vh; i++) {
+            const real h = hprev[i];
+            const real *wrow = W + (size_t)i * Vh;
+#pragma omp simd
+            for (int j = 0; j < Vh; j++) { z[j] += h * wrow[j]; }
+        }
+    }
+    for (int j = 0; j < Vh; j++) { z[j] = tanhr(z[j]); }
+}
+
 // y (B,T,N,Vh) = H_tᵀ q_t; h_all (B,T,N,K,Vh) receives every H_t if not NULL; h_final (B,N,K,Vh) receives H_{T−1}
 // if not NULL. q, k: (B,T,Nq,K) and v: (B,T,N,Vh) are views with token stride `stride` (elements); f (B,T,N) dense;
 // W (N,Vh,Vh); h0 (B,N,K,Vh) or NULL for zeros.
@@ -49,20 +64,17 @@ static void m2rnn_recurrence_forward(real *y, real *h_all, real *h_final, const 
                 const real *qt = q + bt * stride + (size_t)hq * K, *kt = k + bt * stride + (size_t)hq * K;
                 const real *vt = v + bt * stride + (size_t)n * Vh;
                 const real ft = f[bt * N + n];
+                real *yt = y + (bt * N + n) * Vh;
+                for (int j = 0; j < Vh; j++) { yt[j] = 0; }
                 for (int r = 0; r < K; r++) {
                     const real *hrow = Hprev + (size_t)r * Vh;
+                    real *hnew = Hcur + (size_t)r * Vh;
+                    m2rnn_z_row(hnew, hrow, Wn, kt[r], vt, Vh);
+#pragma omp simd
                     for (int j = 0; j < Vh; j++) {
-                        real p = kt[r] * vt[j];
-                        for (int i = 0; i < Vh; i++) { p += hrow[i] * Wn[(size_t)i * Vh + j]; }
-                        const real z = (real)tanh((double)p);
-                        Hcur[(size_t)r * Vh + j] = ft * hrow[j] + (1 - ft) * z;
+                        hnew[j] = ft * hrow[j] + (1 - ft) * hnew[j];
+                        yt[j] += hnew[j] * qt[r];
                     }
-                }
-                real *yt = y + (bt * N + n) * Vh;
-                for (int j = 0; j < Vh; j++) {
-                    real acc = 0;
-                    for (int r = 0; r < K; r++) { acc += Hcur[(size_t)r * Vh + j] * qt[r]; }
-                    yt[j] = acc;
                 }
                 if (h_all != NULL) { memcpy(h_all + (bt * N + n) * state, Hcur, state * sizeof(real)); }
                 real *tmp = Hprev; Hprev = Hcur; Hcur = tmp;
@@ -109,13 +121,7 @@ static void m2rnn_recurrence_backward(real *dq, real *dk, real *dv, real *df, re
                 real *dvt = dv + bt * stride + (size_t)n * Vh;
                 // recompute Z_t from H_{t−1}
                 for (int r = 0; r < K; r++) {
-                    for (int j = 0; j < Vh; j++) {
-                        real p = kt[r] * vt[j];
-                        if (Hprev != NULL) {
-                            for (int i = 0; i < Vh; i++) { p += Hprev[(size_t)r * Vh + i] * Wn[(size_t)i * Vh + j]; }
-                        }
-                        Z[(size_t)r * Vh + j] = (real)tanh((double)p);
-                    }
+                    m2rnn_z_row(Z + (size_t)r * Vh, Hprev != NULL ? Hprev + (size_t)r * Vh : NULL, Wn, kt[r], vt, Vh);
                 }
                 // D = q_t dy_tᵀ + clamp(G): the total gradient w.r.t. H_t
                 real dft = 0;
@@ -140,17 +146,16 @@ static void m2rnn_recurrence_backward(real *dq, real *dk, real *dv, real *df, re
                     for (int j = 0; j < Vh; j++) { acc += dP[(size_t)r * Vh + j] * vt[j]; }
                     dkt[r] += acc;
                 }
-                for (int j = 0; j < Vh; j++) {
-                    real acc = 0;
-                    for (int r = 0; r < K; r++) { acc += dP[(size_t)r * Vh + j] * kt[r]; }
-                    dvt[j] += acc;
-                }
-                if (Hprev != NULL) {
-                    for (int i = 0; i < Vh; i++) {
-                        for (int j = 0; j < Vh; j++) {
-                            real acc = 0;
-                            for (int r = 0; r < K; r++) { acc += Hprev[(size_t)r * Vh + i] * dP[(size_t)r * Vh + j]; }
-                            dWn[(size_t)i * Vh + j] += acc;
+                for (int r = 0; r < K; r++) {
+                    const real *dPr = dP + (size_t)r * Vh;
+#pragma omp simd
+                    for (int j = 0; j < Vh; j++) { dvt[j] += dPr[j] * kt[r]; }
+                    if (Hprev != NULL) {
+                        for (int i = 0; i < Vh; i++) {
+                            const real h = Hprev[(size_t)r * Vh + i];
+                            real *dWrow = dWn + (size_t)i * Vh;
+#pragma omp simd
+                            for (int j = 0; j < Vh; j++) { dWrow[j] += h * dPr[j]; }
                         }
                     }
                 }
