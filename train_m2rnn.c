@@ -141,6 +141,7 @@ static void model_layout_activations(Model *model, Arena *acts, Arena *grads) {
             la->m.conv_act = arena_take(acts, BT * CD);
             la->m.f = arena_take(acts, BT * N);
             la->m.h = arena_take(acts, BT * N * state);
+            la->m.z = arena_take(acts, BT * N * state);
             la->m.y = arena_take(acts, BT * NV);
             la->m.gated = arena_take(acts, BT * NV);
             la->m.normed = arena_take(acts, BT * NV);

@@ -42,10 +42,11 @@ static inline void m2rnn_z_row(real *z, const real *hprev, const real *W, real k
     for (int j = 0; j < Vh; j++) { z[j] = tanhr(z[j]); }
 }
 
-// y (B,T,N,Vh) = H_tᵀ q_t; h_all (B,T,N,K,Vh) receives every H_t if not NULL; h_final (B,N,K,Vh) receives H_{T−1}
-// if not NULL. q, k: (B,T,Nq,K) and v: (B,T,N,Vh) are views with token stride `stride` (elements); f (B,T,N) dense;
+// y (B,T,N,Vh) = H_tᵀ q_t; h_all (B,T,N,K,Vh) receives every H_t and z_all (same shape) every Z_t if not NULL;
+// h_final (B,N,K,Vh) receives H_{T−1} if not NULL. q, k: (B,T,Nq,K) and v: (B,T,N,Vh) are views with token stride `stride` (elements); f (B,T,N) dense;
 // W (N,Vh,Vh); h0 (B,N,K,Vh) or NULL for zeros.
-static void m2rnn_recurrence_forward(real *y, real *h_all, real *h_final, const real *q, const real *k, const real *v,
+static void m2rnn_recurrence_forward(real *y, real *h_all, real *z_all, real *h_final, const real *q, const real *k,
+                                     const real *v,
                                      int stride, const real *f, const real *W, const real *h0, int B, int T, int N,
                                      int Nq, int K, int Vh) {
     const int heads_per_qk = N / Nq;
@@ -70,6 +71,7 @@ static void m2rnn_recurrence_forward(real *y, real *h_all, real *h_final, const 
                     const real *hrow = Hprev + (size_t)r * Vh;
                     real *hnew = Hcur + (size_t)r * Vh;
                     m2rnn_z_row(hnew, hrow, Wn, kt[r], vt, Vh);
+                    if (z_all != NULL) { memcpy(z_all + ((bt * N + n) * K + r) * Vh, hnew, Vh * sizeof(real)); }
 #pragma omp simd
                     for (int j = 0; j < Vh; j++) {
                         hnew[j] = ft * hrow[j] + (1 - ft) * hnew[j];
@@ -85,14 +87,16 @@ static void m2rnn_recurrence_forward(real *y, real *h_all, real *h_final, const 
     }
 }
 
-// Backward of the recurrence given every saved state h_all (B,T,N,K,Vh).
+// Backward of the recurrence given every saved state h_all (B,T,N,K,Vh) and, if not NULL, every Z_t (z_all, same
+// shape; NULL recomputes Z_t from H_{t−1}, which costs a tanh per state element again).
 // dq, dk, dv: views with token stride `stride` (+=); df (B,T,N) +=; dW (N,Vh,Vh) +=; dh0 (B,N,K,Vh) = (may be NULL);
 // dy (B,T,N,Vh); dh_final (B,N,K,Vh) or NULL; clamp: c > 0 clamps the carried dH to [−c, c], c = 0 disables.
 // Parallel over heads, batch and time in order inside: dW and the per-head dq/dk partials are deterministic; the
 // partials of the heads sharing one q/k head are summed afterwards in head order (no races, no atomics).
 static void m2rnn_recurrence_backward(real *dq, real *dk, real *dv, real *df, real *dW, real *dh0, const real *dy,
                                       const real *dh_final, const real *q, const real *k, const real *v, int stride,
-                                      const real *f, const real *W, const real *h0, const real *h_all, real clamp,
+                                      const real *f, const real *W, const real *h0, const real *h_all,
+                                      const real *z_all, real clamp,
                                       int B, int T, int N, int Nq, int K, int Vh) {
     const int heads_per_qk = N / Nq;
     const size_t state = (size_t)K * Vh;
@@ -120,8 +124,12 @@ static void m2rnn_recurrence_backward(real *dq, real *dk, real *dv, real *df, re
                 real *dqt = dq_heads + (bt * N + n) * K, *dkt = dk_heads + (bt * N + n) * K;
                 real *dvt = dv + bt * stride + (size_t)n * Vh;
                 // recompute Z_t from H_{t−1}
-                for (int r = 0; r < K; r++) {
-                    m2rnn_z_row(Z + (size_t)r * Vh, Hprev != NULL ? Hprev + (size_t)r * Vh : NULL, Wn, kt[r], vt, Vh);
+                if (z_all != NULL) {
+                    memcpy(Z, z_all + (bt * N + n) * state, state * sizeof(real));
+                } else {
+                    for (int r = 0; r < K; r++) {
+                        m2rnn_z_row(Z + (size_t)r * Vh, Hprev != NULL ? Hprev + (size_t)r * Vh : NULL, Wn, kt[r], vt, Vh);
+                    }
                 }
                 // D = q_t dy_tᵀ + clamp(G): the total gradient w.r.t. H_t
                 real dft = 0;
@@ -230,6 +238,7 @@ typedef struct {
     real *conv_act; // (B,T,CD) q|k|v after SiLU
     real *f;        // (B,T,N) forget gate
     real *h;        // (B,T,N,K,Vh) every state H_t, read by the backward
+    real *z;        // (B,T,N,K,Vh) every Z_t, so the backward need not recompute the tanh
     real *y;        // (B,T,N*Vh) Hᵀq + v ⊙ D
     real *gated;    // (B,T,N*Vh) y ⊙ SiLU(g)
     real *normed;   // (B,T,N*Vh) RMSNorm(gated)
@@ -253,7 +262,7 @@ static void m2rnn_mixer_forward(real *out, M2RNNActs *a, const real *inp, const 
     for (size_t i = 0; i < (size_t)BT * CD; i++) { a->conv_act[i] = siluf(a->conv_pre[i]); }
     m2rnn_gate_forward(a->f, a->proj + off_f, w->m_A_log, w->m_dt_bias, BT, N, R);
     const real *q = a->conv_act, *k = a->conv_act + Nq * K, *v = a->conv_act + off_v;
-    m2rnn_recurrence_forward(a->y, a->h, NULL, q, k, v, CD, a->f, w->m_W, NULL, B, T, N, Nq, K, Vh);
+    m2rnn_recurrence_forward(a->y, a->h, a->z, NULL, q, k, v, CD, a->f, w->m_W, NULL, B, T, N, Nq, K, Vh);
 #pragma omp parallel for schedule(static)
     for (int m = 0; m < BT; m++) {
         const real *vm = v + (size_t)m * CD, *gm = a->proj + (size_t)m * R + off_g;
@@ -300,7 +309,7 @@ static void m2rnn_mixer_backward(real *dinp, LayerWeights *gw, M2RNNGrads *g, co
     // the recurrence
     const real *q = a->conv_act, *k = a->conv_act + Nq * K;
     real *dq = g->conv_act, *dk = g->conv_act + Nq * K, *dv = g->conv_act + off_v;
-    m2rnn_recurrence_backward(dq, dk, dv, g->f, gw->m_W, NULL, g->y, NULL, q, k, v, CD, a->f, w->m_W, NULL, a->h,
+    m2rnn_recurrence_backward(dq, dk, dv, g->f, gw->m_W, NULL, g->y, NULL, q, k, v, CD, a->f, w->m_W, NULL, a->h, a->z,
                               c->rnn_grad_clamp, B, T, N, Nq, K, Vh);
     // the gate
     m2rnn_gate_backward(g->proj + off_f, gw->m_A_log, gw->m_dt_bias, g->f, a->f, a->proj + off_f, w->m_A_log,

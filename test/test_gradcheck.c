@@ -217,7 +217,7 @@ typedef struct {
 static double rec_loss(void *p) {
     RecCase *c = (RecCase *)p;
     const real *q = c->qkv, *k = c->qkv + c->Nq * c->K, *v = c->qkv + 2 * c->Nq * c->K;
-    m2rnn_recurrence_forward(c->y, c->h_all, c->h_final, q, k, v, c->stride, c->f, c->W, c->h0, c->B, c->T, c->N,
+    m2rnn_recurrence_forward(c->y, c->h_all, NULL, c->h_final, q, k, v, c->stride, c->f, c->W, c->h0, c->B, c->T, c->N,
                              c->Nq, c->K, c->Vh);
     return dot(c->y, c->Ry, (size_t)c->B * c->T * c->N * c->Vh) +
            dot(c->h_final, c->Rh, (size_t)c->B * c->N * c->K * c->Vh);
@@ -241,7 +241,7 @@ static void test_recurrence(int Nq) {
     rec_loss(&c);
     real *q = c.qkv, *k = c.qkv + c.Nq * c.K, *v = c.qkv + 2 * c.Nq * c.K;
     m2rnn_recurrence_backward(dqkv, dqkv + c.Nq * c.K, dqkv + 2 * c.Nq * c.K, df, dW, dh0, c.Ry, c.Rh, q, k, v,
-                              c.stride, c.f, c.W, c.h0, c.h_all, 0, c.B, c.T, c.N, c.Nq, c.K, c.Vh);
+                              c.stride, c.f, c.W, c.h0, c.h_all, NULL, 0, c.B, c.T, c.N, c.Nq, c.K, c.Vh);
     double e = fd_check("qkv", c.qkv, dqkv, BT * c.stride, rec_loss, &c);
     e = fmax(e, fd_check("f", c.f, df, BT * c.N, rec_loss, &c));
     e = fmax(e, fd_check("W", c.W, dW, (size_t)c.N * c.Vh * c.Vh, rec_loss, &c));

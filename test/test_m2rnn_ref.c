@@ -215,12 +215,13 @@ static void reference_run(double *y, double *hT, Grads *g, const Problem *p, dou
     Packed pk = pack_qkv(p);
     double *h_all = (double *)mallocCheck(BT * s.N * s.K * s.V * sizeof(double));
     const int oq = 0, ok = s.Nq * s.K, ov = 2 * s.Nq * s.K;
-    m2rnn_recurrence_forward(y, h_all, hT, pk.qkv + oq, pk.qkv + ok, pk.qkv + ov, pk.stride, p->f, p->W, p->h0, s.B,
+    double *z_all = (double *)mallocCheck(BT * s.N * s.K * s.V * sizeof(double));
+    m2rnn_recurrence_forward(y, h_all, z_all, hT, pk.qkv + oq, pk.qkv + ok, pk.qkv + ov, pk.stride, p->f, p->W, p->h0, s.B,
                              s.T, s.N, s.Nq, s.K, s.V);
     if (g != NULL) {
         double *dqkv = (double *)callocCheck(BT * pk.stride, sizeof(double));
         m2rnn_recurrence_backward(dqkv + oq, dqkv + ok, dqkv + ov, g->df, g->dW, g->dh0, p->Ry, p->Rh, pk.qkv + oq,
-                                  pk.qkv + ok, pk.qkv + ov, pk.stride, p->f, p->W, p->h0, h_all, clamp, s.B, s.T, s.N,
+                                  pk.qkv + ok, pk.qkv + ov, pk.stride, p->f, p->W, p->h0, h_all, z_all, clamp, s.B, s.T, s.N,
                                   s.Nq, s.K, s.V);
         for (size_t bt = 0; bt < BT; bt++) {
             memcpy(g->dq + bt * s.Nq * s.K, dqkv + bt * pk.stride + oq, (size_t)s.Nq * s.K * 8);
@@ -230,6 +231,7 @@ static void reference_run(double *y, double *hT, Grads *g, const Problem *p, dou
         free(dqkv);
     }
     free(h_all);
+    free(z_all);
     free(pk.qkv);
 }
 
