@@ -24,6 +24,9 @@ Design (numbers behind it in dev/bench/NOTES.md):
   recomputes 24 steps keeping H at +8, +16, +24 in registers, then for each 8-token sub-chunk (right to left)
   recomputes 8 steps keeping bf16 H fragments in shared memory and runs the 8 reverse steps, recomputing Z_t from the
   same bf16 fragment the forward used (so Z is bit-identical to the forward's). Extra memory: T/32 fp32 states.
+- The backward has a second build for V=16, the Z stash: the sub-chunk recompute also keeps Z_t as fp16 in shared
+  memory, so the reverse step skips its MMA + tanh; 2 CTAs/SM instead of 3, 128 registers instead of 80 (no spills),
+  10-17% faster per wave. The launcher takes it unless it would add a wave (B=8, N=84 on 132 SMs); see NOTES.md.
 - f is fp32: bf16 spacing just below 1 is 2^-9, which would quantize (1 - f) for slow-forgetting heads; fp32 costs
   B*T*N*4 bytes, nothing next to the rest of the layer.
 
@@ -39,6 +42,7 @@ Limits: K a multiple of 16 up to 256, V in {16, 32}, N % Nq == 0; q/k/v 16-byte 
 #ifndef M2RNN_KERNELS_CUH
 #define M2RNN_KERNELS_CUH
 
+#include <cuda_fp16.h>
 #include <stdint.h>
 #include "cuda_common.h"
 #include "utils.h"
@@ -126,6 +130,11 @@ __device__ __forceinline__ uint32_t pack_raw(floatX lo, floatX hi) {
 __device__ __forceinline__ float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 __device__ __forceinline__ float bf2f(floatX x) { return __bfloat162float(x); }
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    __half2 p = __floats2half2_rn(lo, hi); // .x (low 16 bits) = lo
+    return *reinterpret_cast<uint32_t *>(&p);
+}
+__device__ __forceinline__ float2 unpack_f16x2(uint32_t u) { return __half22float2(*reinterpret_cast<__half2 *>(&u)); }
 
 // d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulate
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -465,8 +474,11 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 2)
 
 // Backward. Same grid/block as the forward. Needs the checkpoints the training forward wrote. Writes dv, df, dh0
 // directly; dq/dk into fp32 accumulators (zeroed by the launcher); dW into per-(b, row block) partials.
-template <int V, int HPC, bool BIG>
-__global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
+// ZS (V=16 only): the recompute keeps each step's Z_t as fp16 in shared memory and the reverse step reads it instead
+// of re-running the MMA and tanh; that costs 512 B per warp-step (32 KB per 8-warp CTA: 2 CTAs/SM, not 3) and so
+// is built for 2 CTAs/SM, which also lifts the register cap from 80 to 128 (no spills). The launcher picks it.
+template <int V, int HPC, bool BIG, bool ZS>
+__global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     m2rnn_backward_kernel(float *__restrict__ dq_acc, float *__restrict__ dk_acc, floatX *__restrict__ dv,
                           float *__restrict__ df, float *__restrict__ dW_part, float *__restrict__ dh0,
                           const floatX *__restrict__ dy, const float *__restrict__ dhT,
@@ -476,6 +488,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                           float clip) {
     using namespace m2rnn_detail;
     constexpr int NT = V / 8, NS = V / 16, HV = HPC * V, SUB = M2RNN_SUB;
+    static_assert(!ZS || (V == 16 && !BIG), "the Z stash is built for V=16, up to 8 warps per CTA");
     const int RB = K / 16, NW = HPC * RB;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int hh = warp / RB, rb = warp % RB, row0 = rb * 16 + g;
@@ -484,10 +497,14 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
 
     extern __shared__ __align__(16) unsigned char smem[];
     Stage<V, HPC, true> st(smem, K);
-    // bf16 A fragments of H for the sub-chunk, (SUB+1, NW, NS*4, 32): lane-private, so no barriers are needed
-    uint32_t *hist = (uint32_t *)(smem + Stage<V, HPC, true>::bytes(K));
+    // bf16 A fragments of H for the sub-chunk, (SUB+1, NW, NS, 32) uint4: lane-private, so no barriers are needed;
+    // a lane's fragment slice is 16 contiguous bytes, so one 128-bit access moves it (conflict-free: 8 lanes a phase)
+    uint4 *hist = (uint4 *)(smem + Stage<V, HPC, true>::bytes(K));
+    // with ZS: Z_t of each recomputed step as fp16 (SUB, NW, NS, 32) uint4, in the same lane-contiguous layout
+    uint4 *zst = hist + (SUB + 1) * NW * NS * 32;
+    float *rdq = (float *)(zst + (ZS ? SUB : 0) * NW * NS * 32);
     // per-warp partial sums of the sub-chunk, one slot per (token, warp): plain stores, summed when flushed
-    float *rdq = (float *)(hist + (SUB + 1) * NW * NS * 4 * 32); // (SUB, NW, 16) this warp's rows of dq
+    // rdq: (SUB, NW, 16) this warp's rows of dq
     float *rdk = rdq + SUB * NW * 16;                            // (SUB, NW, 16) this warp's rows of dk
     float *rdv = rdk + SUB * NW * 16;                            // (SUB, NW, V) dv over this warp's rows
     float *rdf = rdv + SUB * NW * V;                             // (SUB, NW) df over this warp's rows
@@ -516,8 +533,9 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
             for (int e = 0; e < 4; e++) { dWa[s][h][e] = 0.0f; }
         }
     }
-    uint32_t *my_hist = hist + warp * NS * 4 * 32 + lane; // entry j, reg r at [(j*NW*NS*4 + r)*32]
-    const int hist_step = NW * NS * 4 * 32;
+    uint4 *my_hist = hist + warp * NS * 32 + lane; // entry j, slice s at [j * hist_step + s * 32]
+    const int hist_step = NW * NS * 32;
+    uint4 *my_zst = zst + warp * NS * 32 + lane; // step i, slice s at [i * hist_step + s * 32] (ZS only)
     // shared addresses of this lane's partial-sum slots for token 0 of a sub-chunk
     const uint32_t rdf_a = smem_addr(rdf + warp), rdk_a = smem_addr(rdk + warp * 16 + g);
     const uint32_t rdq_a = smem_addr(rdq + warp * 16 + g), rdv_a = smem_addr(rdv + warp * V + 2 * t4);
@@ -591,24 +609,57 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
             }
             pack_frag<V>(aS, S);
 #pragma unroll
-            for (int r = 0; r < NS * 4; r++) { my_hist[r * 32] = aS[r / 4][r % 4]; }
-            // recompute: hist entry i+1 = bf16 fragments of H after token s0+i
+            for (int s = 0; s < NS; s++) { my_hist[s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]); }
+            // recompute: hist entry i+1 = bf16 fragments of H after token s0+i (and with the stash, Z of token s0+i)
             auto recompute = [&](int i) {
-                forward_step<V, HPC>(S, aS, bW, token_in(s0 + i));
+                if constexpr (ZS) {
+                    const TokenIn<V, HPC> in = token_in(s0 + i);
+                    float Z[NT][4];
+                    compute_z<V>(Z, aS, bW, in.k0, in.k1, in.vv);
 #pragma unroll
-                for (int r = 0; r < NS * 4; r++) { my_hist[(i + 1) * hist_step + r * 32] = aS[r / 4][r % 4]; }
+                    for (int s = 0; s < NS; s++) {
+                        my_zst[i * hist_step + s * 32] =
+                            make_uint4(pack_f16x2(Z[2 * s][0], Z[2 * s][1]), pack_f16x2(Z[2 * s][2], Z[2 * s][3]),
+                                       pack_f16x2(Z[2 * s + 1][0], Z[2 * s + 1][1]),
+                                       pack_f16x2(Z[2 * s + 1][2], Z[2 * s + 1][3]));
+                    }
+#pragma unroll
+                    for (int h = 0; h < NT; h++) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(in.gate, Z[h][e] - S[h][e], S[h][e]); }
+                    }
+                    pack_frag<V>(aS, S);
+                } else {
+                    forward_step<V, HPC>(S, aS, bW, token_in(s0 + i));
+                }
+#pragma unroll
+                for (int s = 0; s < NS; s++) {
+                    my_hist[(i + 1) * hist_step + s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]);
+                }
             };
             auto reverse = [&](int i) {
                 const int lt = s0 + i;
                 const TokenIn<V, HPC> in = token_in(lt);
                 uint32_t aP[NS][4], aN[NS][4]; // H_t (before the token) and H_{t+1}, as bf16 fragments
 #pragma unroll
-                for (int r = 0; r < NS * 4; r++) {
-                    aP[r / 4][r % 4] = my_hist[i * hist_step + r * 32];
-                    aN[r / 4][r % 4] = my_hist[(i + 1) * hist_step + r * 32];
+                for (int s = 0; s < NS; s++) {
+                    const uint4 p = my_hist[i * hist_step + s * 32], nx = my_hist[(i + 1) * hist_step + s * 32];
+                    aP[s][0] = p.x; aP[s][1] = p.y; aP[s][2] = p.z; aP[s][3] = p.w;
+                    aN[s][0] = nx.x; aN[s][1] = nx.y; aN[s][2] = nx.z; aN[s][3] = nx.w;
                 }
                 float Z[NT][4];
-                compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
+                if constexpr (ZS) {
+#pragma unroll
+                    for (int s = 0; s < NS; s++) { // Z_t as the recompute left it (fp16-rounded)
+                        const uint4 u = my_zst[i * hist_step + s * 32];
+                        const float2 z0 = unpack_f16x2(u.x), z1 = unpack_f16x2(u.y);
+                        const float2 z2 = unpack_f16x2(u.z), z3 = unpack_f16x2(u.w);
+                        Z[2 * s][0] = z0.x; Z[2 * s][1] = z0.y; Z[2 * s][2] = z1.x; Z[2 * s][3] = z1.y;
+                        Z[2 * s + 1][0] = z2.x; Z[2 * s + 1][1] = z2.y; Z[2 * s + 1][2] = z3.x; Z[2 * s + 1][3] = z3.y;
+                    }
+                } else {
+                    compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
+                }
                 const float q0 = bf2f(qp[lt * K]), q1 = bf2f(qp[lt * K + 8]);
                 float dyv[NT][2];
 #pragma unroll
@@ -819,6 +870,7 @@ __global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ st
 // Measured on H200 (dev/bench/NOTES.md): HPC=2 wins once its grid has >= 2 CTAs per SM; below that (e.g. B=4, N=84:
 // 168 CTAs on 132 SMs) the SMs holding two CTAs set the time and HPC=1 is 12% faster.
 static int m2rnn_hpc_override = 0; // tests/benchmarks: 1 or 2 forces HPC where legal, 0 = automatic
+static int m2rnn_zstash_override = -1; // tests/benchmarks: 0 / 1 forces the backward's Z stash (V=16), -1 = automatic
 static inline int m2rnn_num_sms(void) {
     static int sms = 0;
     if (sms == 0) {
@@ -838,10 +890,11 @@ static inline size_t m2rnn_forward_smem(const M2RNNDims *d, int hpc) {
     const size_t stage = (size_t)M2RNN_CHUNK * (2 * d->K * 2 + hpc * d->V * 2 + hpc * 4);
     return 2 * stage + (size_t)M2RNN_CHUNK * hpc * (d->K / 16) * d->V * sizeof(float);
 }
-static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc) {
+static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc, bool zstash = false) {
     const int NW = hpc * (d->K / 16);
     const size_t stage = (size_t)M2RNN_CHUNK * (2 * d->K * 2 + 2 * hpc * d->V * 2 + hpc * 4);
-    const size_t hist = (size_t)(M2RNN_SUB + 1) * NW * (d->V / 16) * 4 * 32 * sizeof(uint32_t);
+    const int zs = zstash ? M2RNN_SUB : 0; // fp16 Z entries of the Z-stash backward
+    const size_t hist = (size_t)(M2RNN_SUB + 1 + zs) * NW * (d->V / 16) * 32 * 16;
     const size_t red = (size_t)M2RNN_SUB * NW * (16 + 16 + d->V + 1) * sizeof(float);
     return stage + hist + red;
 }
@@ -859,19 +912,51 @@ static void m2rnn_forward_launch(floatX *y, float *hT, float *ckpt, const floatX
     cudaCheck(cudaGetLastError());
 }
 
+// CTAs of this kernel one SM holds at this block size and shared memory (sets the kernel's shared-memory limit first,
+// as its launch needs)
+template <typename Kernel> static inline int m2rnn_ctas_per_sm(Kernel kernel, int threads, size_t smem) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int n = 0;
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    return n;
+}
+
+// The backward comes in two builds for V=16 (see m2rnn_backward_kernel): plain (3 CTAs/SM, 80 registers) and Z stash
+// (2 CTAs/SM, 128 registers, 10-17% faster per wave on the H200). The stash loses only where the plain kernel holds
+// the whole grid in one wave and the stash would need a second: B=8, N=84 on 132 SMs is 336 CTAs = 2.55 per SM
+// (plain 7.04 ms vs stash 4.54 + 2.94 ms for its tail wave). dev/bench/NOTES.md has the measurements.
 template <int V, int HPC, bool BIG>
 static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, floatX *dv, float *df, float *dW_part, float *dh0,
                                   const floatX *dy, const float *dhT, const float *ckpt, const floatX *q,
                                   const floatX *k, const floatX *v, const float *f, const floatX *W, float clip,
                                   const M2RNNDims *d, cudaStream_t stream) {
-    const size_t smem = m2rnn_backward_smem(d, HPC);
-    auto kernel = m2rnn_backward_kernel<V, HPC, BIG>;
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid(d->N / HPC, d->B);
-    kernel<<<grid, HPC * (d->K / 16) * 32, smem, stream>>>(dq_acc, dk_acc, dv, df, dW_part, dh0, dy, dhT, ckpt, q, k,
-                                                           v, f, W, d->cu_seqlens, d->T, d->N, d->Nq, d->K, d->sq,
-                                                           d->sk, d->sv, clip);
-    cudaCheck(cudaGetLastError());
+    const int threads = HPC * (d->K / 16) * 32;
+    const dim3 grid(d->N / HPC, d->B);
+    auto launch = [&](auto kernel, size_t smem) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kernel<<<grid, threads, smem, stream>>>(dq_acc, dk_acc, dv, df, dW_part, dh0, dy, dhT, ckpt, q, k, v, f, W,
+                                                d->cu_seqlens, d->T, d->N, d->Nq, d->K, d->sq, d->sk, d->sv, clip);
+        cudaCheck(cudaGetLastError());
+    };
+    auto plain = m2rnn_backward_kernel<V, HPC, BIG, false>;
+    const size_t smem = m2rnn_backward_smem(d, HPC, false);
+    if constexpr (V == 16 && !BIG) {
+        auto stash = m2rnn_backward_kernel<V, HPC, BIG, true>;
+        const size_t smem_z = m2rnn_backward_smem(d, HPC, true);
+        bool use_stash;
+        if (m2rnn_zstash_override >= 0) {
+            use_stash = m2rnn_zstash_override == 1;
+        } else {
+            const long per_sm = CEIL_DIV((long)d->B * (d->N / HPC), (long)m2rnn_num_sms()); // CTAs per SM, rounded up
+            const int cap_z = m2rnn_ctas_per_sm(stash, threads, smem_z), cap = m2rnn_ctas_per_sm(plain, threads, smem);
+            use_stash = cap_z > 0 && !(per_sm > cap_z && per_sm <= cap);
+        }
+        if (use_stash) {
+            launch(stash, smem_z);
+            return;
+        }
+    }
+    launch(plain, smem);
 }
 
 // dispatch on (V, heads per CTA, block size); F is a launcher template taking <V, HPC, BIG>

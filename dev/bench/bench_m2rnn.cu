@@ -7,6 +7,8 @@ measured against. dev/bench/m2rnn_authors.py times the authors' Triton kernel in
   build/bench_m2rnn -d DIR                writes a small problem's inputs and our outputs to DIR (raw little-endian
                                           arrays + meta.txt) for the float64 / authors' comparison in m2rnn_authors.py
 
+Per shape, the second line also times each heads-per-CTA setting and the backward's two builds forced (plain, Z stash;
+the first line's "bwd" is the launcher's pick).
 Timing: CUDA events around each call, 3 warm-up calls, median of -r repeats (default 20). Inputs are random
 (q, k, v inside one (tok, conv_dim) buffer as the trainer lays them out), never zeros.
 "Extra memory" of the backward is the workspace (checkpoints every 32 tokens + fp32 dq/dk accumulators + dW partials),
@@ -148,6 +150,14 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
         hpc_b[h] = time_median([&] { bwd(in); }, reps);
     }
     m2rnn_hpc_override = 0;
+    // the backward's two builds forced (plain: 3 CTAs/SM; Z stash: 2 CTAs/SM), then the launcher's own pick
+    double zs_b[2] = {0, 0};
+    fwd(in, true);
+    for (int z = 0; z < 2; z++) {
+        m2rnn_zstash_override = z;
+        zs_b[z] = time_median([&] { bwd(in); }, reps);
+    }
+    m2rnn_zstash_override = -1;
     const double f_inf = time_median([&] { fwd(in, false); }, reps);
     const double f_tr = time_median([&] { fwd(in, true); }, reps);
     fwd(in, true);
@@ -155,20 +165,19 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
     const double fb = time_median([&] { fwd(in, true); bwd(in); }, reps);
     // occupancy of the two recurrence kernels at this shape
     const int hpc = m2rnn_heads_per_cta(&in.d), threads = hpc * (K / 16) * 32;
-    int occ_f = 0, occ_b = 0;
-    auto occupancy = [&](auto fk, auto bk) {
-        cudaCheck(cudaFuncSetAttribute(fk, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)m2rnn_forward_smem(&in.d, hpc)));
-        cudaCheck(cudaFuncSetAttribute(bk, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)m2rnn_backward_smem(&in.d, hpc)));
-        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_f, fk, threads, m2rnn_forward_smem(&in.d, hpc)));
-        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_b, bk, threads, m2rnn_backward_smem(&in.d, hpc)));
+    int occ_f = 0, occ_b = 0, occ_bz = 0;
+    auto occupancy = [&](auto fk, auto bk, auto bkz) {
+        occ_f = m2rnn_ctas_per_sm(fk, threads, m2rnn_forward_smem(&in.d, hpc));
+        occ_b = m2rnn_ctas_per_sm(bk, threads, m2rnn_backward_smem(&in.d, hpc, false));
+        occ_bz = m2rnn_ctas_per_sm(bkz, threads, m2rnn_backward_smem(&in.d, hpc, true));
     };
     if (V == 16 && threads <= 256) {
         if (hpc == 2) {
-            occupancy(m2rnn_forward_kernel<16, 2, false>, m2rnn_backward_kernel<16, 2, false>);
+            occupancy(m2rnn_forward_kernel<16, 2, false>, m2rnn_backward_kernel<16, 2, false, false>,
+                      m2rnn_backward_kernel<16, 2, false, true>);
         } else {
-            occupancy(m2rnn_forward_kernel<16, 1, false>, m2rnn_backward_kernel<16, 1, false>);
+            occupancy(m2rnn_forward_kernel<16, 1, false>, m2rnn_backward_kernel<16, 1, false, false>,
+                      m2rnn_backward_kernel<16, 1, false, true>);
         }
     }
     const long ctas = (long)B * N / hpc;
@@ -176,12 +185,13 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
     const double sfu_ms = tanh_count / (16.0 * prop.multiProcessorCount * clock_ghz * 1e9) * 1e3;
     const double ws_gib = m2rnn_workspace_bytes(&in.d) / 1073741824.0;
     printf("ours  B=%d T=%d N=%d K=%d V=%d Nq=%d | fwd(infer) %.3f ms | fwd(train) %.3f ms | bwd %.3f ms | fwd+bwd "
-           "%.3f ms | %.2f Mtok/s fwd+bwd | bwd extra mem %.3f GiB | CTAs %ld, CTAs/SM fwd %d bwd %d (%d warps "
-           "each) | SFU floor (1x tanh) %.3f ms\n",
+           "%.3f ms | %.2f Mtok/s fwd+bwd | bwd extra mem %.3f GiB | CTAs %ld, CTAs/SM fwd %d bwd %d / %d with Z "
+           "stash (%d warps each) | SFU floor (1x tanh) %.3f ms\n",
            B, T, N, K, V, Nq, f_inf, f_tr, b_ms, fb, (double)B * T / (fb * 1e-3) / 1e6, ws_gib, ctas, occ_f, occ_b,
-           threads / 32, sfu_ms);
-    printf("      heads/CTA=1: fwd %.3f ms bwd %.3f ms | heads/CTA=2: fwd %.3f ms bwd %.3f ms\n", hpc_f[1], hpc_b[1],
-           hpc_f[2], hpc_b[2]);
+           occ_bz, threads / 32, sfu_ms);
+    printf("      heads/CTA=1: fwd %.3f ms bwd %.3f ms | heads/CTA=2: fwd %.3f ms bwd %.3f ms | bwd plain %.3f ms, "
+           "Z stash %.3f ms\n",
+           hpc_f[1], hpc_b[1], hpc_f[2], hpc_b[2], zs_b[0], zs_b[1]);
     fflush(stdout);
     release(in);
 }
