@@ -22,11 +22,15 @@ if has test; then
 fi
 if has bench; then
     timeout 120 ./build/bench_m2rnn 2>&1 | tee "$OUT/bench_ours.log"
+    timeout 30 ./build/bench_m2rnn -u 1 2>&1 | tee -a "$OUT/bench_ours.log" # tanh rate per SM clock (the floors' unit)
 fi
 if has sass; then # machine code of the K=64, V=16, 2-heads-per-CTA recurrence kernels
     cuobjdump -sass build/bench_m2rnn | awk '/Function : .*m2rnn_(forward|backward)_kernelILi16ELi2/{p=1} /Function : /&&!/ILi16ELi2/{p=0} p' \
         > "$OUT/m2rnn_k64v16.sass" 2>&1
     grep -cE "^\s+/\*[0-9a-f]{4}\*/" "$OUT/m2rnn_k64v16.sass"
+    # opcode histogram (both kernels, all loops): where a step's instructions go
+    grep -E "^\s+/\*[0-9a-f]{4}\*/" "$OUT/m2rnn_k64v16.sass" | sed -E 's/^\s+\/\*[0-9a-f]{4}\*\/\s+//; s/^@!?U?P[0-9T] //' \
+        | awk '{split($1, a, "."); n[a[1]]++} END {for (o in n) printf "%s %d\n", o, n[o]}' | sort -k2 -nr | head -25
 fi
 if has profile; then # stall reasons of the two recurrence kernels at the paper's B=8, N=84 shape
     for kern in forward backward; do
@@ -50,5 +54,5 @@ else
     echo "SKIP authors' kernel: .peers/xma not present (copy the xma package there, see dev/bench/m2rnn_authors.py)"
 fi
 echo "=== summary"
-grep -hE "^(PASS|FAIL|SKIP)|test_m2rnn_gpu:|^ours|^authors|VERDICT" "$OUT"/test.log "$OUT"/bench_ours.log \
+grep -hE "^(PASS|FAIL|SKIP)|test_m2rnn_gpu:|^ours|^rate|^authors|VERDICT" "$OUT"/test.log "$OUT"/bench_ours.log \
     "$OUT"/compare.log "$OUT"/bench_authors.log 2>/dev/null

@@ -4,6 +4,8 @@ measured against. dev/bench/m2rnn_authors.py times the authors' Triton kernel in
 
   build/bench_m2rnn                       the paper's shapes: B in {4,8}, T=4096, N in {84,132}, K=64, V=16, Nq=1
   build/bench_m2rnn -b 8 -t 4096 -n 84    one shape (also -k K, -v V, -q Nq, -r repeats)
+  build/bench_m2rnn -u 1                  special-function-unit rates per SM per clock (tanh.approx.f32,
+                                          tanh.approx.f16x2, ex2.approx.f32) beside FFMA's, for the floors
   build/bench_m2rnn -d DIR                writes a small problem's inputs and our outputs to DIR (raw little-endian
                                           arrays + meta.txt) for the float64 / authors' comparison in m2rnn_authors.py
 
@@ -137,6 +139,54 @@ template <class F> static double time_median(F fn, int reps) {
     return ms[reps / 2];
 }
 
+// Throughput of one instruction kind: every thread runs 8 independent chains of x <- op(x) (the chains keep each
+// warp's issue independent of the unit's latency); 8 CTAs of 256 threads per SM. OP 0: FFMA (the method's check:
+// 128 per clock per SM expected), 1: tanh.approx.f32, 2: tanh.approx.f16x2 (two values counted per instruction),
+// 3: ex2.approx.f32 of -x (stays in (0, 1]). NOTES.md, "Round 3": the forward looks bound by tanh at 8/clk/SM.
+template <int OP> __global__ void sfu_rate_kernel(float *out, int iters) {
+    float x[8];
+    uint32_t h[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        x[i] = 0.25f + 1e-4f * threadIdx.x + 0.07f * i;
+        h[i] = m2rnn_detail::pack_f16x2(x[i], -x[i]);
+    }
+    for (int it = 0; it < iters; it++) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if constexpr (OP == 0) { x[i] = fmaf(x[i], 0.999f, 1e-3f); }
+            if constexpr (OP == 1) { asm volatile("tanh.approx.f32 %0, %0;" : "+f"(x[i])); }
+            if constexpr (OP == 2) { asm volatile("tanh.approx.f16x2 %0, %0;" : "+r"(h[i])); }
+            if constexpr (OP == 3) { asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(x[i]) : "f"(-x[i])); }
+        }
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) { sum += x[i] + __uint_as_float(h[i] & 0x3fffffffu); }
+    if (sum == 1234.5f) { out[0] = sum; } // never true; keeps the chains alive
+}
+
+static void sfu_rates(const cudaDeviceProp &prop, double clock_ghz) {
+    float *out;
+    cudaCheck(cudaMalloc(&out, sizeof(float)));
+    const int blocks = prop.multiProcessorCount * 8, threads = 256, iters = 4096;
+    const char *names[4] = {"FFMA", "tanh.approx.f32", "tanh.approx.f16x2 (per value)", "ex2.approx.f32"};
+    for (int op = 0; op < 4; op++) {
+        auto run = [&] {
+            if (op == 0) { sfu_rate_kernel<0><<<blocks, threads>>>(out, iters); }
+            if (op == 1) { sfu_rate_kernel<1><<<blocks, threads>>>(out, iters); }
+            if (op == 2) { sfu_rate_kernel<2><<<blocks, threads>>>(out, iters); }
+            if (op == 3) { sfu_rate_kernel<3><<<blocks, threads>>>(out, iters); }
+            cudaCheck(cudaGetLastError());
+        };
+        const double ms = time_median(run, 5);
+        const double values = (double)blocks * threads * iters * 8 * (op == 2 ? 2 : 1);
+        printf("rate %-30s %7.1f per clock per SM (at %.2f GHz; %.3f ms)\n", names[op],
+               values / (ms * 1e-3 * clock_ghz * 1e9 * prop.multiProcessorCount), clock_ghz, ms);
+    }
+    cudaCheck(cudaFree(out));
+}
+
 static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, const cudaDeviceProp &prop,
                         double clock_ghz) {
     Inputs in;
@@ -258,6 +308,7 @@ static void dump_problem(const char *dir, int B, int T, int N, int Nq, int K, in
 int main(int argc, char **argv) {
     int B = 0, T = 4096, N = 84, Nq = 1, K = 64, V = 16, reps = 20;
     const char *dump_dir = NULL;
+    bool rates = false;
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) { fail_with_hint("flags come in pairs: -b 8 -t 4096 ...", "missing value for %s", argv[i]); }
         if (!strcmp(argv[i], "-b")) { B = (int)parse_int_arg("-b", argv[i + 1], 1, 1024); }
@@ -268,7 +319,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-v")) { V = (int)parse_int_arg("-v", argv[i + 1], 16, 32); }
         else if (!strcmp(argv[i], "-r")) { reps = (int)parse_int_arg("-r", argv[i + 1], 1, 1000); }
         else if (!strcmp(argv[i], "-d")) { dump_dir = argv[i + 1]; }
-        else { fail_with_hint("flags: -b -t -n -q -k -v -r -d (see the comment at the top of the file)", "unknown flag %s", argv[i]); }
+        else if (!strcmp(argv[i], "-u")) { rates = parse_int_arg("-u", argv[i + 1], 0, 1) == 1; }
+        else { fail_with_hint("flags: -b -t -n -q -k -v -r -d -u (see the comment at the top of the file)", "unknown flag %s", argv[i]); }
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -281,6 +333,10 @@ int main(int argc, char **argv) {
     const double ghz = clock_khz / 1e6;
     printf("device: %s, %d SMs, max SM clock %.2f GHz, %.1f GiB\n", prop.name, prop.multiProcessorCount, ghz,
            prop.totalGlobalMem / 1073741824.0);
+    if (rates) {
+        sfu_rates(prop, ghz);
+        return 0;
+    }
     if (dump_dir) {
         dump_problem(dump_dir, B ? B : 2, T, N, Nq, K, V);
         return 0;
