@@ -35,7 +35,7 @@ NVCC_LDLIBS = -lcublas -lcublasLt
 # CPU reference trainer and its tests
 
 CPU_PROGRAMS = train_m2rnn_cpu
-CPU_TESTS = build/test_gradcheck build/test_m2rnn_ref build/test_train test/test_cli.sh
+CPU_TESTS = build/test_model build/test_gradcheck build/test_m2rnn_ref build/test_train test/test_cli.sh
 
 REF_HEADERS = utils.h model.h checkpoint.h dataloader.h train_loop.h tokenizer.h unicode_tables.h ref/common.h ref/m2rnn.h ref/attention.h ref/mlp.h
 
