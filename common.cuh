@@ -556,16 +556,6 @@ static void global_sum_squares(float *out, float *scratch, const float *x, size_
 // ----------------------------------------------------------------------------------------------------------------
 // elementwise
 
-__global__ void add_kernel(floatX *out, const floatX *a, const floatX *b, long n) {
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { out[i] = (floatX)(to_float(a[i]) + to_float(b[i])); }
-}
-// out = a + b (out may alias a or b)
-static void add_tensors(floatX *out, const floatX *a, const floatX *b, long n, cudaStream_t stream) {
-    add_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(out, a, b, n);
-    cudaCheck(cudaGetLastError());
-}
-
 __global__ void accumulate_f32_kernel(float *out, const float *in, long n) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { out[i] += in[i]; }
