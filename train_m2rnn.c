@@ -51,11 +51,9 @@ typedef struct {
     real *resid_in;  // (B,T,C) residual stream entering the layer
     real *ln1_out;   // (B,T,C)
     real *ln1_rstd;  // (B,T)
-    real *mixer_out; // (B,T,C)
-    real *resid_mid; // (B,T,C) resid_in + mixer_out
+    real *resid_mid; // (B,T,C) resid_in + the mixer's output
     real *ln2_out;   // (B,T,C)
     real *ln2_rstd;  // (B,T)
-    real *mlp_out;   // (B,T,C)
     M2RNNActs m;     // when the layer is 'M'
     AttnActs a;      // when the layer is 'A'
     MLPActs mlp;
@@ -72,6 +70,7 @@ typedef struct {
     real *acts_memory;
     LayerActs layer_acts[MAX_LAYERS];
     real *resid_out; // (B,T,C) after the last layer
+    real *branch_out; // (B,T,C) a mixer's or MLP's output, scratch shared by the layers
     real *lnf_out;   // (B,T,C)
     real *lnf_rstd;  // (B,T)
     real *logits;    // (B,T,Vp); the backward overwrites them with dlogits
@@ -130,11 +129,9 @@ static void model_layout_activations(Model *model, Arena *acts, Arena *grads) {
         la->resid_in = arena_take(acts, BT * C);
         la->ln1_out = arena_take(acts, BT * C);
         la->ln1_rstd = arena_take(acts, BT);
-        la->mixer_out = arena_take(acts, BT * C);
         la->resid_mid = arena_take(acts, BT * C);
         la->ln2_out = arena_take(acts, BT * C);
         la->ln2_rstd = arena_take(acts, BT);
-        la->mlp_out = arena_take(acts, BT * C);
         if (c->pattern[l] == 'M') {
             la->m.proj = arena_take(acts, BT * R);
             la->m.conv_pre = arena_take(acts, BT * CD);
@@ -155,6 +152,7 @@ static void model_layout_activations(Model *model, Arena *acts, Arena *grads) {
         la->mlp.h = arena_take(acts, BT * F);
     }
     model->resid_out = arena_take(acts, BT * C);
+    model->branch_out = arena_take(acts, BT * C);
     model->lnf_out = arena_take(acts, BT * C);
     model->lnf_rstd = arena_take(acts, BT);
     model->logits = arena_take(acts, BT * c->padded_vocab_size);
@@ -211,13 +209,14 @@ real model_forward(Model *model, const int *inputs, const int *targets, int B, i
         LayerActs *la = &model->layer_acts[l];
         const LayerWeights *w = &model->params.layers[l];
         rmsnorm_forward(la->ln1_out, la->ln1_rstd, la->resid_in, w->ln1_w, BT, C);
-        if (c->pattern[l] == 'M') { m2rnn_mixer_forward(la->mixer_out, &la->m, la->ln1_out, w, c, B, T); }
-        else { attention_forward(la->mixer_out, &la->a, la->ln1_out, w, c, B, T); }
-        for (size_t i = 0; i < (size_t)BT * C; i++) { la->resid_mid[i] = la->resid_in[i] + la->mixer_out[i]; }
+        real *branch = model->branch_out; // the mixer's, then the MLP's output, added to the stream right away
+        if (c->pattern[l] == 'M') { m2rnn_mixer_forward(branch, &la->m, la->ln1_out, w, c, B, T); }
+        else { attention_forward(branch, &la->a, la->ln1_out, w, c, B, T); }
+        for (size_t i = 0; i < (size_t)BT * C; i++) { la->resid_mid[i] = la->resid_in[i] + branch[i]; }
         rmsnorm_forward(la->ln2_out, la->ln2_rstd, la->resid_mid, w->ln2_w, BT, C);
-        swiglu_mlp_forward(la->mlp_out, &la->mlp, la->ln2_out, w, c, BT);
+        swiglu_mlp_forward(branch, &la->mlp, la->ln2_out, w, c, BT);
         real *next = l + 1 < c->n_layer ? model->layer_acts[l + 1].resid_in : model->resid_out;
-        for (size_t i = 0; i < (size_t)BT * C; i++) { next[i] = la->resid_mid[i] + la->mlp_out[i]; }
+        for (size_t i = 0; i < (size_t)BT * C; i++) { next[i] = la->resid_mid[i] + branch[i]; }
     }
     rmsnorm_forward(model->lnf_out, model->lnf_rstd, model->resid_out, model->params.lnf_w, BT, C);
     matmul_forward(model->logits, model->lnf_out, model->params.lm_head, BT, C, Vp);
