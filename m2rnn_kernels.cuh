@@ -219,58 +219,59 @@ __device__ __forceinline__ void compute_z(float (&Z)[V / 8][4], const uint32_t (
 }
 
 // Shared-memory staging of one chunk of tokens: k, q rows of the CTA's q/k head, v (and dy) of its HPC heads, f.
+// Each k/q token row is padded by 16 bytes (row stride K+8) so an ldmatrix read of 8 token rows hits 8 different
+// bank groups. The forward stores f head-major (HPC, CHUNK), so one 128-bit load brings 4 tokens' gates; the
+// backward, which reads one token at a time, keeps it token-major.
+__host__ __device__ inline int m2rnn_stage_kstride(int K, bool) { return K + 8; }
 template <int V, int HPC, bool BWD> struct Stage {
     static __host__ __device__ size_t bytes(int K) {
-        return (size_t)M2RNN_CHUNK * (2 * K * 2 + (BWD ? 2 : 1) * HPC * V * 2 + HPC * 4);
+        return (size_t)M2RNN_CHUNK * (2 * m2rnn_stage_kstride(K, BWD) * 2 + (BWD ? 2 : 1) * HPC * V * 2 + HPC * 4);
     }
     floatX *k, *q, *v, *dy;
     float *f;
+    int ks; // token stride of k and q (elements)
     __device__ Stage(unsigned char *base, int K) {
+        ks = m2rnn_stage_kstride(K, BWD);
         k = (floatX *)base;
-        q = k + M2RNN_CHUNK * K;
-        v = q + M2RNN_CHUNK * K;
+        q = k + M2RNN_CHUNK * ks;
+        v = q + M2RNN_CHUNK * ks;
         dy = v + M2RNN_CHUNK * HPC * V;
         f = (float *)(dy + (BWD ? M2RNN_CHUNK * HPC * V : 0));
     }
-    // issues the copies of tokens [tok, tok+len) (rows past len are zeroed) and commits them as one cp.async group
+    // f of token i, head h
+    __device__ __forceinline__ float *fptr(int i, int h) const { return BWD ? f + i * HPC + h : f + h * M2RNN_CHUNK + i; }
+    // issues the copies of tokens [tok, tok+len) (rows past len are zeroed) and commits them as one cp.async group.
+    // One warp per token row, one lane per 16-byte piece; a lane's piece (which tensor, which columns) is the same for
+    // every token, so it is worked out once, with selects: no branches, no integer division per piece.
     __device__ void load(long tok, int len, const floatX *gq, const floatX *gk, const floatX *gv, const floatX *gdy,
                          const float *gf, int qh, int n0, int N, int K, long sq, long sk, long sv) {
         const int qk16 = K / 8, v16 = HPC * V / 8;
         const int per_tok = 2 * qk16 + (BWD ? 2 : 1) * v16;
-        for (int idx = threadIdx.x; idx < M2RNN_CHUNK * per_tok; idx += blockDim.x) {
-            const int i = idx / per_tok;
-            int r = idx % per_tok;
-            floatX *dst;
-            const floatX *src;
-            const long t = tok + i;
-            if (r < qk16) {
-                dst = k + i * K + r * 8;
-                src = gk + t * sk + (long)qh * K + r * 8;
-            } else if (r < 2 * qk16) {
-                r -= qk16;
-                dst = q + i * K + r * 8;
-                src = gq + t * sq + (long)qh * K + r * 8;
-            } else if (r < 2 * qk16 + v16) {
-                r -= 2 * qk16;
-                dst = v + i * HPC * V + r * 8;
-                src = gv + t * sv + (long)n0 * V + r * 8;
-            } else {
-                r -= 2 * qk16 + v16;
-                dst = dy + i * HPC * V + r * 8;
-                src = gdy + t * (long)N * V + (long)n0 * V + r * 8;
-            }
-            if (i < len) {
-                cp_async16(dst, src);
-            } else {
-                *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
+        const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+        for (int r = threadIdx.x & 31; r < per_tok; r += 32) { // K > 64 has more than 32 pieces a token
+            const bool is_k = r < qk16, is_q = !is_k && r < 2 * qk16, is_v = !is_k && !is_q && r < 2 * qk16 + v16;
+            const int piece = is_k ? r : is_q ? r - qk16 : is_v ? r - 2 * qk16 : r - 2 * qk16 - v16;
+            const floatX *src = is_k ? gk + (long)qh * K : is_q ? gq + (long)qh * K : is_v ? gv + (long)n0 * V
+                                                                                            : gdy + (long)n0 * V;
+            const long sstride = is_k ? sk : is_q ? sq : is_v ? sv : (long)N * V;
+            floatX *dst = is_k ? k : is_q ? q : is_v ? v : dy;
+            const int dstride = (is_k || is_q) ? ks : HPC * V;
+            src += tok * sstride + piece * 8;
+            dst += piece * 8;
+            for (int i = warp; i < M2RNN_CHUNK; i += nwarps) {
+                if (i < len) {
+                    cp_async16(dst + i * dstride, src + i * sstride);
+                } else {
+                    *(uint4 *)(dst + i * dstride) = make_uint4(0u, 0u, 0u, 0u);
+                }
             }
         }
         for (int idx = threadIdx.x; idx < M2RNN_CHUNK * HPC; idx += blockDim.x) {
             const int i = idx / HPC, h = idx % HPC;
             if (i < len) {
-                cp_async4(f + idx, gf + (tok + i) * N + n0 + h);
+                cp_async4(fptr(i, h), gf + (tok + i) * N + n0 + h);
             } else {
-                f[idx] = 0.0f;
+                *fptr(i, h) = 0.0f;
             }
         }
         cp_async_commit();
@@ -282,23 +283,6 @@ template <int V, int HPC> struct TokenIn {
     float k0, k1, gate, fval;
     float vv[V / 8][2];
 };
-template <int V, int HPC, bool BWD>
-__device__ __forceinline__ TokenIn<V, HPC> read_token(const Stage<V, HPC, BWD> &st, int i, int K, int hh, int row0,
-                                                      int t4) {
-    TokenIn<V, HPC> in;
-    in.k0 = bf2f(st.k[i * K + row0]);
-    in.k1 = bf2f(st.k[i * K + row0 + 8]);
-    in.fval = st.f[i * HPC + hh];
-    in.gate = 1.0f - in.fval;
-#pragma unroll
-    for (int h = 0; h < V / 8; h++) {
-        uint32_t u = *(const uint32_t *)(st.v + i * HPC * V + hh * V + 8 * h + 2 * t4);
-        in.vv[h][0] = bf_lo(u);
-        in.vv[h][1] = bf_hi(u);
-    }
-    return in;
-}
-
 // one forward step of the warp's 16 rows: S <- S + (1-f)(tanh(S W + k v^T) - S); aS repacked from the new S
 template <int V, int HPC>
 __device__ __forceinline__ void forward_step(float (&S)[V / 8][4], uint32_t (&aS)[V / 16][4],
@@ -311,6 +295,143 @@ __device__ __forceinline__ void forward_step(float (&S)[V / 8][4], uint32_t (&aS
         for (int e = 0; e < 4; e++) { S[h][e] = fmaf(in.gate, Z[h][e] - S[h][e], S[h][e]); }
     }
     pack_frag<V>(aS, S);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a (16x8 bf16, row) * b (8x8 bf16, col), fp32 accumulate
+__device__ __forceinline__ void mma16808(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+// The backward's k and v for an 8-token block (V=16), loaded by one ldmatrix: a0/a1 = k as the A fragment of a
+// m16n8k8 MMA (m = this warp's 16 rows, k = token), b[h] = v as the B fragment of n8 tile h (k = token, n = column).
+struct KV8 {
+    uint32_t a0, a1, b[2];
+};
+template <int HPC>
+__device__ __forceinline__ KV8 load_kv8(const Stage<16, HPC, true> &st, int t0, int hh, int rb, int lane) {
+    const int mi = lane >> 3, mr = lane & 7;
+    const floatX *row = mi < 2 ? st.k + (t0 + mr) * st.ks + rb * 16 + mi * 8 : st.v + (t0 + mr) * HPC * 16 + hh * 16 + (mi - 2) * 8;
+    uint32_t r[4];
+    ldsm_x4_trans(r, smem_addr(row));
+    return KV8{r[0], r[1], {r[2], r[3]}};
+}
+// B-fragment mask selecting token i (0..7) of an 8-token block: lanes with t4 == i/2 hold it, in half i%2
+__device__ __forceinline__ uint32_t token_mask8(int i, int t4) {
+    return (t4 == (i >> 1) ? 0xffffffffu : 0u) & ((i & 1) ? 0xffff0000u : 0x0000ffffu);
+}
+// compute_z for V=16 with k v^T by the tensor core from an 8-token block: the one nonzero product is exact, so the
+// accumulator starts from the same fp32 k v^T as compute_z's and Z is bit-identical to it (and to the forward's)
+__device__ __forceinline__ void compute_z8(float (&Z)[2][4], const uint32_t (&aS)[1][4], const uint32_t (&bW)[1][2][2],
+                                           const KV8 &kv, uint32_t mask) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        Z[h][0] = Z[h][1] = Z[h][2] = Z[h][3] = 0.0f;
+        mma16808(Z[h], kv.a0, kv.a1, kv.b[h] & mask);
+        mma16816(Z[h], aS[0], bW[0][h][0], bW[0][h][1]);
+#pragma unroll
+        for (int e = 0; e < 4; e++) { Z[h][e] = tanh_fast(Z[h][e]); }
+    }
+}
+__device__ __forceinline__ void forward_step8(float (&S)[2][4], uint32_t (&aS)[1][4], const uint32_t (&bW)[1][2][2],
+                                              const KV8 &kv, uint32_t mask, float gate) {
+    float Z[2][4];
+    compute_z8(Z, aS, bW, kv, mask);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(gate, Z[h][e] - S[h][e], S[h][e]); }
+    }
+    pack_frag<16>(aS, S);
+}
+
+// The forward's fast path (V=16, a full 32-token chunk): two blocks of 16 tokens, each with the token inputs moved
+// into registers by three ldmatrix and four 128-bit loads, so a step reads no shared memory:
+// - k v^T by the tensor core: A = this warp's 16 rows of k for the block's 16 tokens (m = row, k = token), B = v of
+//   the block (k = token, n = column) masked to the step's token; the products are exact and every other term is 0,
+//   so the accumulator holds exactly the fp32 k v^T the scalar path computes, and H W then accumulates onto it (Z is
+//   bit-identical to forward_step's, hence to the backward's recompute).
+// - y by accumulation: A = q of the block masked to row m = the step's token, B = H^T (movmatrix), so the 16 steps
+//   write the 16 rows of one accumulator tile: y of the block, flushed once to the per-warp partial-sum buffer.
+// NOTES.md round 4 has the instruction count (~45 a step instead of ~95).
+template <int V, int HPC>
+__device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (&aS)[V / 16][4],
+                                                const uint32_t (&bW)[V / 16][V / 8][2], const Stage<V, HPC, false> &st,
+                                                float *ybuf, int warp, int hh, int rb, int lane) {
+    static_assert(V == 16, "the 16-token block path is built for V=16");
+    constexpr int HV = HPC * V;
+    const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
+    const int NW = blockDim.x >> 5;
+    // this lane's row address for each ldmatrix (matrix mi, row mr of it)
+    const uint32_t k_addr = smem_addr(st.k + ((mi >> 1) * 8 + mr) * st.ks + rb * 16 + (mi & 1) * 8);
+    const uint32_t q_addr = smem_addr(st.q + ((mi & 1) * 8 + mr) * st.ks + rb * 16 + (mi >> 1) * 8);
+    const uint32_t v_addr = smem_addr(st.v + ((mi & 1) * 8 + mr) * HV + hh * V + (mi >> 1) * 8);
+    const float4 *f4 = (const float4 *)st.fptr(0, hh);
+    // which lane holds token s of a block in the B (k = token) layout: t4 == (s & 7) >> 1, half s & 1
+    uint32_t tmask[4];
+#pragma unroll
+    for (int p = 0; p < 4; p++) { tmask[p] = (t4 == p) ? 0xffffffffu : 0u; }
+#pragma unroll
+    for (int blk = 0; blk < 2; blk++) {
+        uint32_t aK[4], bV[4], aQ[4]; // bV: tile 0 (b0, b1), tile 1 (b0, b1)
+        ldsm_x4_trans(aK, k_addr + (uint32_t)(blk * 16 * st.ks * 2));
+        ldsm_x4_trans(bV, v_addr + (uint32_t)(blk * 16 * HV * 2));
+        ldsm_x4(aQ, q_addr + (uint32_t)(blk * 16 * st.ks * 2));
+        float4 f4s;
+        float Y[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            const uint32_t half = (s & 1) ? 0xffff0000u : 0x0000ffffu;
+            const uint32_t tm = tmask[(s & 7) >> 1] & half;
+            float Z[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t b0 = s < 8 ? (bV[2 * h] & tm) : 0u, b1 = s < 8 ? 0u : (bV[2 * h + 1] & tm);
+                Z[h][0] = Z[h][1] = Z[h][2] = Z[h][3] = 0.0f;
+                mma16816(Z[h], aK, b0, b1);                 // k_s v_s^T, exact
+                mma16816(Z[h], aS[0], bW[0][h][0], bW[0][h][1]); // + H W
+#pragma unroll
+                for (int e = 0; e < 4; e++) { Z[h][e] = tanh_fast(Z[h][e]); }
+            }
+            if (s % 4 == 0) { f4s = f4[blk * 4 + s / 4]; }
+            const float gate = 1.0f - (s % 4 == 0 ? f4s.x : s % 4 == 1 ? f4s.y : s % 4 == 2 ? f4s.z : f4s.w);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) { S[h][e] = fmaf(gate, Z[h][e] - S[h][e], S[h][e]); }
+            }
+            pack_frag<V>(aS, S);
+            // y_s: A = q of token s in row s (held by lanes g == s & 7), B = H^T
+            const bool mine = g == (s & 7);
+            uint32_t aq[4];
+            aq[0] = (s < 8 && mine) ? aQ[0] : 0u;
+            aq[1] = (s >= 8 && mine) ? aQ[1] : 0u;
+            aq[2] = (s < 8 && mine) ? aQ[2] : 0u;
+            aq[3] = (s >= 8 && mine) ? aQ[3] : 0u;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mma16816(Y[h], aq, trans8x8(aS[0][2 * h]), trans8x8(aS[0][2 * h + 1]));
+            }
+        }
+        // Y[h]: rows g, g+8 = tokens of the block, columns 8h + 2 t4 (+1)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int col = warp * V + 8 * h + 2 * t4;
+            *(float2 *)(ybuf + (blk * 16 + g) * NW * V + col) = make_float2(Y[h][0], Y[h][1]);
+            *(float2 *)(ybuf + (blk * 16 + g + 8) * NW * V + col) = make_float2(Y[h][2], Y[h][3]);
+        }
+    }
 }
 
 // loads this warp's B fragments of W (forward, k = v index) or W^T (backward, k = j index)
@@ -356,7 +477,7 @@ __device__ __forceinline__ long ckpt_slot(const CtaMap &m, int c) { return m.b +
 
 // Forward. grid (N/HPC, B), block HPC*(K/16) warps. ckpt (slots,N,K,V) fp32 or NULL: H at the start of each chunk.
 template <int V, int HPC, bool BIG>
-__global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 2)
+__global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
     m2rnn_forward_kernel(floatX *__restrict__ y, float *__restrict__ hT, float *__restrict__ ckpt,
                          const floatX *__restrict__ q, const floatX *__restrict__ k, const floatX *__restrict__ v,
                          const float *__restrict__ f, const floatX *__restrict__ W, const float *__restrict__ h0,
@@ -416,48 +537,63 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 2)
             }
         }
         const Stage<V, HPC, false> st(smem + (c & 1) * stage_bytes, K);
-        // per-lane base pointers, so a step's addresses are base + compile-time offsets in the unrolled loop
-        const floatX *kp = st.k + row0, *qp = st.q + rb * 16 + 2 * t4, *vp = st.v + hh * V + 2 * t4;
-        const float *fp = st.f + hh;
-        const uint32_t yaddr = smem_addr(ybuf + warp * V + 2 * t4);
-        auto token = [&](int i) {
-            TokenIn<V, HPC> in;
-            in.k0 = bf2f(kp[i * K]);
-            in.k1 = bf2f(kp[i * K + 8]);
-            in.gate = 1.0f - fp[i * HPC];
-#pragma unroll
-            for (int h = 0; h < NT; h++) {
-                const uint32_t u = *(const uint32_t *)(vp + i * HV + 8 * h);
-                in.vv[h][0] = bf_lo(u);
-                in.vv[h][1] = bf_hi(u);
+        const int ks = st.ks;
+        bool done = false;
+        if constexpr (V == 16) {
+            if (len == M2RNN_CHUNK) {
+                forward_chunk16<V, HPC>(S, aS, bW, st, ybuf, warp, hh, rb, lane);
+                done = true;
             }
-            // q broadcast over output rows 0..7: A[m][r] = q[r] for this warp's 16 rows r (rows 8..15 unused: 0)
-            uint32_t aq[4];
-            aq[0] = *(const uint32_t *)(qp + i * K);
-            aq[2] = *(const uint32_t *)(qp + i * K + 8);
-            aq[1] = aq[3] = 0u;
-            forward_step<V, HPC>(S, aS, bW, in);
-            // y partial over this warp's rows: out[m][j] = sum_r q[r] H[r][j] (B = H as k16 x n8 tiles)
+        }
+        if (!done) { // the sequence's last partial chunk, and V=32: one token at a time
+            const floatX *kp = st.k + row0, *qp = st.q + rb * 16 + 2 * t4, *vp = st.v + hh * V + 2 * t4;
+            const float *fp = st.fptr(0, hh);
+            const uint32_t yaddr = smem_addr(ybuf + warp * V + 2 * t4);
+            auto token = [&](int i) {
+                TokenIn<V, HPC> in;
+                in.k0 = bf2f(kp[i * ks]);
+                in.k1 = bf2f(kp[i * ks + 8]);
+                in.gate = 1.0f - fp[i];
 #pragma unroll
-            for (int h = 0; h < NT; h++) {
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma16816(acc, aq, trans8x8(aS[h >> 1][2 * (h & 1)]), trans8x8(aS[h >> 1][2 * (h & 1) + 1]));
-                st_shared_v2_if(g == 0, yaddr + (uint32_t)((i * NW * V + 8 * h) * 4), acc[0], acc[1]);
-            }
-        };
-        if (len == M2RNN_CHUNK) {
-#pragma unroll 4
-            for (int i = 0; i < M2RNN_CHUNK; i++) { token(i); }
-        } else {
+                for (int h = 0; h < NT; h++) {
+                    const uint32_t u = *(const uint32_t *)(vp + i * HV + 8 * h);
+                    in.vv[h][0] = bf_lo(u);
+                    in.vv[h][1] = bf_hi(u);
+                }
+                // q broadcast over output rows 0..7: A[m][r] = q[r] for this warp's 16 rows r (rows 8..15 unused: 0)
+                uint32_t aq[4];
+                aq[0] = *(const uint32_t *)(qp + i * ks);
+                aq[2] = *(const uint32_t *)(qp + i * ks + 8);
+                aq[1] = aq[3] = 0u;
+                forward_step<V, HPC>(S, aS, bW, in);
+                // y partial over this warp's rows: out[m][j] = sum_r q[r] H[r][j] (B = H as k16 x n8 tiles)
+#pragma unroll
+                for (int h = 0; h < NT; h++) {
+                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma16816(acc, aq, trans8x8(aS[h >> 1][2 * (h & 1)]), trans8x8(aS[h >> 1][2 * (h & 1) + 1]));
+                    st_shared_v2_if(g == 0, yaddr + (uint32_t)((i * NW * V + 8 * h) * 4), acc[0], acc[1]);
+                }
+            };
             for (int i = 0; i < len; i++) { token(i); }
         }
         __syncthreads();
-        // y = sum over the head's row-block warps
-        for (int idx = threadIdx.x; idx < len * HV; idx += blockDim.x) {
-            const int i = idx / HV, hv = idx % HV, h2 = hv / V, col = hv % V;
-            float sum = 0.0f;
-            for (int r = 0; r < RB; r++) { sum += ybuf[(i * NW + h2 * RB + r) * V + col]; }
-            y[(m.tok0 + (long)c * M2RNN_CHUNK + i) * N * V + (long)m.n0 * V + hv] = __float2bfloat16(sum);
+        // y = sum over the head's row-block warps; one thread per (token, column pair)
+        for (int idx = threadIdx.x; idx < len * (HV / 2); idx += blockDim.x) {
+            const int i = idx / (HV / 2), hv = 2 * (idx % (HV / 2)), h2 = hv / V, col = hv % V;
+            const float *src = ybuf + (i * NW + h2 * RB) * V + col;
+            float2 sum = *(const float2 *)src;
+            for (int r = 1; r < RB; r++) {
+                const float2 x = *(const float2 *)(src + r * V);
+                sum.x += x.x;
+                sum.y += x.y;
+            }
+            floatX *dst = y + (m.tok0 + (long)c * M2RNN_CHUNK + i) * N * V + (long)m.n0 * V + hv;
+            if constexpr (sizeof(floatX) == 2) {
+                *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(sum.x, sum.y);
+            } else {
+                dst[0] = (floatX)sum.x;
+                dst[1] = (floatX)sum.y;
+            }
         }
     }
     if (hT) {
@@ -564,10 +700,11 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
         const floatX *kp = st.k + row0, *qp = st.q + row0, *kbp = st.k + rb * 16 + 2 * t4;
         const floatX *vp = st.v + hh * V + 2 * t4, *dyp = st.dy + hh * V + 2 * t4;
         const float *fp = st.f + hh;
+        const int KS = st.ks;
         auto token_in = [&](int lt) {
             TokenIn<V, HPC> in;
-            in.k0 = bf2f(kp[lt * K]);
-            in.k1 = bf2f(kp[lt * K + 8]);
+            in.k0 = bf2f(kp[lt * KS]);
+            in.k1 = bf2f(kp[lt * KS + 8]);
             in.fval = fp[lt * HPC];
             in.gate = 1.0f - in.fval;
 #pragma unroll
@@ -582,8 +719,16 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
         const int nsub = CEIL_DIV(clen, SUB);
         float st1[NT][4], st2[NT][4], st3[NT][4];
         for (int jj = 0; jj < nsub - 1; jj++) {
+            if constexpr (V == 16) {
+                const KV8 kv = load_kv8<HPC>(st, jj * SUB, hh, rb, lane);
 #pragma unroll
-            for (int ii = 0; ii < SUB; ii++) { forward_step<V, HPC>(S, aS, bW, token_in(jj * SUB + ii)); }
+                for (int ii = 0; ii < SUB; ii++) {
+                    forward_step8(S, aS, bW, kv, token_mask8(ii, t4), 1.0f - fp[(jj * SUB + ii) * HPC]);
+                }
+            } else {
+#pragma unroll
+                for (int ii = 0; ii < SUB; ii++) { forward_step<V, HPC>(S, aS, bW, token_in(jj * SUB + ii)); }
+            }
 #pragma unroll
             for (int h = 0; h < NT; h++) {
 #pragma unroll
@@ -610,12 +755,14 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
             pack_frag<V>(aS, S);
 #pragma unroll
             for (int s = 0; s < NS; s++) { my_hist[s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]); }
+            KV8 kvs; // V=16: the sub-chunk's k and v as MMA fragments, for the recompute and the reverse's Z
+            if constexpr (V == 16) { kvs = load_kv8<HPC>(st, s0, hh, rb, lane); }
             // recompute: hist entry i+1 = bf16 fragments of H after token s0+i (and with the stash, Z of token s0+i)
             auto recompute = [&](int i) {
                 if constexpr (ZS) {
                     const TokenIn<V, HPC> in = token_in(s0 + i);
                     float Z[NT][4];
-                    compute_z<V>(Z, aS, bW, in.k0, in.k1, in.vv);
+                    compute_z8(Z, aS, bW, kvs, token_mask8(i, t4));
 #pragma unroll
                     for (int s = 0; s < NS; s++) {
                         my_zst[i * hist_step + s * 32] =
@@ -629,6 +776,8 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                         for (int e = 0; e < 4; e++) { S[h][e] = fmaf(in.gate, Z[h][e] - S[h][e], S[h][e]); }
                     }
                     pack_frag<V>(aS, S);
+                } else if constexpr (V == 16) {
+                    forward_step8(S, aS, bW, kvs, token_mask8(i, t4), 1.0f - fp[(s0 + i) * HPC]);
                 } else {
                     forward_step<V, HPC>(S, aS, bW, token_in(s0 + i));
                 }
@@ -658,9 +807,13 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                         Z[2 * s + 1][0] = z2.x; Z[2 * s + 1][1] = z2.y; Z[2 * s + 1][2] = z3.x; Z[2 * s + 1][3] = z3.y;
                     }
                 } else {
-                    compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
+                    if constexpr (V == 16) {
+                        compute_z8(Z, aP, bW, kvs, token_mask8(i, t4)); // bit-identical to the forward's Z_t
+                    } else {
+                        compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
+                    }
                 }
-                const float q0 = bf2f(qp[lt * K]), q1 = bf2f(qp[lt * K + 8]);
+                const float q0 = bf2f(qp[lt * KS]), q1 = bf2f(qp[lt * KS + 8]);
                 float dyv[NT][2];
 #pragma unroll
                 for (int h = 0; h < NT; h++) {
@@ -720,8 +873,8 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 }
                 // k broadcast over output rows 0..7 (rows 8..15 unused: 0)
                 uint32_t akb[4];
-                akb[0] = *(const uint32_t *)(kbp + lt * K);
-                akb[2] = *(const uint32_t *)(kbp + lt * K + 8);
+                akb[0] = *(const uint32_t *)(kbp + lt * KS);
+                akb[2] = *(const uint32_t *)(kbp + lt * KS + 8);
                 akb[1] = akb[3] = 0u;
 #pragma unroll
                 for (int h = 0; h < NT; h++) {
@@ -753,8 +906,13 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     sk4.x += b.x; sk4.y += b.y; sk4.z += b.z; sk4.w += b.w;
                 }
                 const size_t off = (size_t)(stok + i) * Nq * K + (size_t)m.qh * K + r;
+#ifdef M2RNN_BENCH_NO_QK_ATOMICS // dev/bench only: plain stores (wrong dq/dk) to time the atomics' cost
+                *(float4 *)(dq_acc + off) = sq4;
+                *(float4 *)(dk_acc + off) = sk4;
+#else
                 red_add_v4(dq_acc + off, sq4);
                 red_add_v4(dk_acc + off, sk4);
+#endif
             }
             for (int idx = threadIdx.x; idx < slen * HV; idx += blockDim.x) {
                 const int i = idx / HV, hv = idx % HV, h2 = hv / V, col = hv % V;
@@ -887,12 +1045,12 @@ static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
     return (two_ok && (long)d->B * (d->N / 2) >= 2L * m2rnn_num_sms()) ? 2 : 1;
 }
 static inline size_t m2rnn_forward_smem(const M2RNNDims *d, int hpc) {
-    const size_t stage = (size_t)M2RNN_CHUNK * (2 * d->K * 2 + hpc * d->V * 2 + hpc * 4);
+    const size_t stage = (size_t)M2RNN_CHUNK * (2 * m2rnn_detail::m2rnn_stage_kstride(d->K, false) * 2 + hpc * d->V * 2 + hpc * 4);
     return 2 * stage + (size_t)M2RNN_CHUNK * hpc * (d->K / 16) * d->V * sizeof(float);
 }
 static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc, bool zstash = false) {
     const int NW = hpc * (d->K / 16);
-    const size_t stage = (size_t)M2RNN_CHUNK * (2 * d->K * 2 + 2 * hpc * d->V * 2 + hpc * 4);
+    const size_t stage = (size_t)M2RNN_CHUNK * (2 * m2rnn_detail::m2rnn_stage_kstride(d->K, true) * 2 + 2 * hpc * d->V * 2 + hpc * 4);
     const int zs = zstash ? M2RNN_SUB : 0; // fp16 Z entries of the Z-stash backward
     const size_t hist = (size_t)(M2RNN_SUB + 1 + zs) * NW * (d->V / 16) * 32 * 16;
     const size_t red = (size_t)M2RNN_SUB * NW * (16 + 16 + d->V + 1) * sizeof(float);

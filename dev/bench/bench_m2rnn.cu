@@ -6,6 +6,9 @@ measured against. dev/bench/m2rnn_authors.py times the authors' Triton kernel in
   build/bench_m2rnn -b 8 -t 4096 -n 84    one shape (also -k K, -v V, -q Nq, -r repeats)
   build/bench_m2rnn -u 1                  special-function-unit rates per SM per clock (tanh.approx.f32,
                                           tanh.approx.f16x2, ex2.approx.f32) beside FFMA's, for the floors
+  build/bench_m2rnn -u 2                  which instruction kinds share MUFU's issue path (clocks per warp-iteration
+                                          of mixes of tanh, ld.shared, movmatrix, shfl, mma, FFMA)
+  build/bench_m2rnn -x 1 -b 8 -n 84      one training forward + backward only (the launcher's choices), for ncu
   build/bench_m2rnn -d DIR                writes a small problem's inputs and our outputs to DIR (raw little-endian
                                           arrays + meta.txt) for the float64 / authors' comparison in m2rnn_authors.py
 
@@ -142,7 +145,7 @@ template <class F> static double time_median(F fn, int reps) {
 // Throughput of one instruction kind: every thread runs 8 independent chains of x <- op(x) (the chains keep each
 // warp's issue independent of the unit's latency); 8 CTAs of 256 threads per SM. OP 0: FFMA (the method's check:
 // 128 per clock per SM expected), 1: tanh.approx.f32, 2: tanh.approx.f16x2 (two values counted per instruction),
-// 3: ex2.approx.f32 of -x (stays in (0, 1]). NOTES.md, "Round 3": the forward looks bound by tanh at 8/clk/SM.
+// 3: ex2.approx.f32 of -x (stays in (0, 1]), 4: tanh.approx.bf16x2 (two values counted per instruction). NOTES.md, "Round 3": the forward looks bound by tanh at 8/clk/SM.
 template <int OP> __global__ void sfu_rate_kernel(float *out, int iters) {
     float x[8];
     uint32_t h[8];
@@ -158,6 +161,7 @@ template <int OP> __global__ void sfu_rate_kernel(float *out, int iters) {
             if constexpr (OP == 1) { asm volatile("tanh.approx.f32 %0, %0;" : "+f"(x[i])); }
             if constexpr (OP == 2) { asm volatile("tanh.approx.f16x2 %0, %0;" : "+r"(h[i])); }
             if constexpr (OP == 3) { asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(x[i]) : "f"(-x[i])); }
+            if constexpr (OP == 4) { asm volatile("tanh.approx.bf16x2 %0, %0;" : "+r"(h[i])); }
         }
     }
     float sum = 0.0f;
@@ -170,20 +174,97 @@ static void sfu_rates(const cudaDeviceProp &prop, double clock_ghz) {
     float *out;
     cudaCheck(cudaMalloc(&out, sizeof(float)));
     const int blocks = prop.multiProcessorCount * 8, threads = 256, iters = 4096;
-    const char *names[4] = {"FFMA", "tanh.approx.f32", "tanh.approx.f16x2 (per value)", "ex2.approx.f32"};
-    for (int op = 0; op < 4; op++) {
+    const char *names[5] = {"FFMA", "tanh.approx.f32", "tanh.approx.f16x2 (per value)", "ex2.approx.f32",
+                            "tanh.approx.bf16x2 (per value)"};
+    for (int op = 0; op < 5; op++) {
         auto run = [&] {
             if (op == 0) { sfu_rate_kernel<0><<<blocks, threads>>>(out, iters); }
             if (op == 1) { sfu_rate_kernel<1><<<blocks, threads>>>(out, iters); }
             if (op == 2) { sfu_rate_kernel<2><<<blocks, threads>>>(out, iters); }
             if (op == 3) { sfu_rate_kernel<3><<<blocks, threads>>>(out, iters); }
+            if (op == 4) { sfu_rate_kernel<4><<<blocks, threads>>>(out, iters); }
             cudaCheck(cudaGetLastError());
         };
         const double ms = time_median(run, 5);
-        const double values = (double)blocks * threads * iters * 8 * (op == 2 ? 2 : 1);
+        const double values = (double)blocks * threads * iters * 8 * (op == 2 || op == 4 ? 2 : 1);
         printf("rate %-30s %7.1f per clock per SM (at %.2f GHz; %.3f ms)\n", names[op],
                values / (ms * 1e-3 * clock_ghz * 1e9 * prop.multiProcessorCount), clock_ghz, ms);
     }
+    cudaCheck(cudaFree(out));
+}
+
+// Which units share an issue path with MUFU.TANH (NOTES.md, round 4). Each warp runs ITERS iterations of a body with
+// NM tanh.approx.f32, NL ld.shared.b32, NX movmatrix, NS shfl.sync, NH mma m16n8k16 and NF FFMA, every kind in
+// independent chains (8 CTAs of 256 threads per SM, so latency is hidden); the time per warp-iteration per SM
+// sub-partition, in clocks, shows whether two kinds overlap (max of the two alone) or add (their sum).
+template <int NM, int NL, int NX, int NS, int NH, int NF> __global__ void pipe_mix_kernel(float *out, int iters) {
+    __shared__ uint32_t buf[1024];
+    for (int i = threadIdx.x; i < 1024; i += blockDim.x) { buf[i] = 0x3f800000u + i; }
+    __syncthreads();
+    float x[8], y[16];
+    uint32_t l = 0, mv[4], sh[4], a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
+    float acc[4][4] = {};
+#pragma unroll
+    for (int i = 0; i < 8; i++) { x[i] = 0.25f + 1e-4f * threadIdx.x + 0.07f * i; }
+#pragma unroll
+    for (int i = 0; i < 16; i++) { y[i] = 1e-3f * i; }
+#pragma unroll
+    for (int i = 0; i < 4; i++) { mv[i] = sh[i] = threadIdx.x * 7u + i; }
+    uint32_t addr = m2rnn_detail::smem_addr(buf + (threadIdx.x & 31));
+    for (int it = 0; it < iters; it++) {
+#pragma unroll
+        for (int i = 0; i < NM; i++) { asm volatile("tanh.approx.f32 %0, %0;" : "+f"(x[i % 8])); }
+#pragma unroll
+        for (int i = 0; i < NL; i++) {
+            uint32_t r;
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(addr + 128u * (uint32_t)i));
+            l ^= r;
+        }
+#pragma unroll
+        for (int i = 0; i < NX; i++) {
+            asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %0;" : "+r"(mv[i % 4]));
+        }
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            asm volatile("shfl.sync.bfly.b32 %0, %0, 4, 0x1f, 0xffffffff;" : "+r"(sh[i % 4]));
+        }
+#pragma unroll
+        for (int i = 0; i < NH; i++) { m2rnn_detail::mma16816(acc[i % 4], a, a[0], a[1]); }
+#pragma unroll
+        for (int i = 0; i < NF; i++) { y[i % 16] = fmaf(y[i % 16], 0.999f, 1e-3f); }
+    }
+    float sum = (float)l;
+#pragma unroll
+    for (int i = 0; i < 8; i++) { sum += x[i]; }
+#pragma unroll
+    for (int i = 0; i < 16; i++) { sum += y[i]; }
+#pragma unroll
+    for (int i = 0; i < 4; i++) { sum += (float)(mv[i] ^ sh[i]) + acc[i][0] + acc[i][1] + acc[i][2] + acc[i][3]; }
+    if (sum == 1234.5f) { out[0] = sum; } // never true; keeps every chain alive
+}
+
+static void pipe_mix(const cudaDeviceProp &prop, double clock_ghz) {
+    float *out;
+    cudaCheck(cudaMalloc(&out, sizeof(float)));
+    const int blocks = prop.multiProcessorCount * 8, threads = 256, iters = 2048;
+    auto report = [&](const char *name, auto kernel) {
+        const double ms = time_median([&] { kernel<<<blocks, threads>>>(out, iters); cudaCheck(cudaGetLastError()); }, 5);
+        const double warp_iters_per_smsp = (double)blocks * threads / 32 * iters / (prop.multiProcessorCount * 4);
+        printf("mix %-40s %7.1f clocks per warp-iteration per SM sub-partition\n", name,
+               ms * 1e-3 * clock_ghz * 1e9 / warp_iters_per_smsp);
+    };
+    report("8 tanh", pipe_mix_kernel<8, 0, 0, 0, 0, 0>);
+    report("8 lds.32", pipe_mix_kernel<0, 8, 0, 0, 0, 0>);
+    report("8 tanh + 8 lds.32", pipe_mix_kernel<8, 8, 0, 0, 0, 0>);
+    report("4 movmatrix", pipe_mix_kernel<0, 0, 4, 0, 0, 0>);
+    report("8 tanh + 4 movmatrix", pipe_mix_kernel<8, 0, 4, 0, 0, 0>);
+    report("4 shfl", pipe_mix_kernel<0, 0, 0, 4, 0, 0>);
+    report("8 tanh + 4 shfl", pipe_mix_kernel<8, 0, 0, 4, 0, 0>);
+    report("4 mma m16n8k16", pipe_mix_kernel<0, 0, 0, 0, 4, 0>);
+    report("8 tanh + 4 mma", pipe_mix_kernel<8, 0, 0, 0, 4, 0>);
+    report("32 ffma", pipe_mix_kernel<0, 0, 0, 0, 0, 32>);
+    report("8 tanh + 32 ffma", pipe_mix_kernel<8, 0, 0, 0, 0, 32>);
+    report("8 tanh + 7 lds + 4 movm + 4 mma + 32 ffma", pipe_mix_kernel<8, 7, 4, 0, 4, 32>);
     cudaCheck(cudaFree(out));
 }
 
@@ -308,7 +389,7 @@ static void dump_problem(const char *dir, int B, int T, int N, int Nq, int K, in
 int main(int argc, char **argv) {
     int B = 0, T = 4096, N = 84, Nq = 1, K = 64, V = 16, reps = 20;
     const char *dump_dir = NULL;
-    bool rates = false;
+    int rates = 0, once = 0;
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) { fail_with_hint("flags come in pairs: -b 8 -t 4096 ...", "missing value for %s", argv[i]); }
         if (!strcmp(argv[i], "-b")) { B = (int)parse_int_arg("-b", argv[i + 1], 1, 1024); }
@@ -319,8 +400,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-v")) { V = (int)parse_int_arg("-v", argv[i + 1], 16, 32); }
         else if (!strcmp(argv[i], "-r")) { reps = (int)parse_int_arg("-r", argv[i + 1], 1, 1000); }
         else if (!strcmp(argv[i], "-d")) { dump_dir = argv[i + 1]; }
-        else if (!strcmp(argv[i], "-u")) { rates = parse_int_arg("-u", argv[i + 1], 0, 1) == 1; }
-        else { fail_with_hint("flags: -b -t -n -q -k -v -r -d -u (see the comment at the top of the file)", "unknown flag %s", argv[i]); }
+        else if (!strcmp(argv[i], "-x")) { once = (int)parse_int_arg("-x", argv[i + 1], 0, 1); }
+        else if (!strcmp(argv[i], "-u")) { rates = (int)parse_int_arg("-u", argv[i + 1], 0, 2); }
+        else { fail_with_hint("flags: -b -t -n -q -k -v -r -d -u -x (see the comment at the top of the file)", "unknown flag %s", argv[i]); }
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -334,7 +416,16 @@ int main(int argc, char **argv) {
     printf("device: %s, %d SMs, max SM clock %.2f GHz, %.1f GiB\n", prop.name, prop.multiProcessorCount, ghz,
            prop.totalGlobalMem / 1073741824.0);
     if (rates) {
-        sfu_rates(prop, ghz);
+        if (rates == 1) { sfu_rates(prop, ghz); } else { pipe_mix(prop, ghz); }
+        return 0;
+    }
+    if (once) { // one training forward and one backward with the launcher's own choices, for a profiler
+        Inputs in;
+        make(in, B ? B : 8, T, N, Nq, K, V, false);
+        fwd(in, true);
+        bwd(in);
+        cudaCheck(cudaDeviceSynchronize());
+        release(in);
         return 0;
     }
     if (dump_dir) {
