@@ -321,6 +321,40 @@ static void run_case(const Case &c, uint64_t seed) {
     bool same = memcmp(y.data(), y2.data(), y.size() * sizeof(floatX)) == 0;
     snprintf(name, sizeof(name), "%s inference forward == training", c.name);
     test_result(same, name, "%s", same ? "bitwise equal y" : "y differs");
+    { // repeatability: a second backward on the same inputs (fresh output buffers). dv, df, dW and dh0 have fixed-order
+      // sums and must match bit for bit; dq and dk are summed over head groups with fp32 atomics (NOTES.md, round 4:
+      // their contention costs < 1%; the deterministic cluster reduction cost 18% or a second wave), so the order of
+      // those adds may differ: held to 1e-6
+        floatX *d_dconv2 = device_poisoned<floatX>((size_t)ntok * p.conv_dim);
+        float *d_df2 = device_poisoned<float>((size_t)ntok * N), *d_dW2 = device_poisoned<float>((size_t)N * V * V);
+        float *d_dh02 = device_poisoned<float>(state);
+        m2rnn_backward(d_dconv2, d_dconv2 + Nq * K, d_dconv2 + 2 * Nq * K, d_df2, d_dW2, d_dh02, ws, d_dy,
+                       c.use_dhT ? d_dhT : nullptr, q, k, v, d_f, d_W, c.clip, &d, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        const auto dconv2 = to_host(d_dconv2, (size_t)ntok * p.conv_dim);
+        const auto df2 = to_host(d_df2, (size_t)ntok * N), dW2 = to_host(d_dW2, (size_t)N * V * V);
+        const auto dh02 = to_host(d_dh02, state);
+        bool fixed = memcmp(df.data(), df2.data(), df.size() * sizeof(float)) == 0 &&
+                     memcmp(dW.data(), dW2.data(), dW.size() * sizeof(float)) == 0 &&
+                     memcmp(dh0.data(), dh02.data(), dh0.size() * sizeof(float)) == 0;
+        double qk_diff = 0.0, qk_norm = 0.0;
+        for (long t = 0; t < ntok; t++) {
+            const floatX *r1 = &dconv[(size_t)t * p.conv_dim], *r2 = &dconv2[(size_t)t * p.conv_dim];
+            fixed = fixed && memcmp(r1 + 2 * Nq * K, r2 + 2 * Nq * K, (size_t)N * V * sizeof(floatX)) == 0; // dv
+            for (int j = 0; j < 2 * Nq * K; j++) {
+                const double x = from_bf(r1[j]), y2 = from_bf(r2[j]);
+                qk_diff += (x - y2) * (x - y2);
+                qk_norm += x * x;
+            }
+        }
+        const double rel = sqrt(qk_diff / fmax(qk_norm, 1e-300));
+        snprintf(name, sizeof(name), "%s backward repeatable", c.name);
+        test_result(fixed && rel < 1e-6, name, "dv, df, dW, dh0 %s; dq/dk rel diff %.1e", fixed ? "bitwise equal" : "DIFFER", rel);
+        cudaCheck(cudaFree(d_dconv2));
+        cudaCheck(cudaFree(d_df2));
+        cudaCheck(cudaFree(d_dW2));
+        cudaCheck(cudaFree(d_dh02));
+    }
 
     if (c.window > 0 && c.lens.empty()) { // drift: error per window of t, over all sequences
         printf("     per-window relative error (window %d tokens):\n     %6s %9s %9s %9s %9s %9s\n", c.window, "t0",
@@ -436,6 +470,10 @@ int main(void) {
         {{"K48 N6 Nq2 (3 heads/qk)", 2, 40, 6, 2, 48, 16, {}, true, false, 0.5f, 5.0, 0, 0}, 5},
         {{"K256 V32 Nq1", 1, 33, 2, 1, 256, 32, {}, true, true, 0.0f, 1.0, 0, 2}, 6},
         {{"T4096 K64V16 Nq1", 1, 4096, 4, 1, 64, 16, {}, false, false, 0.0f, 1.0, 512, 2}, 7},
+        // many value heads per q/k head (the paper's N=84, Nq=1): 84 or 42 adders per dq/dk element
+        {{"N20 Nq1", 2, 100, 20, 1, 64, 16, {}, true, true, 0.0f, 1.0, 0, 0}, 8},
+        {{"N84 Nq1 varlen", 0, 0, 84, 1, 64, 16, {70, 0, 45}, true, true, 0.0f, 1.0, 0, 0}, 9},
+        {{"N84 Nq1 varlen 2 heads/CTA", 0, 0, 84, 1, 64, 16, {70, 0, 45}, true, true, 0.0f, 1.0, 0, 2}, 9},
     };
     // the launcher's pick: for these small grids that is the Z-stash backward wherever V=16
     for (auto &e : cases) { run_case(e.c, e.seed); }
