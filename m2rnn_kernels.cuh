@@ -292,7 +292,7 @@ __device__ __forceinline__ void forward_step(float (&S)[V / 8][4], uint32_t (&aS
 #pragma unroll
     for (int h = 0; h < V / 8; h++) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(in.gate, Z[h][e] - S[h][e], S[h][e]); }
+        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(in.gate, Z[h][e], in.fval * S[h][e]); }
     }
     pack_frag<V>(aS, S);
 }
@@ -345,13 +345,14 @@ __device__ __forceinline__ void compute_z8(float (&Z)[2][4], const uint32_t (&aS
     }
 }
 __device__ __forceinline__ void forward_step8(float (&S)[2][4], uint32_t (&aS)[1][4], const uint32_t (&bW)[1][2][2],
-                                              const KV8 &kv, uint32_t mask, float gate) {
+                                              const KV8 &kv, uint32_t mask, float fval) {
+    const float gate = 1.0f - fval;
     float Z[2][4];
     compute_z8(Z, aS, bW, kv, mask);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(gate, Z[h][e] - S[h][e], S[h][e]); }
+        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(gate, Z[h][e], fval * S[h][e]); }
     }
     pack_frag<16>(aS, S);
 }
@@ -405,11 +406,12 @@ __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (
                 for (int e = 0; e < 4; e++) { Z[h][e] = tanh_fast(Z[h][e]); }
             }
             if (s % 4 == 0) { f4s = f4[blk * 4 + s / 4]; }
-            const float gate = 1.0f - (s % 4 == 0 ? f4s.x : s % 4 == 1 ? f4s.y : s % 4 == 2 ? f4s.z : f4s.w);
+            const float fval = s % 4 == 0 ? f4s.x : s % 4 == 1 ? f4s.y : s % 4 == 2 ? f4s.z : f4s.w;
+            const float gate = 1.0f - fval;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) { S[h][e] = fmaf(gate, Z[h][e] - S[h][e], S[h][e]); }
+                for (int e = 0; e < 4; e++) { S[h][e] = fmaf(gate, Z[h][e], fval * S[h][e]); }
             }
             pack_frag<V>(aS, S);
             // y_s: A = q of token s in row s (held by lanes g == s & 7), B = H^T
@@ -553,7 +555,8 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                 TokenIn<V, HPC> in;
                 in.k0 = bf2f(kp[i * ks]);
                 in.k1 = bf2f(kp[i * ks + 8]);
-                in.gate = 1.0f - fp[i];
+                in.fval = fp[i];
+                in.gate = 1.0f - in.fval;
 #pragma unroll
                 for (int h = 0; h < NT; h++) {
                     const uint32_t u = *(const uint32_t *)(vp + i * HV + 8 * h);
@@ -723,7 +726,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 const KV8 kv = load_kv8<HPC>(st, jj * SUB, hh, rb, lane);
 #pragma unroll
                 for (int ii = 0; ii < SUB; ii++) {
-                    forward_step8(S, aS, bW, kv, token_mask8(ii, t4), 1.0f - fp[(jj * SUB + ii) * HPC]);
+                    forward_step8(S, aS, bW, kv, token_mask8(ii, t4), fp[(jj * SUB + ii) * HPC]);
                 }
             } else {
 #pragma unroll
@@ -773,11 +776,11 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
 #pragma unroll
                     for (int h = 0; h < NT; h++) {
 #pragma unroll
-                        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(in.gate, Z[h][e] - S[h][e], S[h][e]); }
+                        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(in.gate, Z[h][e], in.fval * S[h][e]); }
                     }
                     pack_frag<V>(aS, S);
                 } else if constexpr (V == 16) {
-                    forward_step8(S, aS, bW, kvs, token_mask8(i, t4), 1.0f - fp[(s0 + i) * HPC]);
+                    forward_step8(S, aS, bW, kvs, token_mask8(i, t4), fp[(s0 + i) * HPC]);
                 } else {
                     forward_step<V, HPC>(S, aS, bW, token_in(s0 + i));
                 }
@@ -1000,7 +1003,7 @@ __global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ st
     }
     const float kr = active ? bf2f(k[b * sk + (long)qh * K + row]) : 0.0f;
     const float qr = active ? bf2f(q[b * sq + (long)qh * K + row]) : 0.0f;
-    const float gate = 1.0f - f[(size_t)b * N + n];
+    const float fval = f[(size_t)b * N + n], gate = 1.0f - fval;
     const floatX *vn = v + b * sv + (long)n * V;
     float hn[V];
 #pragma unroll
@@ -1008,7 +1011,7 @@ __global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ st
         float p = kr * bf2f(vn[j]);
 #pragma unroll
         for (int i = 0; i < V; i++) { p = fmaf(hb[i], sW[i * V + j], p); }
-        hn[j] = fmaf(gate, tanh_fast(p) - h[j], h[j]);
+        hn[j] = fmaf(gate, tanh_fast(p), fval * h[j]);
     }
 #pragma unroll
     for (int j = 0; j < V; j++) {
