@@ -14,7 +14,10 @@ Design (numbers behind it in dev/bench/NOTES.md):
   into the next step's A operand. The state H is carried in fp32 (the MMA reads it rounded to bf16); k v^T is exact in
   fp32; tanh is tanh.approx.f32. A CTA holds HPC heads (sharing one q/k head) x K/16 warps.
 - Inputs are staged into shared memory a chunk of 32 tokens at a time with cp.async (the forward prefetches the next
-  chunk while computing this one), so no global load sits on the recurrence's critical path.
+  chunk while computing this one), so no global load sits on the recurrence's critical path. For V=16 the token
+  inputs then reach registers as MMA fragments by ldmatrix, a block of tokens at a time (16 in the forward, 8 in the
+  backward's recompute): k v^T becomes a tensor-core MMA with v masked to the step's token (exact), and the forward
+  accumulates 16 tokens of y in one MMA tile (q masked to the step's row), so a forward step reads no shared memory.
 - y_t, dq_t, dk_t, dv_t are computed with extra MMAs (row sums become MMAs against a broadcast vector; the transposes
   they need are movmatrix), off the recurrence's dependency chain. Cross-warp/cross-head sums go through shared memory
   and are flushed once per chunk. dq/dk are summed over the CTA's heads in shared memory first, so the global fp32
@@ -222,16 +225,17 @@ __device__ __forceinline__ void compute_z(float (&Z)[V / 8][4], const uint32_t (
 // Each k/q token row is padded by 16 bytes (row stride K+8) so an ldmatrix read of 8 token rows hits 8 different
 // bank groups. The forward stores f head-major (HPC, CHUNK), so one 128-bit load brings 4 tokens' gates; the
 // backward, which reads one token at a time, keeps it token-major.
-__host__ __device__ inline int m2rnn_stage_kstride(int K, bool) { return K + 8; }
+__host__ __device__ inline int m2rnn_stage_kstride(int K) { return K + 8; }
+__host__ __device__ inline size_t m2rnn_stage_bytes(int K, int V, int hpc, bool bwd) {
+    return (size_t)M2RNN_CHUNK * (2 * m2rnn_stage_kstride(K) * 2 + (bwd ? 2 : 1) * hpc * V * 2 + hpc * 4);
+}
 template <int V, int HPC, bool BWD> struct Stage {
-    static __host__ __device__ size_t bytes(int K) {
-        return (size_t)M2RNN_CHUNK * (2 * m2rnn_stage_kstride(K, BWD) * 2 + (BWD ? 2 : 1) * HPC * V * 2 + HPC * 4);
-    }
+    static __host__ __device__ size_t bytes(int K) { return m2rnn_stage_bytes(K, V, HPC, BWD); }
     floatX *k, *q, *v, *dy;
     float *f;
     int ks; // token stride of k and q (elements)
     __device__ Stage(unsigned char *base, int K) {
-        ks = m2rnn_stage_kstride(K, BWD);
+        ks = m2rnn_stage_kstride(K);
         k = (floatX *)base;
         q = k + M2RNN_CHUNK * ks;
         v = q + M2RNN_CHUNK * ks;
@@ -239,7 +243,9 @@ template <int V, int HPC, bool BWD> struct Stage {
         f = (float *)(dy + (BWD ? M2RNN_CHUNK * HPC * V : 0));
     }
     // f of token i, head h
-    __device__ __forceinline__ float *fptr(int i, int h) const { return BWD ? f + i * HPC + h : f + h * M2RNN_CHUNK + i; }
+    __device__ __forceinline__ float *fptr(int i, int h) const {
+        return BWD ? f + i * HPC + h : f + h * M2RNN_CHUNK + i;
+    }
     // issues the copies of tokens [tok, tok+len) (rows past len are zeroed) and commits them as one cp.async group.
     // One warp per token row, one lane per 16-byte piece; a lane's piece (which tensor, which columns) is the same for
     // every token, so it is worked out once, with selects: no branches, no integer division per piece.
@@ -283,7 +289,8 @@ template <int V, int HPC> struct TokenIn {
     float k0, k1, gate, fval;
     float vv[V / 8][2];
 };
-// one forward step of the warp's 16 rows: S <- S + (1-f)(tanh(S W + k v^T) - S); aS repacked from the new S
+// one forward step of the warp's 16 rows: S <- f S + (1-f) tanh(S W + k v^T); aS repacked from the new S. f S is
+// formed before Z exists, so only one FFMA follows the tanh on the step's dependency chain.
 template <int V, int HPC>
 __device__ __forceinline__ void forward_step(float (&S)[V / 8][4], uint32_t (&aS)[V / 16][4],
                                              const uint32_t (&bW)[V / 16][V / 8][2], const TokenIn<V, HPC> &in) {
@@ -322,7 +329,8 @@ struct KV8 {
 template <int HPC>
 __device__ __forceinline__ KV8 load_kv8(const Stage<16, HPC, true> &st, int t0, int hh, int rb, int lane) {
     const int mi = lane >> 3, mr = lane & 7;
-    const floatX *row = mi < 2 ? st.k + (t0 + mr) * st.ks + rb * 16 + mi * 8 : st.v + (t0 + mr) * HPC * 16 + hh * 16 + (mi - 2) * 8;
+    const floatX *row = mi < 2 ? st.k + (t0 + mr) * st.ks + rb * 16 + mi * 8
+                               : st.v + (t0 + mr) * HPC * 16 + hh * 16 + (mi - 2) * 8;
     uint32_t r[4];
     ldsm_x4_trans(r, smem_addr(row));
     return KV8{r[0], r[1], {r[2], r[3]}};
@@ -365,7 +373,7 @@ __device__ __forceinline__ void forward_step8(float (&S)[2][4], uint32_t (&aS)[1
 //   bit-identical to forward_step's, hence to the backward's recompute).
 // - y by accumulation: A = q of the block masked to row m = the step's token, B = H^T (movmatrix), so the 16 steps
 //   write the 16 rows of one accumulator tile: y of the block, flushed once to the per-warp partial-sum buffer.
-// NOTES.md round 4 has the instruction count (~45 a step instead of ~95).
+// The loop body is 51.6 SASS instructions a step (73 for the one-token path); NOTES.md, round 4.
 template <int V, int HPC>
 __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (&aS)[V / 16][4],
                                                 const uint32_t (&bW)[V / 16][V / 8][2], const Stage<V, HPC, false> &st,
@@ -513,15 +521,16 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
     pack_frag<V>(aS, S);
 
     const int nchunks = CEIL_DIV(m.L, M2RNN_CHUNK);
-    if (nchunks > 0) {
-        Stage<V, HPC, false>(smem, K).load(m.tok0, min(M2RNN_CHUNK, m.L), q, k, v, nullptr, f, m.qh, m.n0, N, K, sq, sk, sv);
-    }
+    auto load_chunk = [&](int c) { // chunk c into stage buffer c & 1, as one cp.async group
+        Stage<V, HPC, false>(smem + (c & 1) * stage_bytes, K)
+            .load(m.tok0 + (long)c * M2RNN_CHUNK, min(M2RNN_CHUNK, m.L - c * M2RNN_CHUNK), q, k, v, nullptr, f, m.qh,
+                  m.n0, N, K, sq, sk, sv);
+    };
+    if (nchunks > 0) { load_chunk(0); }
     for (int c = 0; c < nchunks; c++) {
         const int len = min(M2RNN_CHUNK, m.L - c * M2RNN_CHUNK);
         if (c + 1 < nchunks) { // prefetch the next chunk into the other buffer (freed by the barrier below)
-            const int c1 = c + 1;
-            Stage<V, HPC, false>(smem + (c1 & 1) * stage_bytes, K).load(m.tok0 + (long)c1 * M2RNN_CHUNK, min(M2RNN_CHUNK, m.L - c1 * M2RNN_CHUNK), q, k, v,
-                                nullptr, f, m.qh, m.n0, N, K, sq, sk, sv);
+            load_chunk(c + 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -1048,12 +1057,12 @@ static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
     return (two_ok && (long)d->B * (d->N / 2) >= 2L * m2rnn_num_sms()) ? 2 : 1;
 }
 static inline size_t m2rnn_forward_smem(const M2RNNDims *d, int hpc) {
-    const size_t stage = (size_t)M2RNN_CHUNK * (2 * m2rnn_detail::m2rnn_stage_kstride(d->K, false) * 2 + hpc * d->V * 2 + hpc * 4);
+    const size_t stage = m2rnn_detail::m2rnn_stage_bytes(d->K, d->V, hpc, false);
     return 2 * stage + (size_t)M2RNN_CHUNK * hpc * (d->K / 16) * d->V * sizeof(float);
 }
 static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc, bool zstash = false) {
     const int NW = hpc * (d->K / 16);
-    const size_t stage = (size_t)M2RNN_CHUNK * (2 * m2rnn_detail::m2rnn_stage_kstride(d->K, true) * 2 + 2 * hpc * d->V * 2 + hpc * 4);
+    const size_t stage = m2rnn_detail::m2rnn_stage_bytes(d->K, d->V, hpc, true);
     const int zs = zstash ? M2RNN_SUB : 0; // fp16 Z entries of the Z-stash backward
     const size_t hist = (size_t)(M2RNN_SUB + 1 + zs) * NW * (d->V / 16) * 32 * 16;
     const size_t red = (size_t)M2RNN_SUB * NW * (16 + 16 + d->V + 1) * sizeof(float);
