@@ -406,9 +406,14 @@ __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (
             float Z[2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const uint32_t b0 = s < 8 ? (bV[2 * h] & tm) : 0u, b1 = s < 8 ? 0u : (bV[2 * h + 1] & tm);
+                // k_s v_s^T, exact: an m16n8k8 MMA over the block half holding token s (aK regs 0,1: tokens 0-7;
+                // 2,3: tokens 8-15), so no operand register has to be zeroed
                 Z[h][0] = Z[h][1] = Z[h][2] = Z[h][3] = 0.0f;
-                mma16816(Z[h], aK, b0, b1);                 // k_s v_s^T, exact
+                if (s < 8) {
+                    mma16808(Z[h], aK[0], aK[1], bV[2 * h] & tm);
+                } else {
+                    mma16808(Z[h], aK[2], aK[3], bV[2 * h + 1] & tm);
+                }
                 mma16816(Z[h], aS[0], bW[0][h][0], bW[0][h][1]); // + H W
 #pragma unroll
                 for (int e = 0; e < 4; e++) { Z[h][e] = tanh_fast(Z[h][e]); }
