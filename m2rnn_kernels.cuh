@@ -371,8 +371,8 @@ __device__ __forceinline__ void forward_step8(float (&S)[2][4], uint32_t (&aS)[1
 //   the block (k = token, n = column) masked to the step's token; the products are exact and every other term is 0,
 //   so the accumulator holds exactly the fp32 k v^T the scalar path computes, and H W then accumulates onto it (Z is
 //   bit-identical to forward_step's, hence to the backward's recompute).
-// - y by accumulation: A = q of the block masked to row m = the step's token, B = H^T (movmatrix), so the 16 steps
-//   write the 16 rows of one accumulator tile: y of the block, flushed once to the per-warp partial-sum buffer.
+// - y by accumulation: A = H^T (movmatrix), B = q of 8 tokens masked to the step's token, so the steps write the
+//   columns of one accumulator tile per 8 tokens: y^T of the block, flushed once to the per-warp partial-sum buffer.
 // The loop body is 51.6 SASS instructions a step (73 for the one-token path); NOTES.md, round 4.
 template <int V, int HPC>
 __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (&aS)[V / 16][4],
@@ -384,7 +384,7 @@ __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (
     const int NW = blockDim.x >> 5;
     // this lane's row address for each ldmatrix (matrix mi, row mr of it)
     const uint32_t k_addr = smem_addr(st.k + ((mi >> 1) * 8 + mr) * st.ks + rb * 16 + (mi & 1) * 8);
-    const uint32_t q_addr = smem_addr(st.q + ((mi & 1) * 8 + mr) * st.ks + rb * 16 + (mi >> 1) * 8);
+    const uint32_t q_addr = smem_addr(st.q + ((mi >> 1) * 8 + mr) * st.ks + rb * 16 + (mi & 1) * 8);
     const uint32_t v_addr = smem_addr(st.v + ((mi & 1) * 8 + mr) * HV + hh * V + (mi >> 1) * 8);
     const float4 *f4 = (const float4 *)st.fptr(0, hh);
     // which lane holds token s of a block in the B (k = token) layout: t4 == (s & 7) >> 1, half s & 1
@@ -393,12 +393,12 @@ __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (
     for (int p = 0; p < 4; p++) { tmask[p] = (t4 == p) ? 0xffffffffu : 0u; }
 #pragma unroll
     for (int blk = 0; blk < 2; blk++) {
-        uint32_t aK[4], bV[4], aQ[4]; // bV: tile 0 (b0, b1), tile 1 (b0, b1)
+        uint32_t aK[4], bV[4], bQ[4]; // bV: tile 0 (b0, b1), tile 1 (b0, b1); bQ: tokens 0-7 (b0, b1), 8-15 (b0, b1)
         ldsm_x4_trans(aK, k_addr + (uint32_t)(blk * 16 * st.ks * 2));
         ldsm_x4_trans(bV, v_addr + (uint32_t)(blk * 16 * HV * 2));
-        ldsm_x4(aQ, q_addr + (uint32_t)(blk * 16 * st.ks * 2));
+        ldsm_x4(bQ, q_addr + (uint32_t)(blk * 16 * st.ks * 2));
         float4 f4s;
-        float Y[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        float Y[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; // y^T of tokens 0-7, 8-15
 #pragma unroll
         for (int s = 0; s < 16; s++) {
             const uint32_t half = (s & 1) ? 0xffff0000u : 0x0000ffffu;
@@ -427,24 +427,21 @@ __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (
                 for (int e = 0; e < 4; e++) { S[h][e] = fmaf(gate, Z[h][e], fval * S[h][e]); }
             }
             pack_frag<V>(aS, S);
-            // y_s: A = q of token s in row s (held by lanes g == s & 7), B = H^T
+            // y_s^T: A = H^T (m = column j, k = row r; movmatrix), B = q of the half's 8 tokens (k = r, n = token)
+            // masked to column n = s & 7 (held by lanes g == s & 7): one MMA a step writes y_s into its column
             const bool mine = g == (s & 7);
-            uint32_t aq[4];
-            aq[0] = (s < 8 && mine) ? aQ[0] : 0u;
-            aq[1] = (s >= 8 && mine) ? aQ[1] : 0u;
-            aq[2] = (s < 8 && mine) ? aQ[2] : 0u;
-            aq[3] = (s >= 8 && mine) ? aQ[3] : 0u;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                mma16816(Y[h], aq, trans8x8(aS[0][2 * h]), trans8x8(aS[0][2 * h + 1]));
-            }
+            const uint32_t aT[4] = {trans8x8(aS[0][0]), trans8x8(aS[0][2]), trans8x8(aS[0][1]), trans8x8(aS[0][3])};
+            const int hq = s >> 3;
+            mma16816(Y[hq], aT, mine ? bQ[2 * hq] : 0u, mine ? bQ[2 * hq + 1] : 0u);
         }
-        // Y[h]: rows g, g+8 = tokens of the block, columns 8h + 2 t4 (+1)
+        // Y[hq]: element (column j = g (+8), token 8 hq + 2 t4 (+1)) of the block's y^T
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int col = warp * V + 8 * h + 2 * t4;
-            *(float2 *)(ybuf + (blk * 16 + g) * NW * V + col) = make_float2(Y[h][0], Y[h][1]);
-            *(float2 *)(ybuf + (blk * 16 + g + 8) * NW * V + col) = make_float2(Y[h][2], Y[h][3]);
+        for (int hq = 0; hq < 2; hq++) {
+            float *yrow = ybuf + (blk * 16 + 8 * hq + 2 * t4) * NW * V + warp * V + g;
+            yrow[0] = Y[hq][0];
+            yrow[NW * V] = Y[hq][1];
+            yrow[8] = Y[hq][2];
+            yrow[NW * V + 8] = Y[hq][3];
         }
     }
 }
