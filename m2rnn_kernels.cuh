@@ -367,13 +367,14 @@ __device__ __forceinline__ void forward_step8(float (&S)[2][4], uint32_t (&aS)[1
 
 // The forward's fast path (V=16, a full 32-token chunk): two blocks of 16 tokens, each with the token inputs moved
 // into registers by three ldmatrix and four 128-bit loads, so a step reads no shared memory:
-// - k v^T by the tensor core: A = this warp's 16 rows of k for the block's 16 tokens (m = row, k = token), B = v of
-//   the block (k = token, n = column) masked to the step's token; the products are exact and every other term is 0,
-//   so the accumulator holds exactly the fp32 k v^T the scalar path computes, and H W then accumulates onto it (Z is
-//   bit-identical to forward_step's, hence to the backward's recompute).
+// - k v^T by the tensor core: an m16n8k8 MMA per column tile with A = this warp's 16 rows of k for the 8 tokens of
+//   the half-block holding the step's token (m = row, k = token) and B = v of those tokens (k = token, n = column)
+//   masked to the step's token; the products are exact and every other term is 0, so the accumulator holds exactly
+//   the fp32 k v^T the scalar path computes, and H W then accumulates onto it (Z is bit-identical to forward_step's,
+//   hence to the backward's recompute).
 // - y by accumulation: A = H^T (movmatrix), B = q of 8 tokens masked to the step's token, so the steps write the
 //   columns of one accumulator tile per 8 tokens: y^T of the block, flushed once to the per-warp partial-sum buffer.
-// The loop body is 51.6 SASS instructions a step (73 for the one-token path); NOTES.md, round 4.
+// About 50 SASS instructions a step (73 for the one-token path); NOTES.md, round 4, has the counts and timings.
 template <int V, int HPC>
 __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (&aS)[V / 16][4],
                                                 const uint32_t (&bW)[V / 16][V / 8][2], const Stage<V, HPC, false> &st,
