@@ -203,6 +203,28 @@ template <int V> __device__ __forceinline__ float frag_elem(const uint32_t (&a)[
     return (e & 1) ? bf_hi(u) : bf_lo(u);
 }
 
+// offset in a head's (K, V) state of accumulator element (h, e) of the warp whose lane holds row row0 = 16 rb + g
+template <int V> __device__ __forceinline__ int frag_offset(int row0, int t4, int h, int e) {
+    return (row0 + 8 * (e >> 1)) * V + 8 * h + 2 * t4 + (e & 1);
+}
+// the warp's 16 rows of a head's fp32 state (src: that head's (K, V) block) into accumulator layout; src NULL: zeros
+template <int V>
+__device__ __forceinline__ void load_state(float (&S)[V / 8][4], const float *src, int row0, int t4) {
+#pragma unroll
+    for (int h = 0; h < V / 8; h++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) { S[h][e] = src ? src[frag_offset<V>(row0, t4, h, e)] : 0.0f; }
+    }
+}
+template <int V>
+__device__ __forceinline__ void store_state(float *dst, const float (&S)[V / 8][4], int row0, int t4) {
+#pragma unroll
+    for (int h = 0; h < V / 8; h++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) { dst[frag_offset<V>(row0, t4, h, e)] = S[h][e]; }
+    }
+}
+
 // Z = tanh(S W + k v^T) for the warp's 16 rows (aS: bf16 A fragments of S; bW: W as B fragments)
 template <int V>
 __device__ __forceinline__ void compute_z(float (&Z)[V / 8][4], const uint32_t (&aS)[V / 16][4],
@@ -511,15 +533,9 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
     load_w_frags<V>(bW, W + (size_t)n * V * V, false, g, t4);
 
     const size_t head_off = (size_t)n * K * V;
+    const size_t state_off = (size_t)m.b * N * K * V + head_off; // this (sequence, head) in h0, hT
     float S[NT][4];
-#pragma unroll
-    for (int h = 0; h < NT; h++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int row = row0 + 8 * (e >> 1), col = 8 * h + 2 * t4 + (e & 1);
-            S[h][e] = h0 ? h0[(size_t)m.b * N * K * V + head_off + (size_t)row * V + col] : 0.0f;
-        }
-    }
+    load_state<V>(S, h0 ? h0 + state_off : nullptr, row0, t4);
     uint32_t aS[NS][4];
     pack_frag<V>(aS, S);
 
@@ -545,8 +561,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
             for (int h = 0; h < NT; h++) {
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) {
-                    const int row = row0 + 8 * (e >> 1), col = 8 * h + 2 * t4;
-                    *(float2 *)(dst + (size_t)row * V + col) = make_float2(S[h][e], S[h][e + 1]);
+                    *(float2 *)(dst + frag_offset<V>(row0, t4, h, e)) = make_float2(S[h][e], S[h][e + 1]);
                 }
             }
         }
@@ -611,16 +626,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
             }
         }
     }
-    if (hT) {
-#pragma unroll
-        for (int h = 0; h < NT; h++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = row0 + 8 * (e >> 1), col = 8 * h + 2 * t4 + (e & 1);
-                hT[(size_t)m.b * N * K * V + head_off + (size_t)row * V + col] = S[h][e];
-            }
-        }
-    }
+    if (hT) { store_state<V>(hT + state_off, S, row0, t4); }
 }
 
 // Backward. Same grid/block as the forward. Needs the checkpoints the training forward wrote. Writes dv, df, dh0
@@ -666,15 +672,9 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     load_w_frags<V>(bWT, Wn, true, g, t4);
 
     const size_t head_off = (size_t)n * K * V;
+    const size_t state_off = (size_t)m.b * N * K * V + head_off; // this (sequence, head) in dhT, dh0
     float G[NT][4]; // dL/dH_{t+1}, carried right to left
-#pragma unroll
-    for (int h = 0; h < NT; h++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int row = row0 + 8 * (e >> 1), col = 8 * h + 2 * t4 + (e & 1);
-            G[h][e] = dhT ? dhT[(size_t)m.b * N * K * V + head_off + (size_t)row * V + col] : 0.0f;
-        }
-    }
+    load_state<V>(G, dhT ? dhT + state_off : nullptr, row0, t4);
     float dWa[NS][NT][4];
 #pragma unroll
     for (int s = 0; s < NS; s++) {
@@ -703,13 +703,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
         const float *ck = ckpt + (size_t)ckpt_slot(m, c) * N * K * V + head_off;
         float S[NT][4];
         uint32_t aS[NS][4];
-#pragma unroll
-        for (int h = 0; h < NT; h++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                S[h][e] = ck[(size_t)(row0 + 8 * (e >> 1)) * V + 8 * h + 2 * t4 + (e & 1)];
-            }
-        }
+        load_state<V>(S, ck, row0, t4);
         pack_frag<V>(aS, S);
         // per-lane base pointers into the staged chunk: a token's inputs are base + token * stride
         const floatX *kp = st.k + row0, *qp = st.q + row0, *kbp = st.k + rb * 16 + 2 * t4;
@@ -756,15 +750,13 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
         }
         for (int j = nsub - 1; j >= 0; j--) {
             const int s0 = j * SUB, slen = min(SUB, clen - s0);
+            if (j == 0) {
+                load_state<V>(S, ck, row0, t4);
+            } else {
 #pragma unroll
-            for (int h = 0; h < NT; h++) {
+                for (int h = 0; h < NT; h++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    if (j == 0) {
-                        S[h][e] = ck[(size_t)(row0 + 8 * (e >> 1)) * V + 8 * h + 2 * t4 + (e & 1)];
-                    } else {
-                        S[h][e] = (j == 1) ? st1[h][e] : (j == 2) ? st2[h][e] : st3[h][e];
-                    }
+                    for (int e = 0; e < 4; e++) { S[h][e] = (j == 1) ? st1[h][e] : (j == 2) ? st2[h][e] : st3[h][e]; }
                 }
             }
             pack_frag<V>(aS, S);
@@ -944,16 +936,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
             __syncthreads();
         }
     }
-    if (dh0) {
-#pragma unroll
-        for (int h = 0; h < NT; h++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = row0 + 8 * (e >> 1), col = 8 * h + 2 * t4 + (e & 1);
-                dh0[(size_t)m.b * N * K * V + head_off + (size_t)row * V + col] = G[h][e];
-            }
-        }
-    }
+    if (dh0) { store_state<V>(dh0 + state_off, G, row0, t4); }
     // dW partial of this (sequence, row block): element (16s + g + 8*(e>>1), 8h + 2*t4 + (e&1))
     float *dst = dW_part + ((size_t)(m.b * RB + rb) * N + n) * V * V;
 #pragma unroll
@@ -962,7 +945,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
         for (int h = 0; h < NT; h++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                dst[(16 * s + g + 8 * (e >> 1)) * V + 8 * h + 2 * t4 + (e & 1)] = dWa[s][h][e];
+                dst[frag_offset<V>(16 * s + g, t4, h, e)] = dWa[s][h][e];
             }
         }
     }
