@@ -157,13 +157,13 @@ __device__ __forceinline__ float tanh_fast(float x) {
     asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+// cp.async to a shared-memory address the caller converted once: the generic-to-shared conversion reads the CTA's
+// shared window (S2R SR_CgaCtaId), a long-latency instruction that a per-copy conversion puts in every iteration
+__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(gmem));
 }
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+__device__ __forceinline__ void cp_async4(uint32_t saddr, const void *gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(saddr), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
@@ -270,7 +270,9 @@ template <int V, int HPC, bool BWD> struct Stage {
     }
     // issues the copies of tokens [tok, tok+len) (rows past len are zeroed) and commits them as one cp.async group.
     // One warp per token row, one lane per 16-byte piece; a lane's piece (which tensor, which columns) is the same for
-    // every token, so it is worked out once, with selects: no branches, no integer division per piece.
+    // every token, so it is worked out once, with selects: no branches, no integer division per piece. Addresses
+    // advance by a fixed step per row (shared ones already converted), and a full chunk takes no per-row test: this
+    // runs once per 32 steps of a latency-bound loop, so its own latency is what it costs (NOTES.md, round 5).
     __device__ void load(long tok, int len, const floatX *gq, const floatX *gk, const floatX *gv, const floatX *gdy,
                          const float *gf, int qh, int n0, int N, int K, long sq, long sk, long sv) {
         const int qk16 = K / 8, v16 = HPC * V / 8;
@@ -282,22 +284,36 @@ template <int V, int HPC, bool BWD> struct Stage {
             const floatX *src = is_k ? gk + (long)qh * K : is_q ? gq + (long)qh * K : is_v ? gv + (long)n0 * V
                                                                                             : gdy + (long)n0 * V;
             const long sstride = is_k ? sk : is_q ? sq : is_v ? sv : (long)N * V;
-            floatX *dst = is_k ? k : is_q ? q : is_v ? v : dy;
+            const floatX *dst = is_k ? k : is_q ? q : is_v ? v : dy;
             const int dstride = (is_k || is_q) ? ks : HPC * V;
             src += tok * sstride + piece * 8;
-            dst += piece * 8;
-            for (int i = warp; i < M2RNN_CHUNK; i += nwarps) {
-                if (i < len) {
-                    cp_async16(dst + i * dstride, src + i * sstride);
-                } else {
-                    *(uint4 *)(dst + i * dstride) = make_uint4(0u, 0u, 0u, 0u);
+            const uint32_t saddr = smem_addr(dst + piece * 8), dstep = (uint32_t)(dstride * (int)sizeof(floatX));
+            if (len == M2RNN_CHUNK) {
+                if constexpr (BWD) { // the plain backward is at its register cap: two more live values cost it spills
+                    for (int i = warp; i < M2RNN_CHUNK; i += nwarps) {
+                        cp_async16(saddr + i * dstep, src + i * sstride);
+                    }
+                } else { // addresses advanced by a fixed step: no 64-bit multiply per row (forward -3% at B=4, N=84)
+                    const floatX *sp = src + warp * sstride;
+                    for (uint32_t i = warp, sa = saddr + warp * dstep; i < M2RNN_CHUNK;
+                         i += nwarps, sp += nwarps * sstride, sa += nwarps * dstep) {
+                        cp_async16(sa, sp);
+                    }
+                }
+            } else {
+                for (int i = warp; i < M2RNN_CHUNK; i += nwarps) {
+                    if (i < len) {
+                        cp_async16(saddr + i * dstep, src + i * sstride);
+                    } else {
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(saddr + i * dstep), "r"(0u));
+                    }
                 }
             }
         }
         for (int idx = threadIdx.x; idx < M2RNN_CHUNK * HPC; idx += blockDim.x) {
             const int i = idx / HPC, h = idx % HPC;
             if (i < len) {
-                cp_async4(fptr(i, h), gf + (tok + i) * N + n0 + h);
+                cp_async4(smem_addr(fptr(i, h)), gf + (tok + i) * N + n0 + h);
             } else {
                 *fptr(i, h) = 0.0f;
             }
@@ -607,17 +623,27 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
             for (int i = 0; i < len; i++) { token(i); }
         }
         __syncthreads();
-        // y = sum over the head's row-block warps; one thread per (token, column pair)
+        // y = sum over the head's row-block warps; one thread per (token, column pair). The chunk's base pointer is
+        // formed once and K = 64 (4 row blocks) is unrolled: like the stage load, this runs once per 32 steps and
+        // costs its latency (NOTES.md, round 5)
+        floatX *ychunk = y + (m.tok0 + (long)c * M2RNN_CHUNK) * N * V + (long)m.n0 * V;
         for (int idx = threadIdx.x; idx < len * (HV / 2); idx += blockDim.x) {
             const int i = idx / (HV / 2), hv = 2 * (idx % (HV / 2)), h2 = hv / V, col = hv % V;
             const float *src = ybuf + (i * NW + h2 * RB) * V + col;
             float2 sum = *(const float2 *)src;
-            for (int r = 1; r < RB; r++) {
-                const float2 x = *(const float2 *)(src + r * V);
-                sum.x += x.x;
-                sum.y += x.y;
+            if (RB == 4) {
+                const float2 x1 = *(const float2 *)(src + V), x2 = *(const float2 *)(src + 2 * V);
+                const float2 x3 = *(const float2 *)(src + 3 * V);
+                sum.x = ((sum.x + x1.x) + x2.x) + x3.x; // the generic loop's order, so y is bit-identical either way
+                sum.y = ((sum.y + x1.y) + x2.y) + x3.y;
+            } else {
+                for (int r = 1; r < RB; r++) {
+                    const float2 x = *(const float2 *)(src + r * V);
+                    sum.x += x.x;
+                    sum.y += x.y;
+                }
             }
-            floatX *dst = y + (m.tok0 + (long)c * M2RNN_CHUNK + i) * N * V + (long)m.n0 * V + hv;
+            floatX *dst = ychunk + i * N * V + hv;
             if constexpr (sizeof(floatX) == 2) {
                 *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(sum.x, sum.y);
             } else {

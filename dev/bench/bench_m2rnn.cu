@@ -8,6 +8,8 @@ measured against. dev/bench/m2rnn_authors.py times the authors' Triton kernel in
                                           tanh.approx.f16x2, ex2.approx.f32) beside FFMA's, for the floors
   build/bench_m2rnn -u 2                  which instruction kinds share MUFU's issue path (clocks per warp-iteration
                                           of mixes of tanh, ld.shared, movmatrix, shfl, mma, FFMA)
+  build/bench_m2rnn -u 3                  the forward step's dependency chain piece by piece: clocks a step
+                                          for 1..8 chains per SM sub-partition
   build/bench_m2rnn -x 1 -b 8 -n 84      one training forward + backward only (the launcher's choices), for ncu
   build/bench_m2rnn -d DIR                writes a small problem's inputs and our outputs to DIR (raw little-endian
                                           arrays + meta.txt) for the float64 / authors' comparison in m2rnn_authors.py
@@ -269,6 +271,98 @@ static void pipe_mix(const cudaDeviceProp &prop, double clock_ghz) {
     cudaCheck(cudaFree(out));
 }
 
+// Latency of the forward step's dependency chain, piece by piece (NOTES.md, round 5). Each warp runs one chain of
+// ITERS steps; WPS warps per SM sub-partition (one CTA of 4*WPS warps per SM), so WPS=1 is a lone chain's latency and
+// larger WPS shows what chains sharing a sub-partition cost each other. MODE: 0 accumulator chain of one m16n8k16
+// MMA; 1 two MMAs (the step's H W) whose result is repacked to bf16 as the next A operand; 2 = 1 + 8 tanh before the
+// pack; 3 = 2 + the gate (S = (1-f) Z + f S); 4 = 3 + the k v^T MMA (m16n8k8, independent of the chain) as the
+// accumulator's start; 5 = 4 + y (4 movmatrix + one MMA into a separate tile); 6 eight dependent tanh; 7 eight
+// dependent FFMA.
+template <int MODE> __global__ void chain_kernel(float *out, int iters) {
+    using namespace m2rnn_detail;
+    const int lane = threadIdx.x & 31;
+    float S[2][4], Y[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x = 0.1f + 1e-3f * lane;
+    uint32_t aS[1][4], bW[1][2][2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) { S[h][e] = 0.01f * (lane + 4 * h + e); }
+        // distinct per tile, so the compiler cannot merge the two tiles' MMAs and tanh
+        bW[0][h][0] = pack_raw(__float2bfloat16(0.05f + 0.001f * lane - 0.01f * h), __float2bfloat16(-0.04f));
+        bW[0][h][1] = pack_raw(__float2bfloat16(0.03f + 0.02f * h), __float2bfloat16(0.02f - 0.001f * lane));
+    }
+    pack_frag<16>(aS, S);
+    const uint32_t kv = aS[0][1] ^ 0x00010001u, vb = aS[0][2];
+    const float fval = 0.9f, gate = 0.1f;
+    for (int it = 0; it < iters; it++) {
+        if constexpr (MODE == 0) {
+            mma16816(S[0], aS[0], bW[0][0][0], bW[0][0][1]);
+        } else if constexpr (MODE == 6) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) { asm volatile("tanh.approx.f32 %0, %0;" : "+f"(x)); }
+        } else if constexpr (MODE == 7) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) { x = fmaf(x, 0.999f, 1e-3f); }
+        } else {
+            float Z[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                Z[h][0] = Z[h][1] = Z[h][2] = Z[h][3] = 0.0f;
+                if constexpr (MODE >= 4) { mma16808(Z[h], kv, vb, (uint32_t)it & 0x00ff00ffu); }
+                mma16816(Z[h], aS[0], bW[0][h][0], bW[0][h][1]);
+                if constexpr (MODE >= 2) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { Z[h][e] = tanh_fast(Z[h][e]); }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) { S[h][e] = MODE >= 3 ? fmaf(gate, Z[h][e], fval * S[h][e]) : Z[h][e]; }
+            }
+            pack_frag<16>(aS, S);
+            if constexpr (MODE >= 5) {
+                const uint32_t aT[4] = {trans8x8(aS[0][0]), trans8x8(aS[0][2]), trans8x8(aS[0][1]),
+                                        trans8x8(aS[0][3])};
+                mma16816(Y, aT, lane == (it & 7) ? vb : 0u, kv);
+            }
+        }
+    }
+    const float sum = x + S[0][0] + S[1][3] + Y[0] + __uint_as_float(aS[0][0] & 0x3fffffffu);
+    if (sum == 1234.5f) { out[0] = sum; } // never true; keeps every chain alive
+}
+
+static void chain_latency(const cudaDeviceProp &prop, double clock_ghz) {
+    float *out;
+    cudaCheck(cudaMalloc(&out, sizeof(float)));
+    const int iters = 16384;
+    const char *names[8] = {"mma accumulator chain", "2 mma + repack", "+ 8 tanh", "+ gate", "+ k v^T mma",
+                            "+ y (4 movmatrix + mma)", "8 dependent tanh", "8 dependent ffma"};
+    for (int mode = 0; mode < 8; mode++) {
+        printf("chain %-26s", names[mode]);
+        for (int wps : {1, 2, 3, 4, 6, 8}) {
+            auto run = [&] {
+                const int blocks = prop.multiProcessorCount, threads = 128 * wps;
+                switch (mode) {
+                case 0: chain_kernel<0><<<blocks, threads>>>(out, iters); break;
+                case 1: chain_kernel<1><<<blocks, threads>>>(out, iters); break;
+                case 2: chain_kernel<2><<<blocks, threads>>>(out, iters); break;
+                case 3: chain_kernel<3><<<blocks, threads>>>(out, iters); break;
+                case 4: chain_kernel<4><<<blocks, threads>>>(out, iters); break;
+                case 5: chain_kernel<5><<<blocks, threads>>>(out, iters); break;
+                case 6: chain_kernel<6><<<blocks, threads>>>(out, iters); break;
+                default: chain_kernel<7><<<blocks, threads>>>(out, iters); break;
+                }
+                cudaCheck(cudaGetLastError());
+            };
+            const double clocks = time_median(run, 5) * 1e-3 * clock_ghz * 1e9 / iters;
+            printf(" | %d/SMSP %6.1f (%5.1f a chain)", wps, clocks, clocks / wps);
+        }
+        printf("  clocks a step\n");
+    }
+    cudaCheck(cudaFree(out));
+}
+
 static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, const cudaDeviceProp &prop,
                         double clock_ghz) {
     Inputs in;
@@ -402,7 +496,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-r")) { reps = (int)parse_int_arg("-r", argv[i + 1], 1, 1000); }
         else if (!strcmp(argv[i], "-d")) { dump_dir = argv[i + 1]; }
         else if (!strcmp(argv[i], "-x")) { once = (int)parse_int_arg("-x", argv[i + 1], 0, 1); }
-        else if (!strcmp(argv[i], "-u")) { rates = (int)parse_int_arg("-u", argv[i + 1], 0, 2); }
+        else if (!strcmp(argv[i], "-u")) { rates = (int)parse_int_arg("-u", argv[i + 1], 0, 3); }
         else {
             fail_with_hint("flags: -b -t -n -q -k -v -r -d -u -x (see the comment at the top of the file)",
                            "unknown flag %s", argv[i]);
@@ -420,7 +514,9 @@ int main(int argc, char **argv) {
     printf("device: %s, %d SMs, max SM clock %.2f GHz, %.1f GiB\n", prop.name, prop.multiProcessorCount, ghz,
            prop.totalGlobalMem / 1073741824.0);
     if (rates) {
-        if (rates == 1) { sfu_rates(prop, ghz); } else { pipe_mix(prop, ghz); }
+        if (rates == 1) { sfu_rates(prop, ghz); }
+        else if (rates == 2) { pipe_mix(prop, ghz); }
+        else { chain_latency(prop, ghz); }
         return 0;
     }
     if (once) { // one training forward and one backward with the launcher's own choices, for a profiler
