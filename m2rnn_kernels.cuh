@@ -847,12 +847,14 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     }
                 }
                 const float q0 = bf2f(qp[lt * KS]), q1 = bf2f(qp[lt * KS + 8]);
+                // dy of this lane's two columns per n8 tile: also the B fragment of dq's MMA below (k = column)
+                uint32_t dyw[NT];
                 float dyv[NT][2];
 #pragma unroll
                 for (int h = 0; h < NT; h++) {
-                    const uint32_t u = *(const uint32_t *)(dyp + lt * HV + 8 * h);
-                    dyv[h][0] = bf_lo(u);
-                    dyv[h][1] = bf_hi(u);
+                    dyw[h] = *(const uint32_t *)(dyp + lt * HV + 8 * h);
+                    dyv[h][0] = bf_lo(dyw[h]);
+                    dyv[h][1] = bf_hi(dyw[h]);
                 }
                 float D[NT][4], dX[NT][4], dfp = 0.0f;
 #pragma unroll
@@ -884,9 +886,8 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
 #pragma unroll
                 for (int s = 0; s < NS; s++) {
                     const uint32_t *pv = (const uint32_t *)(vp + lt * HV + 16 * s);
-                    const uint32_t *pd = (const uint32_t *)(dyp + lt * HV + 16 * s);
                     mma16816(ak, adX[s], pv[0], pv[4]);
-                    mma16816(aq, aN[s], pd[0], pd[4]);
+                    mma16816(aq, aN[s], dyw[2 * s], dyw[2 * s + 1]);
                 }
                 st_shared_if(t4 == 0, rdk_a + (uint32_t)(i * NW * 64), ak[0]);
                 st_shared_if(t4 == 0, rdk_a + (uint32_t)(i * NW * 64 + 32), ak[2]);
@@ -919,7 +920,10 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
             if (slen == SUB) {
 #pragma unroll
                 for (int i = 0; i < SUB; i++) { recompute(i); }
-#pragma unroll 2
+                // the plain build with 2 heads/CTA unrolled whole (token offsets become immediates: -1% at B=8,
+                // N=84); the others by 2 (unrolled whole, the Z-stash build lost 5% at B=4, N=84 and the 1-head
+                // plain build 5% too). NOTES.md, round 5.
+#pragma unroll((!ZS && HPC == 2) ? SUB : 2)
                 for (int i = SUB - 1; i >= 0; i--) { reverse(i); }
             } else {
                 for (int i = 0; i < slen; i++) { recompute(i); }
