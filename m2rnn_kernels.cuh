@@ -270,9 +270,10 @@ template <int V, int HPC, bool BWD> struct Stage {
     }
     // issues the copies of tokens [tok, tok+len) (rows past len are zeroed) and commits them as one cp.async group.
     // One warp per token row, one lane per 16-byte piece; a lane's piece (which tensor, which columns) is the same for
-    // every token, so it is worked out once, with selects: no branches, no integer division per piece. Addresses
-    // advance by a fixed step per row (shared ones already converted), and a full chunk takes no per-row test: this
-    // runs once per 32 steps of a latency-bound loop, so its own latency is what it costs (NOTES.md, round 5).
+    // every token, so it is worked out once, with selects: no branches, no integer division per piece. Shared
+    // addresses are converted once per piece, a full chunk takes no per-row test, and the forward advances its
+    // addresses by a fixed step per row: this runs once per 32 steps of a latency-bound loop, so its own latency is
+    // what it costs (NOTES.md, round 5).
     __device__ void load(long tok, int len, const floatX *gq, const floatX *gk, const floatX *gv, const floatX *gdy,
                          const float *gf, int qh, int n0, int N, int K, long sq, long sk, long sv) {
         const int qk16 = K / 8, v16 = HPC * V / 8;
