@@ -179,13 +179,11 @@ static void sfu_rates(const cudaDeviceProp &prop, double clock_ghz) {
     const int blocks = prop.multiProcessorCount * 8, threads = 256, iters = 4096;
     const char *names[5] = {"FFMA", "tanh.approx.f32", "tanh.approx.f16x2 (per value)", "ex2.approx.f32",
                             "tanh.approx.bf16x2 (per value)"};
+    void (*const kernels[5])(float *, int) = {sfu_rate_kernel<0>, sfu_rate_kernel<1>, sfu_rate_kernel<2>,
+                                              sfu_rate_kernel<3>, sfu_rate_kernel<4>};
     for (int op = 0; op < 5; op++) {
         auto run = [&] {
-            if (op == 0) { sfu_rate_kernel<0><<<blocks, threads>>>(out, iters); }
-            if (op == 1) { sfu_rate_kernel<1><<<blocks, threads>>>(out, iters); }
-            if (op == 2) { sfu_rate_kernel<2><<<blocks, threads>>>(out, iters); }
-            if (op == 3) { sfu_rate_kernel<3><<<blocks, threads>>>(out, iters); }
-            if (op == 4) { sfu_rate_kernel<4><<<blocks, threads>>>(out, iters); }
+            kernels[op]<<<blocks, threads>>>(out, iters);
             cudaCheck(cudaGetLastError());
         };
         const double ms = time_median(run, 5);
@@ -338,21 +336,13 @@ static void chain_latency(const cudaDeviceProp &prop, double clock_ghz) {
     const int iters = 16384;
     const char *names[8] = {"mma accumulator chain", "2 mma + repack", "+ 8 tanh", "+ gate", "+ k v^T mma",
                             "+ y (4 movmatrix + mma)", "8 dependent tanh", "8 dependent ffma"};
+    void (*const kernels[8])(float *, int) = {chain_kernel<0>, chain_kernel<1>, chain_kernel<2>, chain_kernel<3>,
+                                              chain_kernel<4>, chain_kernel<5>, chain_kernel<6>, chain_kernel<7>};
     for (int mode = 0; mode < 8; mode++) {
         printf("chain %-26s", names[mode]);
         for (int wps : {1, 2, 3, 4, 6, 8}) {
             auto run = [&] {
-                const int blocks = prop.multiProcessorCount, threads = 128 * wps;
-                switch (mode) {
-                case 0: chain_kernel<0><<<blocks, threads>>>(out, iters); break;
-                case 1: chain_kernel<1><<<blocks, threads>>>(out, iters); break;
-                case 2: chain_kernel<2><<<blocks, threads>>>(out, iters); break;
-                case 3: chain_kernel<3><<<blocks, threads>>>(out, iters); break;
-                case 4: chain_kernel<4><<<blocks, threads>>>(out, iters); break;
-                case 5: chain_kernel<5><<<blocks, threads>>>(out, iters); break;
-                case 6: chain_kernel<6><<<blocks, threads>>>(out, iters); break;
-                default: chain_kernel<7><<<blocks, threads>>>(out, iters); break;
-                }
+                kernels[mode]<<<prop.multiProcessorCount, 128 * wps>>>(out, iters);
                 cudaCheck(cudaGetLastError());
             };
             const double clocks = time_median(run, 5) * 1e-3 * clock_ghz * 1e9 / iters;
