@@ -35,9 +35,10 @@ NVCC_LDLIBS = -lcublas -lcublasLt
 # CPU reference trainer and its tests
 
 CPU_PROGRAMS = train_m2rnn_cpu
-CPU_TESTS = build/test_model build/test_gradcheck build/test_m2rnn_ref build/test_train test/test_cli.sh
+CPU_TESTS = build/test_model build/test_gradcheck build/test_m2rnn_ref build/test_decode build/test_train test/test_cli.sh
 
-REF_HEADERS = utils.h model.h checkpoint.h dataloader.h train_loop.h tokenizer.h unicode_tables.h ref/common.h ref/m2rnn.h ref/attention.h ref/mlp.h
+# every header of the project and of ref/ (a new layer kind's files need no edit here)
+REF_HEADERS = $(wildcard *.h ref/*.h)
 
 train_m2rnn_cpu: train_m2rnn.c $(REF_HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
@@ -164,7 +165,7 @@ bench-tokenizer: tokenize $(GPT2_TOKENIZER) $(CL100K_TOKENIZER)
 CUDA_PROGRAMS = build/bench_m2rnn
 CUDA_TESTS = build/test_m2rnn_gpu
 
-M2RNN_GPU_HEADERS = m2rnn_kernels.cuh cuda_common.h utils.h
+M2RNN_GPU_HEADERS = m2rnn_kernels.cuh tiles.cuh cuda_common.h utils.h
 
 build/test_m2rnn_gpu: test/test_m2rnn_gpu.cu $(M2RNN_GPU_HEADERS) test/test_common.h
 	@mkdir -p build
@@ -177,7 +178,8 @@ build/bench_m2rnn: dev/bench/bench_m2rnn.cu $(M2RNN_GPU_HEADERS)
 # ---------------------------------------------------------------------------------------------------------------
 # the CUDA trainer (bf16; PRECISION=FP32 builds the fp32 variant of every kernel but the tensor-core recurrence)
 
-TRAINER_GPU_HEADERS = $(REF_HEADERS) cuda_common.h common.cuh attention.cuh m2rnn_layer.cuh m2rnn_kernels.cuh
+# every .cuh (a new layer kind's file needs no edit here)
+TRAINER_GPU_HEADERS = $(REF_HEADERS) $(wildcard *.cuh)
 TRAINER_PROGRAMS = train_m2rnn
 TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32
 ifeq ($(PRECISION),FP32)
@@ -189,9 +191,10 @@ train_m2rnn: train_m2rnn.cu $(TRAINER_GPU_HEADERS)
 
 # the CPU reference writes what the GPU test compares against
 build/gpu_ref/.done: test/gen_gpu_reference.c train_m2rnn.c $(REF_HEADERS)
-	@mkdir -p build/gpu_ref
+	@mkdir -p build/gpu_ref/MMAM build/gpu_ref/RUAR
 	$(CC) $(CFLAGS) -o build/gen_gpu_reference $< $(LDLIBS)
-	./build/gen_gpu_reference build/gpu_ref
+	./build/gen_gpu_reference build/gpu_ref/MMAM MMAM
+	./build/gen_gpu_reference build/gpu_ref/RUAR RUAR
 	touch $@
 
 build/test_gpu_trainer: test/test_gpu_trainer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS) test/test_common.h build/gpu_ref/.done

@@ -1,16 +1,23 @@
 /*
 checkpoint.h: the versioned checkpoint format, shared by every executor.
 
-One file per checkpoint, DIR/ckpt_%08d.bin (the step), little-endian:
-  header  256 × int32 (1024 bytes): magic, version, element width, the full ModelConfig (pattern included), the step,
-          the training shape (B, T, grad accumulation), the RNG state, payload sizes and a checksum of the payload
+One file per checkpoint, DIR/ckpt_%08d.bin (the step), little-endian. Version 2:
+  header  4096 bytes: 64 int32 slots (magic, version, element width, the step, the training shape (B, T, grad
+          accumulation), the RNG state, payload sizes, the checksums, the config text's length), then from byte 256
+          the model config as text, one "name=value" line per field (model_config_to_text: the two layer patterns and
+          every kind's sizes by name, so a new kind or field needs no header slot), zero padded
   payload parameters (num_parameters × elem_bytes, parameter-table order), then if has_optimizer the AdamW m and v
           (same size each), then the dataloader state blob (loader_state_bytes)
-The element width is recorded so a float64 test build can never load a float32 file by mistake.
+The checksum (FNV-1a) covers the config text and the payload; the config text has one of its own too, checked
+when the header is read, so a damaged config is named as such before anything is built from it. The element width is recorded so a float64 test build
+can never load a float32 file by mistake.
+
+Version 1 (a 1024-byte header with the config in fixed slots; M and A layers only, SwiGLU) is still read: its
+payload is laid out exactly as version 2 lays out the same model, so it loads as it is.
 
 Writes are atomic: the file is written to DIR/.ckpt_%08d.bin.tmp, flushed, fsync'd and renamed, so a crash leaves
 either the old set of checkpoints or the new one, never a torn file. Reads validate magic, version, sizes against the
-file's length, and the payload checksum, and refuse anything else with one line and a hint.
+file's length, the config, and the checksum, and refuse anything else with one line and a hint.
 */
 #ifndef M2RNN_CHECKPOINT_H
 #define M2RNN_CHECKPOINT_H
@@ -22,12 +29,14 @@ file's length, and the payload checksum, and refuse anything else with one line 
 #include "utils.h"
 
 #define CKPT_MAGIC 20261122
-#define CKPT_VERSION 1
-#define CKPT_HEADER_INTS 256
-#define CKPT_PATTERN_SLOT 128 // pattern bytes live in header ints [128, 128 + MAX_LAYERS/4 + 1)
+#define CKPT_VERSION 2
+#define CKPT_HEADER_BYTES 4096   // version 2
+#define CKPT_CONFIG_OFFSET 256   // version 2: where the config text starts
+#define CKPT_V1_HEADER_BYTES 1024
 
 typedef struct {
     ModelConfig config;
+    int version;               // of the file read (writes are always CKPT_VERSION)
     int elem_bytes;            // 4 (float) or 8 (double)
     int has_optimizer;         // m and v follow the parameters
     uint64_t num_parameters;
@@ -35,7 +44,9 @@ typedef struct {
     int B, T, grad_accum;      // the training shape the loader state belongs to
     uint64_t rng_state;        // the sampler's RNG
     uint32_t loader_state_bytes;
-    uint64_t checksum;         // FNV-1a over the payload
+    uint64_t checksum;         // FNV-1a over the config text and the payload
+    int header_bytes;          // where the payload starts
+    char config_text[CKPT_HEADER_BYTES - CKPT_CONFIG_OFFSET]; // version 2: as stored (checksummed)
 } CheckpointHeader;
 
 static inline uint64_t fnv1a_update(uint64_t h, const void *data, size_t n) {
@@ -47,74 +58,107 @@ static inline uint64_t fnv1a_update(uint64_t h, const void *data, size_t n) {
 
 static inline void put_u64(int32_t *h, int slot, uint64_t v) { memcpy(&h[slot], &v, 8); }
 static inline uint64_t get_u64(const int32_t *h, int slot) { uint64_t v; memcpy(&v, &h[slot], 8); return v; }
-static inline void put_f32(int32_t *h, int slot, float v) { memcpy(&h[slot], &v, 4); }
 static inline float get_f32(const int32_t *h, int slot) { float v; memcpy(&v, &h[slot], 4); return v; }
-
-static void checkpoint_header_pack(int32_t *h, const CheckpointHeader *c) {
-    memset(h, 0, CKPT_HEADER_INTS * sizeof(int32_t));
-    const ModelConfig *m = &c->config;
-    h[0] = CKPT_MAGIC; h[1] = CKPT_VERSION; h[2] = c->elem_bytes; h[3] = c->has_optimizer;
-    h[4] = m->vocab_size; h[5] = m->padded_vocab_size; h[6] = m->d_model; h[7] = m->n_layer;
-    h[8] = m->rnn_heads; h[9] = m->rnn_qk_heads; h[10] = m->rnn_k; h[11] = m->rnn_v; h[12] = m->conv_width;
-    put_f32(h, 13, m->rnn_grad_clamp);
-    h[14] = m->attn_heads; h[15] = m->attn_head_dim; h[16] = m->use_rope; put_f32(h, 17, m->rope_theta);
-    h[18] = m->mlp_hidden;
-    put_u64(h, 20, c->num_parameters); h[22] = c->step; put_u64(h, 23, c->rng_state);
-    h[25] = (int32_t)c->loader_state_bytes; put_u64(h, 26, c->checksum);
-    h[28] = c->B; h[29] = c->T; h[30] = c->grad_accum;
-    memcpy(&h[CKPT_PATTERN_SLOT], m->pattern, strlen(m->pattern) + 1);
-}
 
 // the payload size in bytes a header promises
 static inline uint64_t checkpoint_payload_bytes(const CheckpointHeader *c) {
     return c->num_parameters * (uint64_t)c->elem_bytes * (c->has_optimizer ? 3u : 1u) + c->loader_state_bytes;
 }
 
-// Reads and validates the header of `path`; refuses foreign, truncated or inconsistent files.
-static void checkpoint_read_header(const char *path, CheckpointHeader *c) {
-    FILE *fp = fopenCheck(path, "rb");
-    int32_t h[CKPT_HEADER_INTS];
-    const int64_t size = file_size_of(fp);
-    if (size < (int64_t)sizeof(h)) {
-        fail_with_hint("the file is truncated or not an m2rnn checkpoint; resume from an earlier ckpt_*.bin",
-                       "checkpoint '%s' is %lld bytes, shorter than its 1024-byte header", path, (long long)size);
-    }
-    freadCheck(h, sizeof(int32_t), CKPT_HEADER_INTS, fp);
-    fcloseCheck(fp);
-    if (h[0] != CKPT_MAGIC) {
-        fail_with_hint("pass a ckpt_*.bin written by train_m2rnn (-e FILE or -o DIR -y 1)",
-                       "'%s' is not an m2rnn checkpoint (magic %d, expected %d)", path, h[0], CKPT_MAGIC);
-    }
-    if (h[1] != CKPT_VERSION) {
-        fail_with_hint("this build reads checkpoint version 1; use the m2rnn version that wrote the file",
-                       "checkpoint '%s' has version %d, this build reads version %d", path, h[1], CKPT_VERSION);
-    }
-    memset(c, 0, sizeof(*c));
+// the version-1 header: the config in fixed slots (written by m2rnn before the layer-kind table)
+static void checkpoint_header_from_v1(CheckpointHeader *c, const int32_t *h, const char *path) {
     ModelConfig *m = &c->config;
     c->elem_bytes = h[2]; c->has_optimizer = h[3];
-    m->vocab_size = h[4]; m->padded_vocab_size = h[5]; m->d_model = h[6]; m->n_layer = h[7];
-    m->rnn_heads = h[8]; m->rnn_qk_heads = h[9]; m->rnn_k = h[10]; m->rnn_v = h[11]; m->conv_width = h[12];
-    m->rnn_grad_clamp = get_f32(h, 13);
-    m->attn_heads = h[14]; m->attn_head_dim = h[15]; m->use_rope = h[16]; m->rope_theta = get_f32(h, 17);
-    m->mlp_hidden = h[18];
+    m->vocab_size = h[4]; m->d_model = h[6];
+    m->m2rnn.heads = h[8]; m->m2rnn.qk_heads = h[9]; m->m2rnn.k = h[10]; m->m2rnn.v = h[11]; m->m2rnn.conv = h[12];
+    m->m2rnn.grad_clamp = get_f32(h, 13);
+    m->attn.heads = h[14]; m->attn.head_dim = h[15]; m->attn.rope = h[16]; m->attn.rope_theta = get_f32(h, 17);
+    m->swiglu.hidden = h[18];
     c->num_parameters = get_u64(h, 20); c->step = h[22]; c->rng_state = get_u64(h, 23);
     c->loader_state_bytes = (uint32_t)h[25]; c->checksum = get_u64(h, 26);
     c->B = h[28]; c->T = h[29]; c->grad_accum = h[30];
-    const char *pattern = (const char *)&h[CKPT_PATTERN_SLOT];
-    size_t len = strnlen(pattern, MAX_LAYERS + 1);
-    const char *hint = "the checkpoint is damaged; resume from an earlier ckpt_*.bin";
-    if (len == 0 || len > MAX_LAYERS || (int)len != m->n_layer) {
-        fail_with_hint(hint, "checkpoint '%s' has a malformed layer pattern", path);
+    const char *pattern = (const char *)&h[128];
+    const size_t len = strnlen(pattern, MAX_LAYERS + 1);
+    if (len == 0 || len > MAX_LAYERS || (int)len != h[7] || h[5] != round_up(h[4], VOCAB_PAD_MULTIPLE)) {
+        fail_with_hint("the checkpoint is damaged; resume from an earlier ckpt_*.bin",
+                       "checkpoint '%s' (version 1) has a malformed layer pattern or vocabulary", path);
     }
     memcpy(m->pattern, pattern, len);
     m->pattern[len] = '\0';
+    c->header_bytes = CKPT_V1_HEADER_BYTES;
+}
+
+// Reads and validates the header of `path`; refuses foreign, truncated or inconsistent files.
+static void checkpoint_read_header(const char *path, CheckpointHeader *c) {
+    FILE *fp = fopenCheck(path, "rb");
+    const int64_t size = file_size_of(fp);
+    int32_t h[64];
+    if (size < (int64_t)sizeof(h)) {
+        fcloseCheck(fp);
+        fail_with_hint("the file is truncated or not an m2rnn checkpoint; resume from an earlier ckpt_*.bin",
+                       "checkpoint '%s' is %lld bytes, shorter than its header", path, (long long)size);
+    }
+    freadCheck(h, sizeof(int32_t), 64, fp);
+    if (h[0] != CKPT_MAGIC) {
+        fcloseCheck(fp);
+        fail_with_hint("pass a ckpt_*.bin written by train_m2rnn (-e FILE or -o DIR -y 1)",
+                       "'%s' is not an m2rnn checkpoint (magic %d, expected %d)", path, h[0], CKPT_MAGIC);
+    }
+    if (h[1] != 1 && h[1] != CKPT_VERSION) {
+        fcloseCheck(fp);
+        fail_with_hint(h[1] > CKPT_VERSION ? "the file was written by a newer m2rnn; use that version to read it"
+                                           : "the file is damaged; resume from an earlier ckpt_*.bin",
+                       "checkpoint '%s' has version %d, this build reads versions 1 and %d", path, h[1], CKPT_VERSION);
+    }
+    memset(c, 0, sizeof(*c));
+    c->version = h[1];
+    const int header_bytes = c->version == 1 ? CKPT_V1_HEADER_BYTES : CKPT_HEADER_BYTES;
+    if (size < header_bytes) {
+        fcloseCheck(fp);
+        fail_with_hint("the file is truncated; resume from an earlier ckpt_*.bin",
+                       "checkpoint '%s' is %lld bytes, shorter than its %d-byte header", path, (long long)size,
+                       header_bytes);
+    }
+    const char *damaged = "the checkpoint is damaged; resume from an earlier ckpt_*.bin";
+    if (c->version == 1) {
+        int32_t v1[CKPT_V1_HEADER_BYTES / 4];
+        fseekCheck(fp, 0, SEEK_SET);
+        freadCheck(v1, sizeof(int32_t), CKPT_V1_HEADER_BYTES / 4, fp);
+        checkpoint_header_from_v1(c, v1, path);
+    } else {
+        c->elem_bytes = h[2]; c->has_optimizer = h[3];
+        c->num_parameters = get_u64(h, 4); c->step = h[6]; c->B = h[7]; c->T = h[8]; c->grad_accum = h[9];
+        c->rng_state = get_u64(h, 10); c->loader_state_bytes = (uint32_t)h[12]; c->checksum = get_u64(h, 13);
+        const int text_bytes = h[15];
+        c->header_bytes = h[16];
+        if (c->header_bytes != CKPT_HEADER_BYTES || text_bytes <= 0 || text_bytes >= (int)sizeof(c->config_text)) {
+            fcloseCheck(fp);
+            fail_with_hint(damaged, "checkpoint '%s' has a malformed header (config text of %d bytes)", path, text_bytes);
+        }
+        fseekCheck(fp, CKPT_CONFIG_OFFSET, SEEK_SET);
+        freadCheck(c->config_text, 1, (size_t)text_bytes, fp);
+        c->config_text[text_bytes] = '\0';
+        if (fnv1a_update(FNV1A_INIT, c->config_text, (size_t)text_bytes) != get_u64(h, 18)) {
+            fcloseCheck(fp);
+            fail_with_hint(damaged, "checkpoint '%s' fails the checksum of its config text", path);
+        }
+        char why[512] = "";
+        if (strlen(c->config_text) != (size_t)text_bytes ||
+            model_config_from_text(&c->config, c->config_text, why, sizeof(why)) != NULL) {
+            fcloseCheck(fp);
+            fail_with_hint(strstr(why, "newer") ? "read it with the m2rnn version that wrote it" : damaged,
+                           "checkpoint '%s': %s", path,
+                           strlen(c->config_text) != (size_t)text_bytes ? "its config text is cut short" : why);
+        }
+    }
+    fcloseCheck(fp);
     if (c->elem_bytes != 4 && c->elem_bytes != 8) {
-        fail_with_hint(hint, "checkpoint '%s' has element width %d", path, c->elem_bytes);
+        fail_with_hint(damaged, "checkpoint '%s' has element width %d", path, c->elem_bytes);
     }
     if (c->step < 0 || c->B <= 0 || c->T <= 0 || c->grad_accum <= 0) {
-        fail_with_hint(hint, "checkpoint '%s' has a malformed header (step %d, B %d, T %d)", path, c->step, c->B, c->T);
+        fail_with_hint(damaged, "checkpoint '%s' has a malformed header (step %d, B %d, T %d)", path, c->step, c->B, c->T);
     }
-    const int64_t expected = (int64_t)sizeof(h) + (int64_t)checkpoint_payload_bytes(c);
+    const int64_t expected = (int64_t)c->header_bytes + (int64_t)checkpoint_payload_bytes(c);
     if (size != expected) {
         fail_with_hint("the file was cut short or appended to; resume from an earlier ckpt_*.bin",
                        "checkpoint '%s' is %lld bytes, its header promises %lld", path, (long long)size,
@@ -126,9 +170,9 @@ static void checkpoint_read_header(const char *path, CheckpointHeader *c) {
 static void checkpoint_read_payload(const char *path, const CheckpointHeader *c, void *params, void *m, void *v,
                                     void *loader_state) {
     FILE *fp = fopenCheck(path, "rb");
-    fseekCheck(fp, CKPT_HEADER_INTS * sizeof(int32_t), SEEK_SET);
+    fseekCheck(fp, c->header_bytes, SEEK_SET);
     const size_t tensor_bytes = (size_t)c->num_parameters * c->elem_bytes;
-    uint64_t hash = FNV1A_INIT;
+    uint64_t hash = c->version == 1 ? FNV1A_INIT : fnv1a_update(FNV1A_INIT, c->config_text, strlen(c->config_text));
     void *scratch = NULL;
     void *targets[4] = {params, c->has_optimizer ? m : NULL, c->has_optimizer ? v : NULL, loader_state};
     size_t sizes[4] = {tensor_bytes, c->has_optimizer ? tensor_bytes : 0, c->has_optimizer ? tensor_bytes : 0,
@@ -151,16 +195,29 @@ static void checkpoint_read_payload(const char *path, const CheckpointHeader *c,
     }
 }
 
-// Writes a checkpoint atomically (temporary file, fsync, rename). m, v may be NULL when !has_optimizer.
+// Writes a checkpoint atomically (temporary file, fsync, rename) in the current version. m, v may be NULL when
+// !has_optimizer.
 static void checkpoint_write(const char *path, CheckpointHeader *c, const void *params, const void *m, const void *v,
                              const void *loader_state) {
+    memset(c->config_text, 0, sizeof(c->config_text));
+    const int text_bytes = model_config_to_text(&c->config, c->config_text, sizeof(c->config_text));
+    if (text_bytes < 0) { fail_with_hint("report this: the config outgrew the checkpoint header", "checkpoint config text too long"); }
     const size_t tensor_bytes = (size_t)c->num_parameters * c->elem_bytes;
-    uint64_t hash = fnv1a_update(FNV1A_INIT, params, tensor_bytes);
+    uint64_t hash = fnv1a_update(FNV1A_INIT, c->config_text, (size_t)text_bytes);
+    hash = fnv1a_update(hash, params, tensor_bytes);
     if (c->has_optimizer) { hash = fnv1a_update(fnv1a_update(hash, m, tensor_bytes), v, tensor_bytes); }
     if (c->loader_state_bytes > 0) { hash = fnv1a_update(hash, loader_state, c->loader_state_bytes); }
     c->checksum = hash;
-    int32_t h[CKPT_HEADER_INTS];
-    checkpoint_header_pack(h, c);
+    c->version = CKPT_VERSION;
+    c->header_bytes = CKPT_HEADER_BYTES;
+    uint8_t header[CKPT_HEADER_BYTES];
+    memset(header, 0, sizeof(header));
+    int32_t *h = (int32_t *)header;
+    h[0] = CKPT_MAGIC; h[1] = CKPT_VERSION; h[2] = c->elem_bytes; h[3] = c->has_optimizer;
+    put_u64(h, 4, c->num_parameters); h[6] = c->step; h[7] = c->B; h[8] = c->T; h[9] = c->grad_accum;
+    put_u64(h, 10, c->rng_state); h[12] = (int32_t)c->loader_state_bytes; put_u64(h, 13, c->checksum);
+    h[15] = text_bytes; h[16] = CKPT_HEADER_BYTES; put_u64(h, 18, fnv1a_update(FNV1A_INIT, c->config_text, (size_t)text_bytes));
+    memcpy(header + CKPT_CONFIG_OFFSET, c->config_text, (size_t)text_bytes);
     char tmp[4200];
     if (strlen(path) > 4000) { fail_with_hint("use a shorter output directory", "checkpoint path too long: %s", path); }
     const char *slash = strrchr(path, '/');
@@ -170,7 +227,7 @@ static void checkpoint_write(const char *path, CheckpointHeader *c, const void *
         snprintf(tmp, sizeof(tmp), ".%s.tmp", path);
     }
     FILE *fp = fopenCheck(tmp, "wb");
-    fwriteCheck(h, sizeof(int32_t), CKPT_HEADER_INTS, fp);
+    fwriteCheck(header, 1, sizeof(header), fp);
     fwriteCheck(params, 1, tensor_bytes, fp);
     if (c->has_optimizer) { fwriteCheck(m, 1, tensor_bytes, fp); fwriteCheck(v, 1, tensor_bytes, fp); }
     if (c->loader_state_bytes > 0) { fwriteCheck(loader_state, 1, c->loader_state_bytes, fp); }

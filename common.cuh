@@ -1,8 +1,10 @@
 /*
-common.cuh: the GPU ops every layer uses, mirroring ref/common.h op for op: cuBLASLt matmuls, the embedding
-(forward, deterministic backward), RMSNorm with the residual add fused in, SwiGLU, the classifier (cross-entropy
-over the real vocabulary of the padded one, its gradient written in place of the logits, probabilities never stored),
-AdamW on fp32 master weights, and the global gradient norm.
+common.cuh: the GPU foundation every layer uses, mirroring ref/common.h: the runtime context (device, stream,
+cuBLASLt handle and workspace: no global device or stream), cuBLASLt matmuls, the embedding (forward, deterministic
+backward), RMSNorm with the residual add fused in, the classifier (cross-entropy over the real vocabulary of the
+padded one, its gradient written in place of the logits, probabilities never stored), AdamW on fp32 master weights,
+the global gradient norm, fixed-order partial reductions; and the small interface every layer kind implements
+(KindOps, below), which kinds.cuh gathers into the GPU's kind table.
 
 Storage: activations and the working copy of the weights in floatX (bf16; fp32 in the ENABLE_FP32 build); parameter
 gradients, master weights and AdamW state in fp32; every reduction accumulates in fp32. Parameter gradients are
@@ -17,6 +19,7 @@ reproducible on a given GPU.
 #include <cublas_v2.h>
 
 #include "cuda_common.h"
+#include "model.h"
 #include "utils.h"
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -71,18 +74,61 @@ static void cublas_check(cublasStatus_t status, const char *file, int line) {
 }
 #define cublasCheck(status) (cublas_check((status), __FILE__, __LINE__))
 
-static cublasLtHandle_t cublaslt_handle;
-static void *cublaslt_workspace = NULL;
-static const size_t cublaslt_workspace_size = 32 * 1024 * 1024;
 #if FLOATX_IS_FP32
 static const cudaDataType_t CUBLAS_LOWP = CUDA_R_32F;
 #else
 static const cudaDataType_t CUBLAS_LOWP = CUDA_R_16BF;
 #endif
 
-static void cublas_init(void) {
-    cublasCheck(cublasLtCreate(&cublaslt_handle));
-    cudaCheck(cudaMalloc(&cublaslt_workspace, cublaslt_workspace_size));
+// ----------------------------------------------------------------------------------------------------------------
+// the runtime context: what one process needs to run the model on one GPU. A program (or one rank of a multi-GPU
+// job, or an inference engine beside a trainer) holds its own; every launcher takes it or its stream.
+
+typedef struct {
+    int device;
+    cudaDeviceProp prop;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_workspace;
+    size_t lt_workspace_bytes;
+    int plain_recurrence; // M2RNN: the plain fp32 recurrence even where the tensor-core kernels apply (bitwise
+                          // repeatable; env M2RNN_PLAIN_RECURRENCE=1, or tests)
+} Runtime;
+
+// sets up the runtime on `device`, refusing with a hint when there is none or it is older than the build's target
+static void runtime_init(Runtime *rt, int device) {
+    memset(rt, 0, sizeof(*rt));
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        fail_with_hint("run ./train_m2rnn_cpu (the CPU reference) on a machine without a GPU",
+                       "no CUDA device (%s)", err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+    }
+    if (device < 0 || device >= count) {
+        fail_with_hint("pick a device that exists", "CUDA device %d requested, %d present", device, count);
+    }
+    rt->device = device;
+    cudaCheck(cudaSetDevice(device));
+    cudaCheck(cudaGetDeviceProperties(&rt->prop, device));
+    if (rt->prop.major < 9) { // the build holds sm_90a code and compute_90 PTX, which no older GPU can run
+        fail_with_hint("this build targets Hopper (sm_90); on this GPU train with ./train_m2rnn_cpu",
+                       "GPU %d (%s) has compute capability %d.%d, this build needs 9.0 or newer", device,
+                       rt->prop.name, rt->prop.major, rt->prop.minor);
+    }
+    cudaCheck(cudaStreamCreate(&rt->stream));
+    cublasCheck(cublasLtCreate(&rt->lt));
+    rt->lt_workspace_bytes = 32 * 1024 * 1024;
+    cudaCheck(cudaMalloc(&rt->lt_workspace, rt->lt_workspace_bytes));
+    const char *env = getenv("M2RNN_PLAIN_RECURRENCE");
+    rt->plain_recurrence = env != NULL && strcmp(env, "1") == 0;
+}
+
+static void runtime_free(Runtime *rt) {
+    cudaCheck(cudaSetDevice(rt->device));
+    cudaCheck(cudaFree(rt->lt_workspace));
+    cublasCheck(cublasLtDestroy(rt->lt));
+    cudaCheck(cudaStreamDestroy(rt->stream));
+    memset(rt, 0, sizeof(*rt));
 }
 
 // Column-major D (m, n) = alpha · op(A) op(B) + beta · D, batched with strides; A and B in floatX, D in floatX or fp32
@@ -97,7 +143,7 @@ static uint32_t operand_alignment(const void *ptr, long long ld, size_t elem) {
 // lda, ldb, ldd = 0 mean dense (the rows of op-less storage)
 static void matmul_cublaslt_ld(void *d, int d_fp32, const floatX *a, const floatX *b, int m, int n, int k, int trans_a,
                                int trans_b, float alpha, float beta, int batch, long long stride_a, long long stride_b,
-                               long long stride_d, int lda, int ldb, int ldd, cudaStream_t stream) {
+                               long long stride_d, int lda, int ldb, int ldd, const Runtime *rt) {
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -122,7 +168,7 @@ static void matmul_cublaslt_ld(void *d, int d_fp32, const floatX *a, const float
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                     &cublaslt_workspace_size, sizeof(cublaslt_workspace_size)));
+                                                     &rt->lt_workspace_bytes, sizeof(rt->lt_workspace_bytes)));
     const size_t ex = sizeof(floatX), ed = d_fp32 ? sizeof(float) : sizeof(floatX);
     uint32_t align_a = operand_alignment(a, lda, ex), align_b = operand_alignment(b, ldb, ex);
     uint32_t align_d = operand_alignment(d, ldd, ed);
@@ -137,14 +183,14 @@ static void matmul_cublaslt_ld(void *d, int d_fp32, const floatX *a, const float
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(rt->lt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
     if (found == 0) {
         fail_with_hint("report the shape; it is a cuBLASLt limitation we have not met",
                        "no cuBLASLt algorithm for m=%d n=%d k=%d transA=%d transB=%d batch=%d", m, n, k, trans_a,
                        trans_b, batch);
     }
-    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo,
-                               cublaslt_workspace, cublaslt_workspace_size, stream));
+    cublasCheck(cublasLtMatmul(rt->lt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo,
+                               rt->lt_workspace, rt->lt_workspace_bytes, rt->stream));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     cublasCheck(cublasLtMatrixLayoutDestroy(la));
     cublasCheck(cublasLtMatrixLayoutDestroy(lb));
@@ -154,37 +200,37 @@ static void matmul_cublaslt_ld(void *d, int d_fp32, const floatX *a, const float
 
 static void matmul_cublaslt(void *d, int d_fp32, const floatX *a, const floatX *b, int m, int n, int k, int trans_a,
                             int trans_b, float alpha, float beta, int batch, long long stride_a, long long stride_b,
-                            long long stride_d, cudaStream_t stream) {
+                            long long stride_d, const Runtime *rt) {
     matmul_cublaslt_ld(d, d_fp32, a, b, m, n, k, trans_a, trans_b, alpha, beta, batch, stride_a, stride_b, stride_d, 0,
-                       0, 0, stream);
+                       0, 0, rt);
 }
 
 // out (M, OC) = inp (M, IC) @ weightᵀ, weight (OC, IC), all row-major; out's rows are out_stride ≥ OC apart
 static void matmul_forward_strided(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC,
-                                   int OC, cudaStream_t stream) {
-    matmul_cublaslt_ld(out, 0, weight, inp, OC, M, IC, 1, 0, 1.0f, 0.0f, 1, 0, 0, 0, 0, 0, out_stride, stream);
+                                   int OC, const Runtime *rt) {
+    matmul_cublaslt_ld(out, 0, weight, inp, OC, M, IC, 1, 0, 1.0f, 0.0f, 1, 0, 0, 0, 0, 0, out_stride, rt);
 }
 static void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, int M, int IC, int OC,
-                           cudaStream_t stream) {
-    matmul_forward_strided(out, OC, inp, weight, M, IC, OC, stream);
+                           const Runtime *rt) {
+    matmul_forward_strided(out, OC, inp, weight, M, IC, OC, rt);
 }
 
 // dinp (M, IC) = dout (M, OC) @ weight (or += with accumulate_dinp); dweight (OC, IC) += doutᵀ @ inp in fp32.
 // Either output may be NULL. dout's rows are dout_stride ≥ OC apart.
 static void matmul_backward_strided(floatX *dinp, float *dweight, const floatX *dout, int dout_stride,
                                     const floatX *inp, const floatX *weight, int M, int IC, int OC, int accumulate_dinp,
-                                    cudaStream_t stream) {
+                                    const Runtime *rt) {
     if (dinp != NULL) {
         matmul_cublaslt_ld(dinp, 0, weight, dout, IC, M, OC, 0, 0, 1.0f, accumulate_dinp ? 1.0f : 0.0f, 1, 0, 0, 0, 0,
-                           dout_stride, 0, stream);
+                           dout_stride, 0, rt);
     }
     if (dweight != NULL) {
-        matmul_cublaslt_ld(dweight, 1, inp, dout, IC, OC, M, 0, 1, 1.0f, 1.0f, 1, 0, 0, 0, 0, dout_stride, 0, stream);
+        matmul_cublaslt_ld(dweight, 1, inp, dout, IC, OC, M, 0, 1, 1.0f, 1.0f, 1, 0, 0, 0, 0, dout_stride, 0, rt);
     }
 }
 static void matmul_backward(floatX *dinp, float *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
-                            int M, int IC, int OC, int accumulate_dinp, cudaStream_t stream) {
-    matmul_backward_strided(dinp, dweight, dout, OC, inp, weight, M, IC, OC, accumulate_dinp, stream);
+                            int M, int IC, int OC, int accumulate_dinp, const Runtime *rt) {
+    matmul_backward_strided(dinp, dweight, dout, OC, inp, weight, M, IC, OC, accumulate_dinp, rt);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -386,62 +432,6 @@ static void rmsnorm_backward(floatX *dinp, float *dweight, float *scratch, const
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// SwiGLU: h = SiLU(up[:, :F]) ⊙ up[:, F:]
-
-// one block per token row; VEC: F % PACK == 0, so every row of up, h and dup is 16-byte aligned
-template <bool VEC>
-__global__ void swiglu_forward_kernel(floatX *h, const floatX *up, int F) {
-    const floatX *u = up + (long)blockIdx.x * 2 * F;
-    floatX *o = h + (long)blockIdx.x * F;
-    if (VEC) {
-        for (int j = threadIdx.x * PACK; j < F; j += blockDim.x * PACK) {
-            const Pack g = *(const Pack *)(u + j), l = *(const Pack *)(u + F + j);
-            Pack out;
-            for (int k = 0; k < PACK; k++) { out.v[k] = (floatX)(silu_f(to_float(g.v[k])) * to_float(l.v[k])); }
-            *(Pack *)(o + j) = out;
-        }
-    } else {
-        for (int j = threadIdx.x; j < F; j += blockDim.x) { o[j] = (floatX)(silu_f(to_float(u[j])) * to_float(u[F + j])); }
-    }
-}
-
-template <bool VEC>
-__global__ void swiglu_backward_kernel(floatX *dup, const floatX *dh, const floatX *up, int F) {
-    const floatX *u = up + (long)blockIdx.x * 2 * F, *g = dh + (long)blockIdx.x * F;
-    floatX *d = dup + (long)blockIdx.x * 2 * F;
-    if (VEC) {
-        for (int j = threadIdx.x * PACK; j < F; j += blockDim.x * PACK) {
-            const Pack gate = *(const Pack *)(u + j), lin = *(const Pack *)(u + F + j), gj = *(const Pack *)(g + j);
-            Pack dgate, dlin;
-            for (int k = 0; k < PACK; k++) {
-                const float a = to_float(gate.v[k]), b = to_float(lin.v[k]), c = to_float(gj.v[k]);
-                dgate.v[k] = (floatX)(c * b * silu_grad_f(a));
-                dlin.v[k] = (floatX)(c * silu_f(a));
-            }
-            *(Pack *)(d + j) = dgate;
-            *(Pack *)(d + F + j) = dlin;
-        }
-    } else {
-        for (int j = threadIdx.x; j < F; j += blockDim.x) {
-            const float gate = to_float(u[j]), lin = to_float(u[F + j]), gj = to_float(g[j]);
-            d[j] = (floatX)(gj * lin * silu_grad_f(gate));
-            d[F + j] = (floatX)(gj * silu_f(gate));
-        }
-    }
-}
-
-static void swiglu_forward(floatX *h, const floatX *up, int M, int F, cudaStream_t stream) {
-    if (F % PACK == 0) { swiglu_forward_kernel<true><<<M, 256, 0, stream>>>(h, up, F); }
-    else { swiglu_forward_kernel<false><<<M, 256, 0, stream>>>(h, up, F); }
-    cudaCheck(cudaGetLastError());
-}
-static void swiglu_backward(floatX *dup, const floatX *dh, const floatX *up, int M, int F, cudaStream_t stream) {
-    if (F % PACK == 0) { swiglu_backward_kernel<true><<<M, 256, 0, stream>>>(dup, dh, up, F); }
-    else { swiglu_backward_kernel<false><<<M, 256, 0, stream>>>(dup, dh, up, F); }
-    cudaCheck(cudaGetLastError());
-}
-
-// ----------------------------------------------------------------------------------------------------------------
 // classifier: the forward keeps only each row's log-sum-exp; the backward turns the logits into dlogits in place
 
 // One block per row; rows are Vp (a multiple of 128) apart, so 16-byte aligned. Two passes over the row (max, then the
@@ -574,5 +564,69 @@ static void cast_f32_to_floatx(floatX *out, const float *in, long n, cudaStream_
     cast_f32_to_floatx_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(out, in, n);
     cudaCheck(cudaGetLastError());
 }
+
+// ----------------------------------------------------------------------------------------------------------------
+// fixed-order reductions over tokens and device memory slices
+
+#define TOKEN_CHUNK 64 // tokens per partial sum in the parameter-gradient reductions (small: enough threads in flight)
+static inline int token_chunks(long BT) { return (int)CEIL_DIV(BT, (long)TOKEN_CHUNK); }
+
+// hands out 256-byte aligned slices of one allocation; measures when base == NULL (used = bytes needed)
+typedef struct { char *base; size_t used; } DeviceArena;
+static inline void *take(DeviceArena *a, size_t bytes) {
+    void *p = a->base != NULL ? a->base + a->used : NULL;
+    a->used += (bytes + 255) & ~(size_t)255;
+    return p;
+}
+#define TAKE_X(a, n) ((floatX *)take(a, (size_t)(n) * sizeof(floatX)))
+#define TAKE_F(a, n) ((float *)take(a, (size_t)(n) * sizeof(float)))
+
+// the kernels of the vector baselines (rnn.cuh, gru.cuh) hold a head's channels in one warp
+#define VRNN_MAX_V 32
+static void vrnn_check_gpu(const ModelConfig *c) {
+    if (c->vrnn.head_dim > VRNN_MAX_V) {
+        fail_with_hint("use rvNN with NN <= 32 on the GPU (the paper's head size is 16)",
+                       "the GPU RNN/GRU kernels take head sizes up to %d, got %d", VRNN_MAX_V, c->vrnn.head_dim);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the interface of a layer kind on the GPU, the same as ref/common.h's in everything but precision and the runtime:
+// the block calls these through the table of kinds.cuh and knows nothing else about a kind.
+
+// typed views of the parameter buffer: the floatX working copy (ModelParams), and the fp32 gradients and master
+// weights (ModelParams32); model.h's layout
+DEFINE_MODEL_VIEWS(floatX, ModelParams)
+DEFINE_MODEL_VIEWS(float, ModelParams32)
+#define VIEW_FIELD(name) floatX *name;    // a kind's struct of named tensors: typedef struct { M2RNN_PARAMS(VIEW_FIELD) }
+#define VIEW_FIELD_32(name) float *name;  // ... and of their gradients or master weights
+
+// one layer's tensors of a kind, in the kind's _PARAMS order
+typedef struct {
+    floatX *const *w;  // the floatX working copy the kernels read
+    float *const *w32; // the fp32 master weights (the decay gates read A_log and dt_bias from them)
+    float *const *g;   // the fp32 gradients
+} KindTensors;
+
+typedef struct {
+    char letter;
+    // bytes one layer saves from forward to backward, and of the scratch its forward, backward and step use (shared
+    // by all layers)
+    size_t (*acts_bytes)(const ModelConfig *c, int B, int T, const Runtime *rt);
+    size_t (*scratch_bytes)(const ModelConfig *c, int B, int T, const Runtime *rt);
+    // out (B,T,C) = Kind(inp (B,T,C)); acts receives what the backward needs
+    void (*forward)(floatX *out, void *acts, void *scratch, const floatX *inp, const KindTensors *t,
+                    const ModelConfig *c, int B, int T, const Runtime *rt);
+    // dinp (B,T,C) = d(inp) (written); the kind's parameter gradients t->g += ...
+    void (*backward)(floatX *dinp, void *scratch, const floatX *dout, const floatX *inp, const void *acts,
+                     const KindTensors *t, const ModelConfig *c, int B, int T, const Runtime *rt);
+    // bytes of one sequence's decode state (the layers.h row's numbers at this executor's precision)
+    size_t (*state_bytes)(const ModelConfig *c, int context);
+    // One token of B sequences: out (B,C) from inp (B,C); state (B, state_bytes) updated in place (zeros: the empty
+    // history); pos (B, on the device) the token's position in each sequence (< context); work: acts_bytes(c, B, 1)
+    // + scratch_bytes(c, B, 1) bytes for temporaries
+    void (*step)(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t, const ModelConfig *c,
+                 int B, const int *pos, int context, const Runtime *rt);
+} KindOps;
 
 #endif // M2RNN_COMMON_CUH

@@ -48,6 +48,7 @@ Limits: K a multiple of 16 up to 256, V in {16, 32}, N % Nq == 0; q/k/v 16-byte 
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include "cuda_common.h"
+#include "tiles.cuh"
 #include "utils.h"
 
 #define M2RNN_CHUNK 32 // checkpoint interval and shared-memory staging chunk (tokens)
@@ -119,71 +120,11 @@ static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d) {
 static inline size_t m2rnn_workspace_bytes(const M2RNNDims *d) { return m2rnn_workspace_layout(d).total; }
 
 // ----------------------------------------------------------------------------------------------------------------
-// device helpers: fragments, tensor-core MMA, transposes, cp.async
+// device helpers: the warp's fragment geometry, the step, the staging (the generic tile vocabulary is tiles.cuh's)
 
 namespace m2rnn_detail {
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi); // .x (low 16 bits) = lo
-    return *reinterpret_cast<uint32_t *>(&p);
-}
-__device__ __forceinline__ uint32_t pack_raw(floatX lo, floatX hi) {
-    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
-}
-__device__ __forceinline__ float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
-__device__ __forceinline__ float bf2f(floatX x) { return __bfloat162float(x); }
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-    __half2 p = __floats2half2_rn(lo, hi); // .x (low 16 bits) = lo
-    return *reinterpret_cast<uint32_t *>(&p);
-}
-__device__ __forceinline__ float2 unpack_f16x2(uint32_t u) { return __half22float2(*reinterpret_cast<__half2 *>(&u)); }
-
-// d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulate
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// transposes an 8x8 bf16 matrix held one row-pair per lane (the mma fragment layout) across the warp
-__device__ __forceinline__ uint32_t trans8x8(uint32_t x) {
-    uint32_t y;
-    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-    return y;
-}
-__device__ __forceinline__ float tanh_fast(float x) {
-    float y;
-    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-// cp.async to a shared-memory address the caller converted once: the generic-to-shared conversion reads the CTA's
-// shared window (S2R SR_CgaCtaId), a long-latency instruction that a per-copy conversion puts in every iteration
-__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async4(uint32_t saddr, const void *gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(saddr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// shared-memory stores done by a subset of lanes: predicated, so the warp never diverges around them
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void st_shared_if(bool pred, uint32_t addr, float a) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.shared.f32 [%1], %2;\n}\n" ::"r"((int)pred),
-                 "r"(addr), "f"(a));
-}
-__device__ __forceinline__ void st_shared_v2_if(bool pred, uint32_t addr, float a, float b) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.shared.v2.f32 [%1], {%2, %3};\n}\n" ::"r"(
-                     (int)pred),
-                 "r"(addr), "f"(a), "f"(b));
-}
-__device__ __forceinline__ void red_add_v4(float *gmem, float4 v) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(gmem), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                 : "memory");
-}
+using namespace tiles; // the tensor-core vocabulary of tiles.cuh
 
 // Fragment geometry of a warp that owns 16 rows x V columns of one head's state. lane = 4*g + t4; in accumulator
 // layout the lane holds S[h][e] = element (row g + 8*(e>>1), column 8h + 2*t4 + (e&1)) for each n8 tile h < V/8.
@@ -343,23 +284,6 @@ __device__ __forceinline__ void forward_step(float (&S)[V / 8][4], uint32_t (&aS
     pack_frag<V>(aS, S);
 }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// d += a (16x8 bf16, row) * b (8x8 bf16, col), fp32 accumulate
-__device__ __forceinline__ void mma16808(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
 // The backward's k and v for an 8-token block (V=16), loaded by one ldmatrix: a0/a1 = k as the A fragment of a
 // m16n8k8 MMA (m = this warp's 16 rows, k = token), b[h] = v as the B fragment of n8 tile h (k = token, n = column).
 struct KV8 {
@@ -1011,7 +935,7 @@ template <int V>
 __global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ state, const floatX *__restrict__ q,
                                   const floatX *__restrict__ k, const floatX *__restrict__ v,
                                   const float *__restrict__ f, const floatX *__restrict__ W, int N, int Nq, int K,
-                                  long sq, long sk, long sv) {
+                                  long sq, long sk, long sv, long state_stride) {
     using namespace m2rnn_detail;
     __shared__ float sW[V * V];
     __shared__ float sy[V];
@@ -1020,7 +944,7 @@ __global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ st
     for (int i = threadIdx.x; i < V * V; i += blockDim.x) { sW[i] = bf2f(W[(size_t)n * V * V + i]); }
     if (threadIdx.x < V) { sy[threadIdx.x] = 0.0f; }
     __syncthreads();
-    float *H = state + ((size_t)b * N + n) * K * V + (size_t)row * V;
+    float *H = state + (size_t)b * state_stride + ((size_t)n * K + row) * V;
     float h[V], hb[V];
 #pragma unroll
     for (int j = 0; j < V; j++) {
@@ -1058,14 +982,16 @@ __global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ st
 // 168 CTAs on 132 SMs) the SMs holding two CTAs set the time and HPC=1 is 12% faster.
 static int m2rnn_hpc_override = 0; // tests/benchmarks: 1 or 2 forces HPC where legal, 0 = automatic
 static int m2rnn_zstash_override = -1; // tests/benchmarks: 0 / 1 forces the backward's Z stash (V=16), -1 = automatic
+// the SM count of the current device, cached per device (one process may drive GPUs of different sizes)
 static inline int m2rnn_num_sms(void) {
-    static int sms = 0;
-    if (sms == 0) {
-        int dev = 0;
-        cudaCheck(cudaGetDevice(&dev));
-        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    return sms;
+    static int sms[64];
+    int dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    if (dev < 64 && sms[dev] != 0) { return sms[dev]; }
+    int n = 0;
+    cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) { sms[dev] = n; }
+    return n;
 }
 static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
     const int Gq = d->N / d->Nq, RB = d->K / 16;
@@ -1201,10 +1127,11 @@ static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float 
     cudaCheck(cudaGetLastError());
 }
 
-// One token for B sequences: state (B,N,K,V) fp32 updated in place; y (B,N,V) bf16; q, k (B,Nq,K) and v (B,N,V)
-// with per-sequence strides sq, sk, sv (d->T and d->cu_seqlens are ignored); f (B,N) fp32.
-static void m2rnn_step(floatX *y, float *state, const floatX *q, const floatX *k, const floatX *v, const float *f,
-                       const floatX *W, const M2RNNDims *d, cudaStream_t stream) {
+// One token for B sequences: state (B,N,K,V) fp32 updated in place, sequence b's (N,K,V) block state_stride floats
+// after sequence b−1's (N·K·V when they are packed); y (B,N,V) bf16; q, k (B,Nq,K) and v (B,N,V) with per-sequence
+// strides sq, sk, sv (d->T and d->cu_seqlens are ignored); f (B,N) fp32.
+static void m2rnn_step(floatX *y, float *state, long state_stride, const floatX *q, const floatX *k, const floatX *v,
+                       const float *f, const floatX *W, const M2RNNDims *d, cudaStream_t stream) {
     const char *why = m2rnn_check_dims(d);
     if (why != NULL) {
         fail_with_hint("the fast path is K=64, V=16; see the limits in m2rnn_kernels.cuh",
@@ -1214,10 +1141,10 @@ static void m2rnn_step(floatX *y, float *state, const floatX *q, const floatX *k
     const int block = CEIL_DIV(d->K, WARP_SIZE) * WARP_SIZE;
     if (d->V == 16) {
         m2rnn_step_kernel<16><<<grid, block, 0, stream>>>(y, state, q, k, v, f, W, d->N, d->Nq, d->K, d->sq, d->sk,
-                                                         d->sv);
+                                                         d->sv, state_stride);
     } else {
         m2rnn_step_kernel<32><<<grid, block, 0, stream>>>(y, state, q, k, v, f, W, d->N, d->Nq, d->K, d->sq, d->sk,
-                                                         d->sv);
+                                                         d->sv, state_stride);
     }
     cudaCheck(cudaGetLastError());
 }

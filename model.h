@@ -1,155 +1,217 @@
 /*
-model.h: the one definition of the model, shared by the CPU reference (train_m2rnn.c), the CUDA trainer and the
-inference engine. It holds:
-- ModelConfig and its defaults, the layer pattern (one letter per layer: M = M²RNN, A = attention), and the model
-  descriptor ("d256:l4:MMAM:n18") parser, with a clear refusal of anything malformed;
-- the parameter table: for every tensor its name, shape, init rule, weight-decay flag and offset in the one
-  contiguous parameter buffer. Allocation, init, checkpoint I/O and the optimizer's no-decay set are all derived from
-  it, so no executor lists parameters a second time;
+model.h: the one definition of the model, shared by the CPU reference (ref/lm.h), the GPU executor (lm.cuh) and every
+program built on them. Built from the layer-kind tables of layers.h, it holds:
+- the config: defaults, validation, the model descriptor parser ("d256:l4:MMAM:n16"), and the config as named
+  text fields for checkpoints (every kind's sizes by name: a new kind or field needs no header slot);
+- the parameter table: for every tensor its name, shape, init rule, weight-decay flag, tensor-parallel split, offset
+  in the one contiguous parameter buffer, and its slot in the executors' typed views. Allocation, init, checkpoint
+  I/O and the optimizer's no-decay set all derive from it, so no executor lists parameters a second time;
 - the parameter init (host side, seeded, identical for every executor);
-- FLOP counts per token for MFU.
-Executors declare their typed views with the PARAM_LAYER_FIELDS X-macro (real* on the CPU, floatX* on the GPU).
+- FLOPs per token for MFU, summed over the kinds' rows.
 */
 #ifndef M2RNN_MODEL_H
 #define M2RNN_MODEL_H
 
+#include <ctype.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "layers.h"
 #include "utils.h"
 
-#define MAX_LAYERS 128
-#define VOCAB_PAD_MULTIPLE 128
+// ----------------------------------------------------------------------------------------------------------------
+// the config fields: the global ones, then every kind's (a field array shared by two kinds, as R and U share theirs,
+// counts once)
+
+static const ConfigField GLOBAL_FIELDS[] = {
+    CFG_FIELD("vocab_size", NULL, FIELD_INT, vocab_size, "vocabulary (-vs)"),
+    CFG_FIELD("d_model", "d", FIELD_INT, d_model, "width d"),
+};
 
 typedef struct {
-    int vocab_size;          // V: real tokens (50257 for GPT-2)
-    int padded_vocab_size;   // Vp: V rounded up to a multiple of 128; logits of the padding are never used
-    int d_model;             // C
-    int n_layer;             // L = strlen(pattern)
-    char pattern[MAX_LAYERS + 1];
-    // M²RNN mixer (spec m2rnn_authors_code.md §1)
-    int rnn_heads;           // N: value heads (each has its own K×V state)
-    int rnn_qk_heads;        // Nq = Nk: 1 (the paper's configs, shared by all N heads) or N
-    int rnn_k;               // K: key dim = rows of the state (64)
-    int rnn_v;               // Vh: value dim = columns of the state (16)
-    int conv_width;          // depthwise causal conv taps (4)
-    float rnn_grad_clamp;    // elementwise clamp of the carried dH in the backward (1.0; 0 = off)
-    // attention mixer
-    int attn_heads;          // NH
-    int attn_head_dim;       // HS
-    int use_rope;            // 0 = NoPE (hybrids in the paper), 1 = RoPE
-    float rope_theta;
-    // SwiGLU MLP
-    int mlp_hidden;          // F
-} ModelConfig;
+    const ConfigField *field;
+    const LayerKind *owners[NUM_MIXER_KINDS + NUM_FFN_KINDS]; // the kinds that own it (none: a global field)
+    int num_owners;
+} FieldEntry;
+
+#define MAX_CONFIG_FIELDS 64
+
+// every field once, with its owners; returns the count
+static int config_fields(FieldEntry *out) {
+    int n = 0;
+    for (int i = 0; i < NFIELDS(GLOBAL_FIELDS); i++) { out[n].field = &GLOBAL_FIELDS[i]; out[n++].num_owners = 0; }
+    for (int k = 0; k < NUM_MIXER_KINDS + NUM_FFN_KINDS; k++) {
+        const LayerKind *kind = k < NUM_MIXER_KINDS ? &MIXER_KINDS[k] : &FFN_KINDS[k - NUM_MIXER_KINDS];
+        for (int i = 0; i < kind->num_fields; i++) {
+            int found = -1;
+            for (int j = 0; j < n; j++) { if (out[j].field == &kind->fields[i]) { found = j; } }
+            if (found < 0) { found = n++; out[found].field = &kind->fields[i]; out[found].num_owners = 0; }
+            out[found].owners[out[found].num_owners++] = kind;
+        }
+    }
+    return n;
+}
+
+static inline void *config_field_ptr(ModelConfig *c, const ConfigField *f) { return (char *)c + f->offset; }
+static inline const void *config_field_cptr(const ModelConfig *c, const ConfigField *f) { return (const char *)c + f->offset; }
 
 // ----------------------------------------------------------------------------------------------------------------
-// config defaults, derived sizes, validation
+// defaults and validation
 
-static inline int round_up(int x, int multiple) { return ((x + multiple - 1) / multiple) * multiple; }
+// the feed-forward letter of layer l ("" means SwiGLU everywhere)
+static inline char model_ffn_letter(const ModelConfig *c, int l) { return c->ffn_pattern[0] ? c->ffn_pattern[l] : 's'; }
 
-// M²RNN projection rows: q | k | v | f_raw | g (spec §1 item 1), and the conv channels q | k | v
-static inline int m2rnn_proj_rows(const ModelConfig *c) {
-    return 2 * c->rnn_qk_heads * c->rnn_k + 2 * c->rnn_heads * c->rnn_v + c->rnn_heads;
-}
-static inline int m2rnn_conv_dim(const ModelConfig *c) { return 2 * c->rnn_qk_heads * c->rnn_k + c->rnn_heads * c->rnn_v; }
+static inline int pattern_has(const char *pattern, char letter) { return strchr(pattern, letter) != NULL; }
 
-// Fills every size a user did not set (0 or -1 means "derive it"). Defaults: K=64, V=16 and Nq=1 as the paper;
-// N chosen so an M²RNN layer has about the parameters of an attention layer (4C²), rounded to a multiple of 8 so the
-// projection's 2·64 + 33·N rows are too (the GPU's matmuls then run aligned kernels): 80 at C=1024 (the paper used
-// 84, pass n84 for it); attention heads of dim 64; SwiGLU hidden 8C/3 rounded up to 64 (2752 at C=1024, as the paper).
+// Fills every size a user did not set (0, or < 0 for floats, means "derive it"). Every kind's defaults are filled,
+// present in the pattern or not, so a config is always complete.
 static void model_config_fill_defaults(ModelConfig *c) {
     if (c->vocab_size <= 0) { c->vocab_size = 50257; }
     c->padded_vocab_size = round_up(c->vocab_size, VOCAB_PAD_MULTIPLE);
-    if (c->rnn_k <= 0) { c->rnn_k = 64; }
-    if (c->rnn_v <= 0) { c->rnn_v = 16; }
-    if (c->rnn_qk_heads <= 0) { c->rnn_qk_heads = 1; }
-    if (c->conv_width <= 0) { c->conv_width = 4; }
-    if (c->rnn_heads <= 0) {
-        const double n = (4.0 * c->d_model - 2.0 * c->rnn_k) / (3.0 * c->rnn_v + 1.0);
-        const int n8 = 8 * (int)floor(n / 8.0 + 0.5);
-        c->rnn_heads = n8 >= 8 ? n8 : (n >= 1 ? (int)n : 1);
-    }
-    if (c->rnn_grad_clamp < 0) { c->rnn_grad_clamp = 1.0f; }
-    if (c->attn_head_dim <= 0) { c->attn_head_dim = c->d_model >= 64 ? 64 : c->d_model; }
-    if (c->attn_heads <= 0) { c->attn_heads = c->d_model / c->attn_head_dim > 0 ? c->d_model / c->attn_head_dim : 1; }
-    if (c->rope_theta <= 0) { c->rope_theta = 10000.0f; }
-    if (c->mlp_hidden <= 0) { c->mlp_hidden = round_up((8 * c->d_model + 2) / 3, 64); }
     c->n_layer = (int)strlen(c->pattern);
+    if (strlen(c->ffn_pattern) == 1 && c->n_layer > 1) { // one letter: every layer
+        memset(c->ffn_pattern + 1, c->ffn_pattern[0], (size_t)c->n_layer - 1);
+        c->ffn_pattern[c->n_layer] = '\0';
+    }
+    for (int k = 0; k < NUM_MIXER_KINDS; k++) { MIXER_KINDS[k].fill_defaults(c); }
+    for (int k = 0; k < NUM_FFN_KINDS; k++) { FFN_KINDS[k].fill_defaults(c); }
 }
 
-static inline int model_layer_is_valid_letter(char ch) { return ch == 'M' || ch == 'A'; }
+// "M = M2RNN, A = attention, ..." from the table
+static const char *mixer_letters_help(void) {
+    static char buf[256];
+    if (buf[0] == '\0') {
+        for (int k = 0; k < NUM_MIXER_KINDS; k++) {
+            snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%c = %s", k ? ", " : "", MIXER_KINDS[k].letter,
+                     MIXER_KINDS[k].name);
+        }
+    }
+    return buf;
+}
+static const char *ffn_letters_help(void) {
+    static char buf[256];
+    if (buf[0] == '\0') {
+        for (int k = 0; k < NUM_FFN_KINDS; k++) {
+            snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%c = %s", k ? ", " : "", FFN_KINDS[k].letter,
+                     FFN_KINDS[k].name);
+        }
+    }
+    return buf;
+}
 
-// Refuses a config that cannot be built, with one line naming the problem and the fix.
+// Refuses a config that cannot be built, with one line naming the problem and the fix. Only the kinds present in
+// the pattern are validated.
 static void model_config_validate(const ModelConfig *c) {
-    const char *hint_pattern = "the pattern has one letter per layer: M = M2RNN, A = attention (e.g. -e d256:MMAM)";
-    size_t len = strlen(c->pattern);
-    if (len == 0) { fail_with_hint(hint_pattern, "empty layer pattern"); }
+    char hint[400];
+    snprintf(hint, sizeof(hint), "the pattern has one letter per layer: %s (e.g. -e d256:MMAM)", mixer_letters_help());
+    const size_t len = strlen(c->pattern);
+    if (len == 0) { fail_with_hint(hint, "empty layer pattern"); }
     for (size_t i = 0; i < len; i++) {
-        if (!model_layer_is_valid_letter(c->pattern[i])) {
-            fail_with_hint(hint_pattern, "layer pattern '%s': unknown layer letter '%c' at position %zu", c->pattern,
+        if (mixer_kind(c->pattern[i]) == NULL) {
+            fail_with_hint(hint, "layer pattern '%s': unknown layer letter '%c' at position %zu", c->pattern,
                            c->pattern[i], i);
+        }
+    }
+    if (c->ffn_pattern[0] != '\0') {
+        char fhint[400];
+        snprintf(fhint, sizeof(fhint), "ffn= takes one letter for every layer or one per layer: %s (e.g. ffn=s)",
+                 ffn_letters_help());
+        if (strlen(c->ffn_pattern) != len) {
+            fail_with_hint(fhint, "feed-forward pattern '%s' has %zu letters, the model %zu layers", c->ffn_pattern,
+                           strlen(c->ffn_pattern), len);
+        }
+        for (size_t i = 0; i < len; i++) {
+            if (ffn_kind(c->ffn_pattern[i]) == NULL) {
+                fail_with_hint(fhint, "feed-forward pattern '%s': unknown letter '%c' at position %zu", c->ffn_pattern,
+                               c->ffn_pattern[i], i);
+            }
         }
     }
     if (c->d_model <= 0 || c->d_model > 65536) { fail_with_hint("use e.g. -e d256:MMAM", "model width d=%d is out of range", c->d_model); }
     if (c->vocab_size <= 1) { fail_with_hint("the vocabulary needs at least 2 tokens", "vocab size %d", c->vocab_size); }
-    if (c->rnn_qk_heads != 1 && c->rnn_qk_heads != c->rnn_heads) {
-        fail_with_hint("set the q/k heads to 1 (shared by all value heads) or equal to the value heads",
-                       "M2RNN q/k heads (%d) must be 1 or equal the value heads (%d)", c->rnn_qk_heads, c->rnn_heads);
+    for (int k = 0; k < NUM_MIXER_KINDS; k++) {
+        if (pattern_has(c->pattern, MIXER_KINDS[k].letter)) { MIXER_KINDS[k].validate(c); }
     }
-    if (c->rnn_k <= 0 || c->rnn_v <= 0 || c->rnn_heads <= 0 || c->conv_width <= 0 || c->conv_width > 16) {
-        fail_with_hint("check the M2RNN sizes", "M2RNN sizes must be positive (K=%d V=%d N=%d conv=%d, conv <= 16)",
-                       c->rnn_k, c->rnn_v, c->rnn_heads, c->conv_width);
+    for (int l = 0; l < c->n_layer; l++) {
+        const LayerKind *f = ffn_kind(model_ffn_letter(c, l));
+        if (l == 0 || model_ffn_letter(c, l) != model_ffn_letter(c, l - 1)) { f->validate(c); }
     }
-    if (strchr(c->pattern, 'A') != NULL) {
-        if (c->attn_heads <= 0 || c->attn_head_dim <= 0) {
-            fail_with_hint("check the attention sizes", "attention needs heads > 0 and head dim > 0");
-        }
-        if (c->use_rope && c->attn_head_dim % 2 != 0) {
-            fail_with_hint("use an even head dim with RoPE", "RoPE needs an even attention head dim, got %d",
-                           c->attn_head_dim);
-        }
-    }
-    if (c->mlp_hidden <= 0) { fail_with_hint("check the MLP size", "MLP hidden size must be positive, got %d", c->mlp_hidden); }
 }
 
-// Parses a model descriptor: colon-separated fields, in any order:
-//   dNNN  width            lNN  layers (must equal the pattern length when both are given; alone: all M)
-//   nNN   M2RNN heads      qNN  M2RNN q/k heads     kNN  M2RNN K     vNN  M2RNN V
-//   hNN   attention heads  fNNN MLP hidden          rope  RoPE on    a pattern of M/A letters
-// e.g. "d256:l4:MMAM", "d768:MMMAMMMAMMMA:n48", "d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84".
+// ----------------------------------------------------------------------------------------------------------------
+// the model descriptor: colon-separated fields in any order
+//   dNNN width                 lNN layers (must equal the pattern length; alone: all M)
+//   a pattern of mixer letters ffn=X or ffn=XXXX (feed-forward letters, one for all layers or one per layer)
+//   each kind's own fields (nNN qNN kNN vNN: M2RNN; hNN, rope: attention; rhNN rvNN: RNN/GRU; fNNN: SwiGLU)
+// e.g. "d256:l4:MMAM", "d768:MMMAMMMAMMMA:n48", "d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84". A field for a kind the
+// pattern does not contain is refused (it would do nothing).
+
+static void descriptor_hint(char *buf, size_t n) {
+    FieldEntry fields[MAX_CONFIG_FIELDS];
+    const int nf = config_fields(fields);
+    snprintf(buf, n, "a descriptor looks like d256:MMAM or d512:l8:MMMAMMMA (fields d l");
+    for (int i = 0; i < nf; i++) {
+        if (fields[i].field->key != NULL && strcmp(fields[i].field->key, "d") != 0) {
+            snprintf(buf + strlen(buf), n - strlen(buf), " %s", fields[i].field->key);
+        }
+    }
+    snprintf(buf + strlen(buf), n - strlen(buf), " ffn=, and a pattern of %s)", mixer_letters_help());
+}
+
 static void model_config_from_descriptor(ModelConfig *c, const char *descriptor) {
-    const char *hint = "a descriptor looks like d256:MMAM or d512:l8:MMMAMMMA (fields d l n q k v h f rope and a "
-                       "pattern of M/A letters)";
+    char hint[600];
+    descriptor_hint(hint, sizeof(hint));
     char buf[512];
     if (strlen(descriptor) >= sizeof(buf)) { fail_with_hint(hint, "model descriptor too long"); }
     strcpy(buf, descriptor);
-    int layers = 0;
-    for (char *field = strtok(buf, ":"); field != NULL; field = strtok(NULL, ":")) {
-        if (strcmp(field, "rope") == 0) { c->use_rope = 1; continue; }
-        if (field[0] >= 'A' && field[0] <= 'Z') { // the layer pattern; its letters are checked by validate
-            if (strlen(field) > MAX_LAYERS) { fail_with_hint(hint, "pattern longer than %d layers", MAX_LAYERS); }
-            strcpy(c->pattern, field);
+    FieldEntry fields[MAX_CONFIG_FIELDS];
+    const int nf = config_fields(fields);
+    const FieldEntry *set[MAX_CONFIG_FIELDS];
+    char set_text[MAX_CONFIG_FIELDS][64];
+    int nset = 0, layers = 0;
+    for (char *tok = strtok(buf, ":"); tok != NULL; tok = strtok(NULL, ":")) {
+        if (strncmp(tok, "ffn=", 4) == 0) {
+            if (strlen(tok + 4) == 0 || strlen(tok + 4) > MAX_LAYERS) { fail_with_hint(hint, "model descriptor '%s': empty or overlong ffn=", descriptor); }
+            strcpy(c->ffn_pattern, tok + 4);
             continue;
         }
-        char *end = NULL;
-        long v = strtol(field + 1, &end, 10);
-        if (field[1] == '\0' || *end != '\0' || v <= 0 || v > 1000000) {
-            fail_with_hint(hint, "model descriptor '%s': cannot read field '%s'", descriptor, field);
+        if (tok[0] >= 'A' && tok[0] <= 'Z') { // the layer pattern; its letters are checked by validate
+            if (strlen(tok) > MAX_LAYERS) { fail_with_hint(hint, "pattern longer than %d layers", MAX_LAYERS); }
+            strcpy(c->pattern, tok);
+            continue;
         }
-        switch (field[0]) {
-            case 'd': c->d_model = (int)v; break;
-            case 'l': layers = (int)v; break;
-            case 'n': c->rnn_heads = (int)v; break;
-            case 'q': c->rnn_qk_heads = (int)v; break;
-            case 'k': c->rnn_k = (int)v; break;
-            case 'v': c->rnn_v = (int)v; break;
-            case 'h': c->attn_heads = (int)v; break;
-            case 'f': c->mlp_hidden = (int)v; break;
-            default: fail_with_hint(hint, "model descriptor '%s': unknown field '%s'", descriptor, field);
+        // a flag given by its key alone, or the longest key that leaves a number
+        const FieldEntry *best = NULL;
+        size_t best_len = 0;
+        for (int i = 0; i < nf; i++) {
+            const char *key = fields[i].field->key;
+            if (key == NULL) { continue; }
+            const size_t kl = strlen(key);
+            if (fields[i].field->type == FIELD_FLAG ? strcmp(tok, key) == 0 : (strncmp(tok, key, kl) == 0 && kl > best_len)) {
+                best = &fields[i];
+                best_len = kl;
+            }
         }
+        if (best == NULL && tok[0] != 'l') { // lNN, the layer count, is the one field outside the config
+            fail_with_hint(hint, "model descriptor '%s': unknown field '%s'", descriptor, tok);
+        }
+        const char *num = tok + (best ? best_len : 1);
+        if (best != NULL && best->field->type == FIELD_FLAG) {
+            *(int *)config_field_ptr(c, best->field) = 1;
+        } else {
+            char *end = NULL;
+            const double v = strtod(num, &end);
+            const int is_int = best == NULL || best->field->type == FIELD_INT;
+            if (num[0] == '\0' || *end != '\0' || !(v > 0) || v > 1000000 || (is_int && v != floor(v))) {
+                fail_with_hint(hint, "model descriptor '%s': cannot read field '%s'", descriptor, tok);
+            }
+            if (best == NULL) { layers = (int)v; continue; }
+            if (best->field->type == FIELD_INT) { *(int *)config_field_ptr(c, best->field) = (int)v; }
+            else { *(float *)config_field_ptr(c, best->field) = (float)v; }
+        }
+        if (nset < MAX_CONFIG_FIELDS) { set[nset] = best; snprintf(set_text[nset++], 64, "%s", tok); }
     }
     if (c->pattern[0] == '\0') {
         if (layers <= 0 || layers > MAX_LAYERS) { fail_with_hint(hint, "model descriptor '%s' gives no pattern and no layer count", descriptor); }
@@ -160,54 +222,112 @@ static void model_config_from_descriptor(ModelConfig *c, const char *descriptor)
                        strlen(c->pattern), c->pattern);
     }
     if (c->d_model <= 0) { fail_with_hint(hint, "model descriptor '%s' gives no width (dNNN)", descriptor); }
+    // a kind's field with no layer of that kind would be silently ignored: refuse it
+    for (int i = 0; i < nset; i++) {
+        if (set[i]->num_owners == 0) { continue; }
+        int used = 0;
+        char owners[64] = "";
+        for (int o = 0; o < set[i]->num_owners; o++) {
+            const LayerKind *k = set[i]->owners[o];
+            const int is_ffn = k->letter >= 'a' && k->letter <= 'z';
+            used |= is_ffn ? (c->ffn_pattern[0] == '\0' ? k->letter == 's' : pattern_has(c->ffn_pattern, k->letter))
+                           : pattern_has(c->pattern, k->letter);
+            snprintf(owners + strlen(owners), sizeof(owners) - strlen(owners), "%s%c", o ? " or " : "", k->letter);
+        }
+        if (!used) {
+            fail_with_hint("drop the field, or add a layer of that kind to the pattern",
+                           "model descriptor '%s': field '%s' (%s) belongs to %s layers, and the model has none",
+                           descriptor, set_text[i], set[i]->field->help, owners);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the config as text, for checkpoints: one "name=value" line per field, the two patterns first. Floats print with
+// 9 significant digits, which round-trips every float exactly.
+
+// writes the text into out (NUL-terminated); returns its length, or -1 if it does not fit
+static int model_config_to_text(const ModelConfig *c, char *out, size_t n) {
+    FieldEntry fields[MAX_CONFIG_FIELDS];
+    const int nf = config_fields(fields);
+    size_t used = (size_t)snprintf(out, n, "pattern=%s\nffn_pattern=%s\n", c->pattern, c->ffn_pattern);
+    for (int i = 0; i < nf && used < n; i++) {
+        const ConfigField *f = fields[i].field;
+        const void *p = config_field_cptr(c, f);
+        if (f->type == FIELD_FLOAT) { used += (size_t)snprintf(out + used, n - used, "%s=%.9g\n", f->name, *(const float *)p); }
+        else { used += (size_t)snprintf(out + used, n - used, "%s=%d\n", f->name, *(const int *)p); }
+    }
+    return used < n ? (int)used : -1;
+}
+
+// parses the text of model_config_to_text; returns NULL, or why it cannot (a name this build does not know, or a
+// malformed line). The derived sizes are filled by model_config_fill_defaults afterwards.
+static const char *model_config_from_text(ModelConfig *c, const char *text, char *why, size_t why_n) {
+    memset(c, 0, sizeof(*c));
+    c->m2rnn.grad_clamp = -1; // absent: the default
+    FieldEntry fields[MAX_CONFIG_FIELDS];
+    const int nf = config_fields(fields);
+    const char *line = text;
+    while (*line != '\0') {
+        const char *eol = strchr(line, '\n');
+        const size_t len = eol ? (size_t)(eol - line) : strlen(line);
+        char buf[256];
+        if (len >= sizeof(buf)) { snprintf(why, why_n, "a config line of %zu bytes", len); return why; }
+        memcpy(buf, line, len);
+        buf[len] = '\0';
+        line = eol ? eol + 1 : line + len;
+        if (len == 0) { continue; }
+        char *eq = strchr(buf, '=');
+        if (eq == NULL) { snprintf(why, why_n, "config line '%s' has no '='", buf); return why; }
+        *eq = '\0';
+        const char *name = buf, *value = eq + 1;
+        if (strcmp(name, "pattern") == 0 || strcmp(name, "ffn_pattern") == 0) {
+            if (strlen(value) > MAX_LAYERS) { snprintf(why, why_n, "%s longer than %d layers", name, MAX_LAYERS); return why; }
+            strcpy(name[0] == 'p' ? c->pattern : c->ffn_pattern, value);
+            continue;
+        }
+        const ConfigField *f = NULL;
+        for (int i = 0; i < nf; i++) { if (strcmp(fields[i].field->name, name) == 0) { f = fields[i].field; } }
+        if (f == NULL) { snprintf(why, why_n, "config field '%s' is unknown to this build (written by a newer m2rnn?)", name); return why; }
+        char *end = NULL;
+        const double v = strtod(value, &end);
+        if (value[0] == '\0' || *end != '\0') { snprintf(why, why_n, "config field %s='%s' is not a number", name, value); return why; }
+        if (f->type == FIELD_FLOAT) { *(float *)config_field_ptr(c, f) = (float)v; }
+        else { *(int *)config_field_ptr(c, f) = (int)v; }
+    }
+    return NULL;
 }
 
 // ----------------------------------------------------------------------------------------------------------------
 // the parameter table
 
-// Per-layer tensors, in buffer order. X(name, shape comment). Executors expand this into a struct of typed pointers
-// whose field order equals the enum order, so the table can point the views by index.
-#define PARAM_LAYER_FIELDS(X)                                                                                    \
-    X(ln1_w)      /* (C) pre-mixer RMSNorm weight */                                                          \
-    X(m_in_w)     /* (R, C) M2RNN input projection, rows q|k|v|f_raw|g */                                      \
-    X(m_conv_w)   /* (CD, W) depthwise causal conv over the q|k|v channels */                                  \
-    X(m_A_log)    /* (N) forget gate: alpha = exp(A_log) */                                                    \
-    X(m_dt_bias)  /* (N) forget gate: beta */                                                                  \
-    X(m_D)        /* (N, Vh) residual v ⊙ D */                                                                 \
-    X(m_W)        /* (N, Vh, Vh) state transition, multiplies H from the right */                              \
-    X(m_norm_w)   /* (N*Vh) RMSNorm over all heads' outputs */                                                 \
-    X(m_out_w)    /* (C, N*Vh) output projection */                                                            \
-    X(a_qkv_w)    /* (3*NH*HS, C) attention q|k|v projection */                                                \
-    X(a_out_w)    /* (C, NH*HS) attention output projection */                                                 \
-    X(ln2_w)      /* (C) pre-MLP RMSNorm weight */                                                             \
-    X(mlp_up_w)   /* (2F, C) SwiGLU: rows [0,F) gate, [F,2F) up */                                             \
-    X(mlp_down_w) /* (C, F) */
+// An executor's typed views of the one buffer (or of the gradients, or the master weights): the embedding, final
+// norm and LM head, then for each layer its two norms and the slots of its mixer and feed-forward kinds in their
+// _PARAMS order (each kind's file casts its slots to a struct of its named tensors). The struct is an array of
+// pointers; a ParamSpec's `slot` indexes it.
+#define DEFINE_MODEL_VIEWS(T, Views)                                                                             \
+    typedef struct {                                                                                             \
+        T *ln1_w;                   /* (C) pre-mixer RMSNorm */                                                 \
+        T *mixer[MAX_KIND_PARAMS];  /* the mixer kind's tensors */                                              \
+        T *ln2_w;                   /* (C) pre-feed-forward RMSNorm */                                          \
+        T *ffn[MAX_KIND_PARAMS];    /* the feed-forward kind's tensors */                                       \
+    } Views##Layer;                                                                                              \
+    typedef struct {                                                                                             \
+        T *wte;                     /* (Vp, C) token embedding */                                               \
+        T *lnf_w;                   /* (C) final RMSNorm */                                                     \
+        T *lm_head;                 /* (Vp, C) untied LM head */                                                \
+        Views##Layer layers[MAX_LAYERS];                                                                         \
+    } Views;
 
-enum {
-#define PARAM_ENUM(name) PK_##name,
-    PARAM_LAYER_FIELDS(PARAM_ENUM)
-#undef PARAM_ENUM
-    NUM_LAYER_PARAM_KINDS,
-    PK_wte = NUM_LAYER_PARAM_KINDS, // (Vp, C) token embedding
-    PK_lnf_w,                       // (C) final RMSNorm weight
-    PK_lm_head,                     // (Vp, C) untied LM head
-};
-
-// Executors keep typed views of the buffer in a struct laid out as an array of pointers: wte, lnf_w, lm_head, then
-// for each of MAX_LAYERS layers its fields in PK_ order (a struct of the PARAM_LAYER_FIELDS pointers). This returns
-// the slot of tensor (layer, kind) in such a struct, whatever the pointer type.
-static inline void **model_view_slot(void *views, int layer, int kind) {
-    void **p = (void **)views;
-    if (layer < 0) { return &p[kind == PK_wte ? 0 : (kind == PK_lnf_w ? 1 : 2)]; }
-    return &p[3 + (size_t)layer * NUM_LAYER_PARAM_KINDS + kind];
-}
-
-typedef enum { INIT_NORMAL, INIT_ONES, INIT_IDENTITY, INIT_A_LOG, INIT_DT_BIAS } InitRule;
+#define VIEW_LAYER_SLOTS (2 + 2 * MAX_KIND_PARAMS)
+#define VIEW_SLOTS (3 + MAX_LAYERS * VIEW_LAYER_SLOTS)
 
 typedef struct {
-    char name[32];
+    char name[48];      // "layer3.m2rnn.in_w"
     int layer;          // -1 for the embedding, final norm and LM head
-    int kind;           // PK_*
+    char kind;          // the kind's letter ('M', 's'), or 0 (norms, embedding, LM head)
+    int index;          // within the kind's _PARAMS list
+    int slot;           // in an executor's view struct
     int ndim;
     size_t shape[3];
     size_t numel;
@@ -215,10 +335,13 @@ typedef struct {
     InitRule init;
     float init_std;     // for INIT_NORMAL
     int weight_decay;   // 1 if AdamW decays it
+    SplitRule split;
+    int nseg;
+    size_t seg[MAX_SEGMENTS];
     size_t zero_rows_from; // rows >= this stay zero (vocab padding); == shape[0] otherwise
 } ParamSpec;
 
-#define MAX_PARAM_SPECS (3 + MAX_LAYERS * NUM_LAYER_PARAM_KINDS)
+#define MAX_PARAM_SPECS (3 + MAX_LAYERS * VIEW_LAYER_SLOTS)
 
 typedef struct {
     ParamSpec specs[MAX_PARAM_SPECS];
@@ -226,64 +349,78 @@ typedef struct {
     size_t num_parameters; // elements of the one buffer, the alignment gaps between tensors included
 } ParamTable;
 
-static void param_table_add(ParamTable *t, const char *name, int layer, int kind, int ndim, size_t d0, size_t d1,
-                            size_t d2, InitRule init, float std, int weight_decay) {
+static void param_table_add(ParamTable *t, const char *prefix, const ParamDef *d, int layer, char kind, int index,
+                            int slot) {
     ParamSpec *s = &t->specs[t->num_specs++];
     memset(s, 0, sizeof(*s));
-    if (layer >= 0) { snprintf(s->name, sizeof(s->name), "layer%d.%s", layer, name); }
-    else { snprintf(s->name, sizeof(s->name), "%s", name); }
+    if (layer >= 0) { snprintf(s->name, sizeof(s->name), "layer%d.%s%s", layer, prefix, d->name); }
+    else { snprintf(s->name, sizeof(s->name), "%s", d->name); }
     s->layer = layer;
     s->kind = kind;
-    s->ndim = ndim;
-    s->shape[0] = d0;
-    s->shape[1] = ndim > 1 ? d1 : 1;
-    s->shape[2] = ndim > 2 ? d2 : 1;
+    s->index = index;
+    s->slot = slot;
+    s->ndim = d->ndim;
+    for (int i = 0; i < 3; i++) { s->shape[i] = d->shape[i]; }
     s->numel = s->shape[0] * s->shape[1] * s->shape[2];
     // every tensor starts on a multiple of 8 elements (16 bytes of bf16): aligned operands for the GPU's matmuls;
     // the few gap elements stay zero
     t->num_parameters = (t->num_parameters + 7) / 8 * 8;
     s->offset = t->num_parameters;
-    s->init = init;
-    s->init_std = std;
-    s->weight_decay = weight_decay;
+    s->init = d->init;
+    s->init_std = d->std;
+    s->weight_decay = d->decay;
+    s->split = d->split;
+    s->nseg = d->nseg;
+    for (int i = 0; i < d->nseg; i++) { s->seg[i] = d->seg[i]; }
     s->zero_rows_from = s->shape[0];
     t->num_parameters += s->numel;
 }
 
-// Builds the table for a validated config. Inits and the no-decay set follow spec m2rnn_authors_code.md §1/§6:
-// N(0, 0.02) for projections, conv and embeddings; 0.02/sqrt(2L) for every output projection into the residual
-// stream; ones for norms and D; identity W; A_log, dt_bias as Mamba-2. No weight decay on norms, A_log, dt_bias, D.
+// a kind's tensors of layer l, with the "m2rnn." style prefix and the slots of group (1: mixer, 2: feed-forward)
+static void param_table_add_kind(ParamTable *t, const ModelConfig *c, const LayerKind *kind, int l, int slot0) {
+    ParamDef defs[MAX_KIND_PARAMS];
+    memset(defs, 0, sizeof(defs));
+    const int n = kind->params(c, defs);
+    char prefix[32];
+    snprintf(prefix, sizeof(prefix), "%s.", kind->name);
+    for (char *p = prefix; *p; p++) { *p = (char)tolower((unsigned char)*p); }
+    for (int i = 0; i < n; i++) {
+        if (defs[i].name == NULL) { fail_with_hint("fix the kind's param function in layers.h", "%s: tensor %d not defined", kind->name, i); }
+        param_table_add(t, prefix, &defs[i], l, kind->letter, i, slot0 + i);
+    }
+}
+
+// Builds the table for a validated config: wte, then per layer ln1_w, the mixer's tensors, ln2_w, the feed-forward's,
+// then lnf_w and lm_head. (For M and A layers with SwiGLU this is the order of checkpoint version 1.)
 static void param_table_build(ParamTable *t, const ModelConfig *c) {
     memset(t, 0, sizeof(*t));
     const size_t C = (size_t)c->d_model, Vp = (size_t)c->padded_vocab_size;
-    const float std = 0.02f, std_out = 0.02f / sqrtf(2.0f * (float)c->n_layer);
-    param_table_add(t, "wte", -1, PK_wte, 2, Vp, C, 0, INIT_NORMAL, std, 1);
+    const ParamDef wte = param_def("wte", 2, Vp, C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_COLUMN);
+    const ParamDef lnf = param_def("lnf_w", 1, C, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_REPLICATED);
+    const ParamDef head = param_def("lm_head", 2, Vp, C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_COLUMN);
+    const ParamDef ln1 = param_def("ln1_w", 1, C, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_REPLICATED);
+    const ParamDef ln2 = param_def("ln2_w", 1, C, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_REPLICATED);
+    param_table_add(t, "", &wte, -1, 0, 0, 0);
     t->specs[t->num_specs - 1].zero_rows_from = (size_t)c->vocab_size;
     for (int l = 0; l < c->n_layer; l++) {
-        param_table_add(t, "ln1_w", l, PK_ln1_w, 1, C, 0, 0, INIT_ONES, 0, 0);
-        if (c->pattern[l] == 'M') {
-            const size_t N = (size_t)c->rnn_heads, Vh = (size_t)c->rnn_v;
-            param_table_add(t, "m_in_w", l, PK_m_in_w, 2, (size_t)m2rnn_proj_rows(c), C, 0, INIT_NORMAL, std, 1);
-            param_table_add(t, "m_conv_w", l, PK_m_conv_w, 2, (size_t)m2rnn_conv_dim(c), (size_t)c->conv_width, 0,
-                            INIT_NORMAL, std, 1);
-            param_table_add(t, "m_A_log", l, PK_m_A_log, 1, N, 0, 0, INIT_A_LOG, 0, 0);
-            param_table_add(t, "m_dt_bias", l, PK_m_dt_bias, 1, N, 0, 0, INIT_DT_BIAS, 0, 0);
-            param_table_add(t, "m_D", l, PK_m_D, 2, N, Vh, 0, INIT_ONES, 0, 0);
-            param_table_add(t, "m_W", l, PK_m_W, 3, N, Vh, Vh, INIT_IDENTITY, 0, 1);
-            param_table_add(t, "m_norm_w", l, PK_m_norm_w, 1, N * Vh, 0, 0, INIT_ONES, 0, 0);
-            param_table_add(t, "m_out_w", l, PK_m_out_w, 2, C, N * Vh, 0, INIT_NORMAL, std_out, 1);
-        } else { // 'A'
-            const size_t inner = (size_t)c->attn_heads * (size_t)c->attn_head_dim;
-            param_table_add(t, "a_qkv_w", l, PK_a_qkv_w, 2, 3 * inner, C, 0, INIT_NORMAL, std, 1);
-            param_table_add(t, "a_out_w", l, PK_a_out_w, 2, C, inner, 0, INIT_NORMAL, std_out, 1);
-        }
-        param_table_add(t, "ln2_w", l, PK_ln2_w, 1, C, 0, 0, INIT_ONES, 0, 0);
-        param_table_add(t, "mlp_up_w", l, PK_mlp_up_w, 2, 2 * (size_t)c->mlp_hidden, C, 0, INIT_NORMAL, std, 1);
-        param_table_add(t, "mlp_down_w", l, PK_mlp_down_w, 2, C, (size_t)c->mlp_hidden, 0, INIT_NORMAL, std_out, 1);
+        const int base = 3 + l * VIEW_LAYER_SLOTS;
+        param_table_add(t, "", &ln1, l, 0, 0, base);
+        param_table_add_kind(t, c, mixer_kind(c->pattern[l]), l, base + 1);
+        param_table_add(t, "", &ln2, l, 0, 0, base + 1 + MAX_KIND_PARAMS);
+        param_table_add_kind(t, c, ffn_kind(model_ffn_letter(c, l)), l, base + 2 + MAX_KIND_PARAMS);
     }
-    param_table_add(t, "lnf_w", -1, PK_lnf_w, 1, C, 0, 0, INIT_ONES, 0, 0);
-    param_table_add(t, "lm_head", -1, PK_lm_head, 2, Vp, C, 0, INIT_NORMAL, std, 1);
+    param_table_add(t, "", &lnf, -1, 0, 0, 1);
+    param_table_add(t, "", &head, -1, 0, 0, 2);
     t->specs[t->num_specs - 1].zero_rows_from = (size_t)c->vocab_size;
+}
+
+// points an executor's views (a DEFINE_MODEL_VIEWS struct) into a buffer of elements of elem_bytes each
+static void model_point_views(void *views, void *base, size_t elem_bytes, const ParamTable *t) {
+    void **slots = (void **)views;
+    memset(slots, 0, VIEW_SLOTS * sizeof(void *));
+    for (int i = 0; i < t->num_specs; i++) {
+        slots[t->specs[i].slot] = (char *)base + t->specs[i].offset * elem_bytes;
+    }
 }
 
 // the number of weights (the buffer's alignment gaps not counted)
@@ -291,6 +428,11 @@ static inline size_t param_table_count(const ParamTable *t) {
     size_t n = 0;
     for (int i = 0; i < t->num_specs; i++) { n += t->specs[i].numel; }
     return n;
+}
+
+static inline const ParamSpec *param_table_find(const ParamTable *t, const char *name) {
+    for (int i = 0; i < t->num_specs; i++) { if (strcmp(t->specs[i].name, name) == 0) { return &t->specs[i]; } }
+    return NULL;
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -323,9 +465,10 @@ static void model_init_parameters(float *params, const ParamTable *t, uint64_t s
         for (size_t j = 0; j < s->numel; j++) {
             float v = 0.0f;
             switch (s->init) {
+                case INIT_ZERO: v = 0.0f; break;
                 case INIT_NORMAL: v = (float)(s->init_std * rng_normal(&rng)); break;
                 case INIT_ONES: v = 1.0f; break;
-                case INIT_IDENTITY: { // shape (N, Vh, Vh): identity per head
+                case INIT_IDENTITY: { // shape (N, V, V): identity per head
                     size_t within = j % (s->shape[1] * s->shape[2]);
                     v = (within / s->shape[2] == within % s->shape[2]) ? 1.0f : 0.0f;
                     break;
@@ -364,26 +507,22 @@ typedef struct {
 
 // ----------------------------------------------------------------------------------------------------------------
 // FLOPs for MFU: counted per token of a training step (forward + backward = 3x forward), including the parts a
-// 6N estimate misses. Recurrence per step per head: H W (2·K·Vh²), k vᵀ add, tanh, gate (≈6·K·Vh), y = Hᵀq (2·K·Vh).
-// Attention: QKᵀ and AV, causal so half of 4·T·HS per head per token. Conv: 2·W per channel.
+// 6N estimate misses (the recurrences, the convs, causal attention): the LM head plus each layer's kinds' rows.
 
 static double model_flops_per_token(const ModelConfig *c, int T) {
-    const double C = c->d_model, F = c->mlp_hidden;
-    double fwd = 2.0 * C * c->padded_vocab_size; // LM head
+    double fwd = 2.0 * c->d_model * c->padded_vocab_size; // LM head
     for (int l = 0; l < c->n_layer; l++) {
-        fwd += 2.0 * C * 2.0 * F + 2.0 * F * C; // SwiGLU
-        if (c->pattern[l] == 'M') {
-            const double N = c->rnn_heads, K = c->rnn_k, Vh = c->rnn_v;
-            fwd += 2.0 * C * m2rnn_proj_rows(c) + 2.0 * N * Vh * C;       // in / out projections
-            fwd += 2.0 * c->conv_width * m2rnn_conv_dim(c);              // conv
-            fwd += N * (2.0 * K * Vh * Vh + 6.0 * K * Vh + 2.0 * K * Vh); // recurrence
-        } else {
-            const double inner = (double)c->attn_heads * c->attn_head_dim;
-            fwd += 2.0 * C * 3.0 * inner + 2.0 * inner * C;
-            fwd += 2.0 * inner * (double)T; // QKᵀ + AV, causal: 4·T·inner/2
-        }
+        fwd += mixer_kind(c->pattern[l])->flops(c, T) + ffn_kind(model_ffn_letter(c, l))->flops(c, T);
     }
     return 3.0 * fwd;
+}
+
+// numbers one sequence's decode state holds over all layers at a context length (recurrent layers: constant;
+// attention: its KV cache grows with the context)
+static size_t model_decode_state_numbers(const ModelConfig *c, int context) {
+    size_t n = 0;
+    for (int l = 0; l < c->n_layer; l++) { n += mixer_kind(c->pattern[l])->decode_state(c, context); }
+    return n;
 }
 
 #endif // M2RNN_MODEL_H

@@ -1,18 +1,8 @@
 /*
 train_loop.h: the training run every executor shares: options and their CLI, the learning-rate schedule,
-validation, text samples, checkpoint save and exact resume, logging, and the step loop. The CPU reference
-(train_m2rnn.c) and the CUDA trainer (train_m2rnn.cu) each define the model API below and then include this file,
-so the two programs cannot drift apart in anything but how an op runs.
-
-The executor provides, before including this file:
-  typedef ... master_t;                  element of the parameters and AdamW state in checkpoints
-  Model with fields `ModelConfig config` and `ParamTable table`
-  model_build, model_init_weights, model_forward (host token arrays; returns the mean loss, or -1 without
-  targets), model_zero_grad, model_backward(model, loss_scale), model_update(model, OptimizerConfig*, step)
-  returning the grad norm, model_free
-  model_has_optimizer, model_read_state / model_write_state (parameters and AdamW m, v to and from host memory),
-  model_logits_row(model, b, t, out) (the padded logits of one position of the last forward, to host memory)
-  EXECUTOR_NAME, executor_peak_flops() (0 where MFU means nothing), executor_sync() (before reading a timer)
+validation, text samples, checkpoint save and exact resume, logging, and the step loop. It calls the model only
+through executor.h's API, which the CPU reference (ref/lm.h, in train_m2rnn.c) and the GPU executor (lm.cuh, in
+train_m2rnn.cu) implement, so the two programs cannot drift apart in anything but how an op runs.
 */
 #ifndef M2RNN_TRAIN_LOOP_H
 #define M2RNN_TRAIN_LOOP_H
@@ -22,6 +12,7 @@ The executor provides, before including this file:
 
 #include "checkpoint.h"
 #include "dataloader.h"
+#include "executor.h"
 #include "model.h"
 #include "tokenizer.h"
 #include "utils.h"
@@ -105,16 +96,16 @@ static void log_line(const char *out_dir, const char *fmt, ...) {
 
 static void save_checkpoint(const TrainOptions *o, const Model *model, int step, int grad_accum, uint64_t rng_state,
                             const DataLoader *loader) {
-    const size_t n = model->table.num_parameters;
+    const size_t n = model_table(model)->num_parameters, bytes = n * (size_t)executor_master_bytes();
     const int has_optimizer = model_has_optimizer(model);
-    master_t *params = (master_t *)mallocCheck(n * sizeof(master_t));
-    master_t *m = has_optimizer ? (master_t *)mallocCheck(n * sizeof(master_t)) : NULL;
-    master_t *v = has_optimizer ? (master_t *)mallocCheck(n * sizeof(master_t)) : NULL;
+    void *params = mallocCheck(bytes);
+    void *m = has_optimizer ? mallocCheck(bytes) : NULL;
+    void *v = has_optimizer ? mallocCheck(bytes) : NULL;
     model_read_state(model, params, m, v);
     CheckpointHeader h;
     memset(&h, 0, sizeof(h));
-    h.config = model->config;
-    h.elem_bytes = (int)sizeof(master_t);
+    h.config = *model_config(model);
+    h.elem_bytes = executor_master_bytes();
     h.has_optimizer = has_optimizer;
     h.num_parameters = n;
     h.step = step; h.B = o->B; h.T = o->T; h.grad_accum = grad_accum;
@@ -142,20 +133,19 @@ static float validate(Model *model, DataLoader *val, int max_batches) {
     return (float)(sum / (batches > 0 ? batches : 1));
 }
 
-// Generates tokens from an EOT through the training shape's forward (row 0, positions 0..n; the model is causal, so
-// the filler after the current position cannot leak in) and prints them through the tokenizer.
-static void print_sample(Model *model, const Tokenizer *tok, int B, int T, int n, uint64_t *rng_state) {
-    const int V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
-    if (n > T - 1) { n = T - 1; }
-    int *tokens = (int *)callocCheck((size_t)B * T, sizeof(int));
+// Generates n tokens from an EOT by recurrent decoding (each layer's single-token step with its state: constant work
+// a token for the recurrent layers, a growing KV cache for attention) and prints them through the tokenizer.
+static void print_sample(Model *model, const Tokenizer *tok, int n, uint64_t *rng_state) {
+    const ModelConfig *c = model_config(model);
+    const int V = c->vocab_size, Vp = c->padded_vocab_size;
     float *logits = (float *)mallocCheck((size_t)Vp * sizeof(float));
-    const int eot = tokenizer_eot(tok) < V ? tokenizer_eot(tok) : 0;
-    for (int i = 0; i < B * T; i++) { tokens[i] = eot; }
+    int token = tokenizer_eot(tok) < V ? tokenizer_eot(tok) : 0;
     Rng rng = {*rng_state};
+    model_decode_begin(model, 1, n);
     printf("---\n");
     for (int t = 0; t < n; t++) {
-        model_forward(model, tokens, NULL, B, T);
-        model_logits_row(model, 0, t, logits);
+        model_decode_step(model, &token, &t);
+        model_decode_logits(model, 0, logits);
         float maxv = logits[0];
         for (int i = 1; i < V; i++) { maxv = logits[i] > maxv ? logits[i] : maxv; }
         double sum = 0.0;
@@ -166,7 +156,7 @@ static void print_sample(Model *model, const Tokenizer *tok, int B, int T, int n
             acc += exp((double)(logits[i] - maxv));
             if (acc >= r) { next = i; break; }
         }
-        tokens[t + 1] = next;
+        token = next;
         size_t len = 0;
         const uint8_t *bytes = tokenizer_decode(tok, next, &len);
         if (bytes != NULL) { fwrite(bytes, 1, len, stdout); }
@@ -174,8 +164,19 @@ static void print_sample(Model *model, const Tokenizer *tok, int B, int T, int n
     printf("\n---\n");
     fflush(stdout);
     *rng_state = rng.state;
-    free(tokens);
     free(logits);
+}
+
+// the sizes of one kind of the model, "n=16 q=1 k=64 v=16 ..." from its row's fields
+static void describe_kind(char *out, size_t n, const ModelConfig *c, const LayerKind *k) {
+    out[0] = '\0';
+    for (int i = 0; i < k->num_fields; i++) {
+        const ConfigField *f = &k->fields[i];
+        const char *name = strchr(f->name, '.') ? strchr(f->name, '.') + 1 : f->name;
+        const void *p = (const char *)c + f->offset;
+        if (f->type == FIELD_FLOAT) { snprintf(out + strlen(out), n - strlen(out), "%s%s=%g", i ? " " : "", name, *(const float *)p); }
+        else { snprintf(out + strlen(out), n - strlen(out), "%s%s=%d", i ? " " : "", name, *(const int *)p); }
+    }
 }
 
 // Runs training as the options say. Returns the last step's train loss.
@@ -209,24 +210,24 @@ float train_run(const TrainOptions *o) {
     memset(&config, 0, sizeof(config));
     if (ckpt_path[0] != '\0') {
         checkpoint_read_header(ckpt_path, &ckpt);
-        if (ckpt.elem_bytes != (int)sizeof(master_t)) {
+        if (ckpt.elem_bytes != executor_master_bytes()) {
             fail_with_hint("use a checkpoint written by a build with the same precision",
                            "checkpoint '%s' holds %d-byte numbers, this build uses %d", ckpt_path, ckpt.elem_bytes,
-                           (int)sizeof(master_t));
+                           executor_master_bytes());
         }
         config = ckpt.config;
     } else {
-        config.rnn_grad_clamp = o->rnn_clamp;
+        config.m2rnn.grad_clamp = o->rnn_clamp;
         config.vocab_size = o->vocab_size;
-        config.use_rope = o->use_rope;
+        config.attn.rope = o->use_rope;
         model_config_from_descriptor(&config, o->init);
     }
-    Model model;
-    model_build(&model, &config);
-    if (ckpt_path[0] != '\0' && model.table.num_parameters != ckpt.num_parameters) {
+    Model *model = model_create(&config);
+    const ParamTable *table = model_table(model);
+    if (ckpt_path[0] != '\0' && table->num_parameters != ckpt.num_parameters) {
         fail_with_hint("the checkpoint is damaged or from another m2rnn version",
                        "checkpoint '%s' holds %llu parameters, its config implies %zu", ckpt_path,
-                       (unsigned long long)ckpt.num_parameters, model.table.num_parameters);
+                       (unsigned long long)ckpt.num_parameters, table->num_parameters);
     }
     const int resuming = o->resume && ckpt_path[0] != '\0';
     if (resuming && (ckpt.B != o->B || ckpt.T != o->T || ckpt.grad_accum != grad_accum)) {
@@ -237,11 +238,11 @@ float train_run(const TrainOptions *o) {
 
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, o->train_pattern, (size_t)o->B, (size_t)o->T, 0, 1, 1, o->seed,
-                    model.config.vocab_size);
+                    model_config(model)->vocab_size);
     const int have_val = o->val_pattern != NULL && o->val_pattern[0] != '\0' && o->val_every > 0;
     if (have_val) {
         dataloader_init(&val_loader, o->val_pattern, (size_t)o->B, (size_t)o->T, 0, 1, 0, o->seed,
-                        model.config.vocab_size);
+                        model_config(model)->vocab_size);
     }
 
     int start_step = 0;
@@ -254,12 +255,12 @@ float train_run(const TrainOptions *o) {
                            "checkpoint '%s' has a %u-byte dataloader state, this build's is %zu", ckpt_path,
                            ckpt.loader_state_bytes, sizeof(DataLoaderState));
         }
-        const size_t n = model.table.num_parameters;
-        master_t *params = (master_t *)mallocCheck(n * sizeof(master_t));
-        master_t *m = restore_optimizer ? (master_t *)mallocCheck(n * sizeof(master_t)) : NULL;
-        master_t *v = restore_optimizer ? (master_t *)mallocCheck(n * sizeof(master_t)) : NULL;
+        const size_t bytes = table->num_parameters * (size_t)executor_master_bytes();
+        void *params = mallocCheck(bytes);
+        void *m = restore_optimizer ? mallocCheck(bytes) : NULL;
+        void *v = restore_optimizer ? mallocCheck(bytes) : NULL;
         checkpoint_read_payload(ckpt_path, &ckpt, params, m, v, resuming ? &loader_state : NULL);
-        model_write_state(&model, params, m, v);
+        model_write_state(model, params, m, v);
         free(params); free(m); free(v);
         if (resuming) {
             dataloader_set_state(&train_loader, &loader_state);
@@ -267,18 +268,27 @@ float train_run(const TrainOptions *o) {
             rng_state = ckpt.rng_state;
         }
     } else {
-        model_init_weights(&model, o->seed);
+        model_init_weights(model, o->seed);
     }
 
-    const ModelConfig *c = &model.config;
+    const ModelConfig *c = model_config(model);
     if (!o->quiet) {
         printf("+-----------------------+----------------------------------------------------+\n");
-        printf("| model                 | d%d:l%d:%s\n", c->d_model, c->n_layer, c->pattern);
-        printf("| parameters            | %zu\n", param_table_count(&model.table));
-        printf("| M2RNN N, Nq, K, V     | %d, %d, %d, %d (conv %d, dH clamp %g)\n", c->rnn_heads, c->rnn_qk_heads,
-               c->rnn_k, c->rnn_v, c->conv_width, c->rnn_grad_clamp);
-        printf("| attention heads x dim | %d x %d (%s)\n", c->attn_heads, c->attn_head_dim, c->use_rope ? "RoPE" : "NoPE");
-        printf("| MLP hidden, vocab     | %d, %d (padded %d)\n", c->mlp_hidden, c->vocab_size, c->padded_vocab_size);
+        printf("| model                 | d%d:l%d:%s%s%s\n", c->d_model, c->n_layer, c->pattern,
+               c->ffn_pattern[0] ? ":ffn=" : "", c->ffn_pattern);
+        printf("| parameters            | %zu\n", param_table_count(table));
+        for (int k = 0; k < NUM_MIXER_KINDS + NUM_FFN_KINDS; k++) { // the sizes of every kind the model has
+            const LayerKind *kind = k < NUM_MIXER_KINDS ? &MIXER_KINDS[k] : &FFN_KINDS[k - NUM_MIXER_KINDS];
+            int count = 0;
+            for (int l = 0; l < c->n_layer; l++) {
+                count += k < NUM_MIXER_KINDS ? c->pattern[l] == kind->letter : model_ffn_letter(c, l) == kind->letter;
+            }
+            if (count == 0) { continue; }
+            char sizes[256];
+            describe_kind(sizes, sizeof(sizes), c, kind);
+            printf("| %-10s x%-3d       | %s\n", kind->name, count, sizes);
+        }
+        printf("| vocab                 | %d (padded %d)\n", c->vocab_size, c->padded_vocab_size);
         printf("| B, T, accumulation    | %d, %d, %d (%d tokens per step)\n", o->B, o->T, grad_accum, total_batch);
         printf("| train tokens          | %zu (%s)\n", train_loader.num_tokens, o->train_pattern);
         if (have_val) { printf("| val tokens            | %zu (%s)\n", val_loader.num_tokens, o->val_pattern); }
@@ -298,7 +308,7 @@ float train_run(const TrainOptions *o) {
         printf("no tokenizer at %s: no text samples (run make data)\n", o->tokenizer_path);
     }
     OptimizerConfig opt = {o->lr, 0.9f, 0.95f, 1e-10f, o->weight_decay, o->grad_clip};
-    const double peak_flops = executor_peak_flops();
+    const double peak_flops = executor_peak_flops(model);
     const double flops_per_step = model_flops_per_token(c, o->T) * total_batch;
     double time_sum = 0.0;
     int timed_steps = 0;
@@ -307,25 +317,25 @@ float train_run(const TrainOptions *o) {
     for (int step = start_step; step < o->max_steps; step++) {
         const int last_step = step == o->max_steps - 1;
         if (have_val && (step % o->val_every == 0 || last_step)) {
-            float val_loss = validate(&model, &val_loader, o->val_batches);
+            float val_loss = validate(model, &val_loader, o->val_batches);
             if (!o->quiet) { printf("step %5d | val loss %.6f\n", step, val_loss); }
             log_line(o->out_dir, "s:%d tel:%.6f\n", step, val_loss);
         }
         if (have_tokenizer && step > start_step && step % o->sample_every == 0) {
-            print_sample(&model, &tokenizer, o->B, o->T, o->sample_tokens, &rng_state);
+            print_sample(model, &tokenizer, o->sample_tokens, &rng_state);
         }
-        executor_sync();
+        executor_sync(model);
         const double t0 = wall_seconds();
-        model_zero_grad(&model);
+        model_zero_grad(model);
         double loss_sum = 0.0;
         for (int micro = 0; micro < grad_accum; micro++) {
             if (!o->overfit) { dataloader_next_batch(&train_loader); }
-            loss_sum += model_forward(&model, train_loader.inputs, train_loader.targets, o->B, o->T);
-            model_backward(&model, 1.0f / grad_accum);
+            loss_sum += model_forward(model, train_loader.inputs, train_loader.targets, o->B, o->T);
+            model_backward(model, 1.0f / grad_accum);
         }
         opt.lr = lr_at_step(step, o->max_steps, o->lr, o->warmup, o->final_lr_frac);
-        const double norm = model_update(&model, &opt, step + 1);
-        executor_sync();
+        const double norm = model_update(model, &opt, step + 1);
+        executor_sync(model);
         const double dt = wall_seconds() - t0;
         last_loss = (float)(loss_sum / grad_accum);
         if (o->loss_trace != NULL) { o->loss_trace[step] = (float)last_loss; }
@@ -343,14 +353,14 @@ float train_run(const TrainOptions *o) {
         log_line(o->out_dir, "s:%d trl:%.6f lr:%.6e norm:%.4f\n", step + 1, last_loss, opt.lr, norm);
         if (o->out_dir != NULL && ((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) ||
                                    (o->ckpt_every > 0 && last_step))) {
-            save_checkpoint(o, &model, step + 1, grad_accum, rng_state, &train_loader);
+            save_checkpoint(o, model, step + 1, grad_accum, rng_state, &train_loader);
         }
     }
     if (!o->quiet && timed_steps > 0) { printf("average step time %.1f ms\n", 1000.0 * time_sum / timed_steps); }
     if (have_tokenizer) { tokenizer_free(&tokenizer); }
     dataloader_free(&train_loader);
     if (have_val) { dataloader_free(&val_loader); }
-    model_free(&model);
+    model_free(model);
     return last_loss;
 }
 
@@ -359,12 +369,22 @@ float train_run(const TrainOptions *o) {
 
 static void print_usage(void) {
     TrainOptions d = train_options_default();
-    fprintf(stderr, "usage: %s [-flag value]...\n", EXECUTOR_NAME);
+    fprintf(stderr, "usage: %s [-flag value]...\n", executor_name());
     fprintf(stderr, "  -i  train shards glob            (%s)\n", d.train_pattern);
     fprintf(stderr, "  -j  val shards glob, \"\" = none   (%s)\n", d.val_pattern);
     fprintf(stderr, "  -e  model descriptor or ckpt.bin (%s)\n", d.init);
-    fprintf(stderr, "      descriptor fields: dNNN width, lNN layers, pattern of M/A letters, nNN M2RNN heads,\n");
-    fprintf(stderr, "      qNN M2RNN q/k heads (1 or N), kNN K, vNN V, hNN attention heads, fNNN MLP hidden, rope\n");
+    fprintf(stderr, "      descriptor fields: dNNN width, lNN layers, a pattern of mixer letters (%s),\n",
+            mixer_letters_help());
+    fprintf(stderr, "      ffn=X or one letter per layer (%s), and the kinds' sizes:\n", ffn_letters_help());
+    {
+        FieldEntry fields[MAX_CONFIG_FIELDS];
+        const int nf = config_fields(fields);
+        for (int i = 0; i < nf; i++) {
+            const ConfigField *f = fields[i].field;
+            if (f->key == NULL || fields[i].num_owners == 0) { continue; }
+            fprintf(stderr, "        %s%s %s\n", f->key, f->type == FIELD_FLAG ? "" : "NN", f->help);
+        }
+    }
     fprintf(stderr, "  -vs vocabulary size of a model built from a descriptor (%d = GPT-2)\n", d.vocab_size);
     fprintf(stderr, "  -ro RoPE in attention, 1 = on (or `rope` in the descriptor); 0 = NoPE (%d)\n", d.use_rope);
     fprintf(stderr, "  -o  output dir for main.log and checkpoints (none)\n");

@@ -1,87 +1,88 @@
 /*
-ref/attention.h: the CPU reference of causal multi-head softmax attention, forward and hand-written backward.
+ref/attention.h: the CPU reference of causal multi-head softmax attention (the A row of layers.h), forward and
+hand-written backward, and the single-token step of decoding against a KV cache.
 qkv = x W_qkvᵀ (rows q|k|v, heads contiguous inside each), optional RoPE on q and k, softmax(q kᵀ / sqrt(HS)) over
 the causal past, output projection; no biases. NoPE is the default (the paper's hybrids); RoPE (θ = 10000) rotates
 the pairs (i, i + HS/2), the "rotate half" convention of GPT-NeoX and Llama.
-The probabilities (B,NH,T,T) are kept for the backward: this is a reference, not the flash kernel.
+The mixer is projection → attention_core → projection; the core keeps the probabilities (B,NH,T,T) for the
+backward: this is a reference, not the flash kernel. GPU twin: attention.cuh (same names).
 */
 #ifndef M2RNN_REF_ATTENTION_H
 #define M2RNN_REF_ATTENTION_H
 
 #include "ref/common.h"
 
-typedef struct {
-    real *qkv; // (B,T,3*NH*HS) q and k after RoPE
-    real *att; // (B,NH,T,T) softmax probabilities (upper triangle unused)
-    real *y;   // (B,T,NH*HS) attention output before the output projection
-} AttnActs;
+typedef struct { ATTENTION_PARAMS(VIEW_FIELD) } AttentionParams; // the layer's tensors, in the layers.h row's order
 
-typedef struct { real *qkv, *att, *y; } AttnGrads; // gradient scratch, same shapes
-
-// rotates (or, with inverse = 1, un-rotates) the q and k parts of qkv (B,T,3*NH*HS) in place
-static void rope_apply(real *qkv, int B, int T, int NH, int HS, float theta, int inverse) {
+// rotates (or, with inverse = 1, un-rotates) the q and k heads of one token row (3·NH·HS: q | k | v) at position pos
+static void rope_row(real *row, int NH, int HS, int pos, float theta, int inverse) {
     const int inner = NH * HS, half = HS / 2;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            real *row = qkv + ((size_t)b * T + t) * 3 * inner;
-            for (int i = 0; i < half; i++) {
-                const double angle = t * pow((double)theta, -2.0 * i / HS);
-                const real cs = (real)cos(angle), sn = (real)(inverse ? -sin(angle) : sin(angle));
-                for (int part = 0; part < 2; part++) { // q, then k
-                    for (int h = 0; h < NH; h++) {
-                        real *x = row + (size_t)part * inner + (size_t)h * HS;
-                        const real x1 = x[i], x2 = x[i + half];
-                        x[i] = x1 * cs - x2 * sn;
-                        x[i + half] = x1 * sn + x2 * cs;
-                    }
-                }
+    for (int i = 0; i < half; i++) {
+        const double angle = pos * pow((double)theta, -2.0 * i / HS);
+        const real cs = (real)cos(angle), sn = (real)(inverse ? -sin(angle) : sin(angle));
+        for (int part = 0; part < 2; part++) { // q, then k
+            for (int h = 0; h < NH; h++) {
+                real *x = row + (size_t)part * inner + (size_t)h * HS;
+                const real x1 = x[i], x2 = x[i + half];
+                x[i] = x1 * cs - x2 * sn;
+                x[i + half] = x1 * sn + x2 * cs;
             }
         }
     }
 }
 
-// out (B,T,C) = Attention(inp (B,T,C))
-static void attention_forward(real *out, AttnActs *a, const real *inp, const LayerWeights *w, const ModelConfig *c,
-                              int B, int T) {
-    const int C = c->d_model, NH = c->attn_heads, HS = c->attn_head_dim, inner = NH * HS;
-    matmul_forward(a->qkv, inp, w->a_qkv_w, B * T, C, 3 * inner);
-    if (c->use_rope) { rope_apply(a->qkv, B, T, NH, HS, c->rope_theta, 0); }
+// qkv (B,T,3·NH·HS): every token row rotated at its position t
+static void rope_apply(real *qkv, int B, int T, int NH, int HS, float theta, int inverse) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) { rope_row(qkv + ((size_t)b * T + t) * 3 * NH * HS, NH, HS, t, theta, inverse); }
+    }
+}
+
+// Softmax attention of one query q (HS) over the keys and values of positions 0..last: keys at k + u·kv_stride,
+// values at v + u·kv_stride. p (last+1) receives the probabilities, y (HS) the output. Shared by the forward and the
+// decode step, so the two compute the same numbers.
+static void attention_row(real *y, real *p, const real *q, const real *k, const real *v, size_t kv_stride, int last,
+                          int HS, real scale) {
+    real maxv = -INFINITY;
+    for (int u = 0; u <= last; u++) {
+        const real *ku = k + (size_t)u * kv_stride;
+        real s = 0;
+        for (int i = 0; i < HS; i++) { s += q[i] * ku[i]; }
+        p[u] = s * scale;
+        maxv = p[u] > maxv ? p[u] : maxv;
+    }
+    double sum = 0.0;
+    for (int u = 0; u <= last; u++) { p[u] = (real)exp((double)(p[u] - maxv)); sum += p[u]; }
+    for (int u = 0; u <= last; u++) { p[u] = (real)(p[u] / sum); }
+    for (int i = 0; i < HS; i++) { y[i] = 0; }
+    for (int u = 0; u <= last; u++) {
+        const real *vu = v + (size_t)u * kv_stride;
+        for (int i = 0; i < HS; i++) { y[i] += p[u] * vu[i]; }
+    }
+}
+
+// y (B,T,NH·HS) = causal attention of qkv (B,T,3·NH·HS) (after RoPE); att (B,NH,T,T) the probabilities
+static void attention_core_forward(real *y, real *att, const real *qkv, int B, int T, int NH, int HS) {
+    const int inner = NH * HS;
     const real scale = (real)(1.0 / sqrt((double)HS));
 #pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             for (int t = 0; t < T; t++) {
-                const real *qt = a->qkv + ((size_t)b * T + t) * 3 * inner + (size_t)h * HS;
-                real *p = a->att + (((size_t)b * NH + h) * T + t) * T;
-                real maxv = -INFINITY;
-                for (int u = 0; u <= t; u++) {
-                    const real *ku = a->qkv + ((size_t)b * T + u) * 3 * inner + inner + (size_t)h * HS;
-                    real s = 0;
-                    for (int i = 0; i < HS; i++) { s += qt[i] * ku[i]; }
-                    p[u] = s * scale;
-                    maxv = p[u] > maxv ? p[u] : maxv;
-                }
-                double sum = 0.0;
-                for (int u = 0; u <= t; u++) { p[u] = (real)exp((double)(p[u] - maxv)); sum += p[u]; }
-                for (int u = 0; u <= t; u++) { p[u] = (real)(p[u] / sum); }
-                real *yt = a->y + ((size_t)b * T + t) * inner + (size_t)h * HS;
-                for (int i = 0; i < HS; i++) { yt[i] = 0; }
-                for (int u = 0; u <= t; u++) {
-                    const real *vu = a->qkv + ((size_t)b * T + u) * 3 * inner + 2 * inner + (size_t)h * HS;
-                    for (int i = 0; i < HS; i++) { yt[i] += p[u] * vu[i]; }
-                }
+                const real *base = qkv + (size_t)b * T * 3 * inner + (size_t)h * HS;
+                attention_row(y + ((size_t)b * T + t) * inner + (size_t)h * HS, att + (((size_t)b * NH + h) * T + t) * T,
+                              base + (size_t)t * 3 * inner, base + inner, base + 2 * inner, (size_t)3 * inner, t, HS,
+                              scale);
             }
         }
     }
-    matmul_forward(out, a->y, w->a_out_w, B * T, inner, C);
 }
 
-// dinp (B,T,C) +=, parameter grads in gw +=; g is zeroed scratch
-static void attention_backward(real *dinp, LayerWeights *gw, AttnGrads *g, const real *dout, const real *inp,
-                               const AttnActs *a, const LayerWeights *w, const ModelConfig *c, int B, int T) {
-    const int C = c->d_model, NH = c->attn_heads, HS = c->attn_head_dim, inner = NH * HS;
-    matmul_backward(g->y, gw->a_out_w, dout, a->y, w->a_out_w, B * T, inner, C);
+// dqkv (B,T,3·NH·HS) += from dy (B,T,NH·HS); datt (B,NH,T,T) zeroed scratch
+static void attention_core_backward(real *dqkv, real *datt, const real *dy, const real *qkv, const real *att, int B,
+                                    int T, int NH, int HS) {
+    const int inner = NH * HS;
     const real scale = (real)(1.0 / sqrt((double)HS));
     // one (b, h) owns its rows of dq, dk, dv: no two threads write the same element
 #pragma omp parallel for collapse(2) schedule(static)
@@ -89,16 +90,16 @@ static void attention_backward(real *dinp, LayerWeights *gw, AttnGrads *g, const
         for (int h = 0; h < NH; h++) {
             for (int t = T - 1; t >= 0; t--) {
                 const size_t rowt = ((size_t)b * T + t) * 3 * inner + (size_t)h * HS;
-                const real *p = a->att + (((size_t)b * NH + h) * T + t) * T;
-                real *dp = g->att + (((size_t)b * NH + h) * T + t) * T;
-                const real *dyt = g->y + ((size_t)b * T + t) * inner + (size_t)h * HS;
+                const real *p = att + (((size_t)b * NH + h) * T + t) * T;
+                real *dp = datt + (((size_t)b * NH + h) * T + t) * T;
+                const real *dyt = dy + ((size_t)b * T + t) * inner + (size_t)h * HS;
                 real dot = 0;
                 for (int u = 0; u <= t; u++) {
                     const size_t rowu = ((size_t)b * T + u) * 3 * inner + (size_t)h * HS;
                     real s = 0;
                     for (int i = 0; i < HS; i++) {
-                        s += dyt[i] * a->qkv[rowu + 2 * inner + i];
-                        g->qkv[rowu + 2 * inner + i] += p[u] * dyt[i];
+                        s += dyt[i] * qkv[rowu + 2 * inner + i];
+                        dqkv[rowu + 2 * inner + i] += p[u] * dyt[i];
                     }
                     dp[u] = s;
                     dot += p[u] * s;
@@ -107,15 +108,87 @@ static void attention_backward(real *dinp, LayerWeights *gw, AttnGrads *g, const
                     const size_t rowu = ((size_t)b * T + u) * 3 * inner + (size_t)h * HS;
                     const real ds = p[u] * (dp[u] - dot) * scale;
                     for (int i = 0; i < HS; i++) {
-                        g->qkv[rowt + i] += ds * a->qkv[rowu + inner + i];
-                        g->qkv[rowu + inner + i] += ds * a->qkv[rowt + i];
+                        dqkv[rowt + i] += ds * qkv[rowu + inner + i];
+                        dqkv[rowu + inner + i] += ds * qkv[rowt + i];
                     }
                 }
             }
         }
     }
-    if (c->use_rope) { rope_apply(g->qkv, B, T, NH, HS, c->rope_theta, 1); } // RoPE is a rotation: its adjoint inverts it
-    matmul_backward(dinp, gw->a_qkv_w, g->qkv, inp, w->a_qkv_w, B * T, C, 3 * inner);
 }
+
+typedef struct {
+    real *qkv; // (B,T,3*NH*HS) q and k after RoPE
+    real *att; // (B,NH,T,T) softmax probabilities (upper triangle unused)
+    real *y;   // (B,T,NH*HS) attention output before the output projection
+} AttnActs;
+
+static size_t attention_acts_layout(AttnActs *a, real *base, const ModelConfig *c, int B, int T) {
+    const size_t BT = (size_t)B * T, inner = (size_t)c->attn.heads * c->attn.head_dim;
+    Arena ar = {base, 0};
+    a->qkv = arena_take(&ar, BT * 3 * inner);
+    a->att = arena_take(&ar, (size_t)B * c->attn.heads * T * T);
+    a->y = arena_take(&ar, BT * inner);
+    return ar.used;
+}
+static size_t attention_mixer_acts_size(const ModelConfig *c, int B, int T) { AttnActs a; return attention_acts_layout(&a, NULL, c, B, T); }
+// the backward's gradients of qkv, att and y: the same shapes
+static size_t attention_mixer_scratch_size(const ModelConfig *c, int B, int T) { return attention_mixer_acts_size(c, B, T); }
+
+// out (B,T,C) = Attention(inp (B,T,C))
+static void attention_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c,
+                                    int B, int T) {
+    const AttentionParams *w = (const AttentionParams *)t->w;
+    AttnActs a;
+    attention_acts_layout(&a, acts, c, B, T);
+    const int C = c->d_model, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
+    matmul_forward(a.qkv, inp, w->qkv_w, B * T, C, 3 * inner);
+    if (c->attn.rope) { rope_apply(a.qkv, B, T, NH, HS, c->attn.rope_theta, 0); }
+    attention_core_forward(a.y, a.att, a.qkv, B, T, NH, HS);
+    matmul_forward(out, a.y, w->out_w, B * T, inner, C);
+}
+
+// dinp (B,T,C) +=, parameter grads +=; scratch zeroed by the caller
+static void attention_mixer_backward(real *dinp, real *scratch, const real *dout, const real *inp, const real *acts,
+                                     const KindTensors *t, const ModelConfig *c, int B, int T) {
+    const AttentionParams *w = (const AttentionParams *)t->w, *gw = (const AttentionParams *)t->g;
+    AttnActs a, g;
+    attention_acts_layout(&a, (real *)acts, c, B, T);
+    attention_acts_layout(&g, scratch, c, B, T);
+    const int C = c->d_model, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
+    matmul_backward(g.y, gw->out_w, dout, a.y, w->out_w, B * T, inner, C);
+    attention_core_backward(g.qkv, g.att, g.y, a.qkv, a.att, B, T, NH, HS);
+    if (c->attn.rope) { rope_apply(g.qkv, B, T, NH, HS, c->attn.rope_theta, 1); } // a rotation's adjoint inverts it
+    matmul_backward(dinp, gw->qkv_w, g.qkv, inp, w->qkv_w, B * T, C, 3 * inner);
+}
+
+// One token of B sequences. A sequence's state is its KV cache: keys then values, (context, NH·HS) each; the token at
+// pos is appended and attends to positions 0..pos.
+static void attention_mixer_step(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c,
+                                 int B, const int *pos, int context) {
+    const AttentionParams *w = (const AttentionParams *)t->w;
+    const int C = c->d_model, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
+    const size_t S = attention_decode_state(c, context);
+    const real scale = (real)(1.0 / sqrt((double)HS));
+    real *qkv = (real *)mallocCheck((size_t)B * 3 * inner * sizeof(real));
+    real *y = (real *)mallocCheck((size_t)B * inner * sizeof(real));
+    real *p = (real *)mallocCheck((size_t)context * sizeof(real));
+    matmul_forward(qkv, inp, w->qkv_w, B, C, 3 * inner);
+    for (int b = 0; b < B; b++) {
+        real *row = qkv + (size_t)b * 3 * inner, *kc = state + b * S, *vc = kc + (size_t)context * inner;
+        if (c->attn.rope) { rope_row(row, NH, HS, pos[b], c->attn.rope_theta, 0); }
+        memcpy(kc + (size_t)pos[b] * inner, row + inner, (size_t)inner * sizeof(real));
+        memcpy(vc + (size_t)pos[b] * inner, row + 2 * inner, (size_t)inner * sizeof(real));
+        for (int h = 0; h < NH; h++) {
+            attention_row(y + (size_t)b * inner + (size_t)h * HS, p, row + (size_t)h * HS, kc + (size_t)h * HS,
+                          vc + (size_t)h * HS, (size_t)inner, pos[b], HS, scale);
+        }
+    }
+    matmul_forward(out, y, w->out_w, B, inner, C);
+    free(qkv); free(y); free(p);
+}
+
+static const KindOps ATTENTION_OPS = {'A', attention_mixer_acts_size, attention_mixer_scratch_size,
+                                      attention_mixer_forward, attention_mixer_backward, attention_mixer_step};
 
 #endif // M2RNN_REF_ATTENTION_H

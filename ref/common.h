@@ -1,7 +1,7 @@
 /*
-ref/common.h: the CPU reference ops every layer uses, forward and backward side by side:
-matmul, RMSNorm, embedding, the classifier (softmax cross-entropy over the real vocabulary of a padded one), SiLU,
-the depthwise causal conv1d, and AdamW.
+ref/common.h: the CPU reference ops every layer uses, forward and backward side by side: matmul, RMSNorm, embedding,
+the classifier (softmax cross-entropy over the real vocabulary of a padded one), SiLU and softplus, AdamW; and the
+small interface every layer kind implements (KindOps, below), which ref/kinds.h gathers into the CPU's kind table.
 
 Conventions (llm.c's train_gpt2.c): outputs first, then inputs, then sizes. Backward functions ACCUMULATE (+=) into
 every gradient they produce, activations and parameters alike; the caller zeroes. `real` is float for training and
@@ -27,13 +27,18 @@ typedef double real;
 typedef float real;
 #endif
 
-// typed views of one layer's parameters (or of their gradients) inside the one contiguous buffer; field order is
-// the PK_* enum order, which param_view_slot() relies on
-typedef struct {
-#define PARAM_FIELD(name) real *name;
-    PARAM_LAYER_FIELDS(PARAM_FIELD)
-#undef PARAM_FIELD
-} LayerWeights;
+// typed views of the parameter buffer (and of the gradients): model.h's layout, in this executor's precision
+DEFINE_MODEL_VIEWS(real, ModelParams)
+#define VIEW_FIELD(name) real *name; // a kind's struct of named tensors: typedef struct { M2RNN_PARAMS(VIEW_FIELD) } ...
+
+// Hands out consecutive slices of one buffer; with base == NULL it only measures (used = the size needed). Kinds lay
+// out their activations and scratch with it, once to size them and once to point into them.
+typedef struct { real *base; size_t used; } Arena;
+static inline real *arena_take(Arena *a, size_t n) {
+    real *p = a->base != NULL ? a->base + a->used : NULL;
+    a->used += n;
+    return p;
+}
 
 #define RMSNORM_EPS 1e-5
 
@@ -282,47 +287,6 @@ static inline real silu_grad(real x) { real s = sigmoidr(x); return s * (1 + x *
 static inline real softplusr(real x) { return x > 20 ? x : (real)log1p(exp((double)x)); }
 
 // ----------------------------------------------------------------------------------------------------------------
-// depthwise causal conv1d (spec §1 item 3): out[t, c] = Σ_{j<W} w[c, j] · inp[t − (W−1) + j, c], zeros before t = 0.
-// inp is a view with row stride in_stride (it lives inside the projection output); out is dense (B, T, CD).
-
-static void conv1d_causal_forward(real *out, const real *inp, const real *weight, int B, int T, int CD, int W,
-                                  int in_stride) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            real *o = out + ((size_t)b * T + t) * CD;
-            for (int c = 0; c < CD; c++) {
-                real acc = 0;
-                for (int j = 0; j < W; j++) {
-                    int ts = t - (W - 1) + j;
-                    if (ts >= 0) { acc += weight[(size_t)c * W + j] * inp[((size_t)b * T + ts) * in_stride + c]; }
-                }
-                o[c] = acc;
-            }
-        }
-    }
-}
-
-// dinp (view, stride in_stride) += ..., dweight (CD, W) += ... Parallel over channels: deterministic.
-static void conv1d_causal_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
-                                   int B, int T, int CD, int W, int in_stride) {
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < CD; c++) {
-        for (int b = 0; b < B; b++) {
-            for (int t = 0; t < T; t++) {
-                const real g = dout[((size_t)b * T + t) * CD + c];
-                for (int j = 0; j < W; j++) {
-                    int ts = t - (W - 1) + j;
-                    if (ts < 0) { continue; }
-                    dweight[(size_t)c * W + j] += g * inp[((size_t)b * T + ts) * in_stride + c];
-                    dinp[((size_t)b * T + ts) * in_stride + c] += g * weight[(size_t)c * W + j];
-                }
-            }
-        }
-    }
-}
-
-// ----------------------------------------------------------------------------------------------------------------
 // AdamW (decoupled weight decay, bias-corrected), one call over a slice of the parameter buffer
 
 static void adamw_update(real *params, real *m, real *v, const real *grads, size_t n, float lr, float beta1,
@@ -337,5 +301,34 @@ static void adamw_update(real *params, real *m, real *v, const real *grads, size
         params[i] -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * params[i]);
     }
 }
+
+
+// ----------------------------------------------------------------------------------------------------------------
+// the interface of a layer kind (a mixer or a feed-forward), the same on every executor (kinds.cuh is the GPU's):
+// the block calls these through the table of ref/kinds.h and knows nothing else about a kind.
+
+// one layer's tensors of a kind, in the kind's _PARAMS order: w the weights, g their gradients
+typedef struct {
+    real *const *w;
+    real *const *g;
+} KindTensors;
+
+typedef struct {
+    char letter;
+    // numbers of activations one layer saves from forward to backward, and of the backward's scratch (shared by all
+    // layers; zeroed by the caller before each layer's backward)
+    size_t (*acts_size)(const ModelConfig *c, int B, int T);
+    size_t (*scratch_size)(const ModelConfig *c, int B, int T);
+    // out (B,T,C) = Kind(inp (B,T,C)); acts receives what the backward needs
+    void (*forward)(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B, int T);
+    // dinp (B,T,C) += d(inp); the kind's parameter gradients t->g += ...
+    void (*backward)(real *dinp, real *scratch, const real *dout, const real *inp, const real *acts,
+                     const KindTensors *t, const ModelConfig *c, int B, int T);
+    // One token of B sequences (decoding): out (B,C) from inp (B,C). state (B, decode_state(c, context) of the
+    // layers.h row) carries the sequence's history and is updated in place; all zeros is the empty history. pos (B):
+    // the position of this token in each sequence (< context).
+    void (*step)(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                 const int *pos, int context);
+} KindOps;
 
 #endif // M2RNN_REF_COMMON_H

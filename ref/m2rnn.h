@@ -11,6 +11,9 @@ ref/m2rnn.h: the CPU reference of the M²RNN mixer, forward and hand-written bac
      y_t = H_tᵀ q_t                       q/k head of value head n: n / (N / Nq)
   y += v ⊙ D;  y ← y ⊙ SiLU(g);  y ← RMSNorm over all N·Vh channels (one norm, not per head);  out = y W_outᵀ
 
+The mixer is the M row of layers.h behind the KindOps interface (ref/common.h): forward, backward, the single-token
+step of decoding, and the sizes of its saved activations and backward scratch. GPU twin: m2rnn.cuh.
+
 Where the paper and the code differ we follow the code: the paper writes RMSNorm per head (y_gt = RMSNorm(y_t ⊙ g_t)
 ∈ R^V); the authors' layer normalises the concatenation of all heads (spec §2 item 5).
 
@@ -23,6 +26,8 @@ total dH instead; the two agree when nothing is clamped.)
 #define M2RNN_REF_M2RNN_H
 
 #include "ref/common.h"
+#include "ref/conv.h"
+#include "ref/gate.h"
 
 // ----------------------------------------------------------------------------------------------------------------
 // the recurrence
@@ -195,42 +200,9 @@ static void m2rnn_recurrence_backward(real *dq, real *dk, real *dv, real *df, re
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// the forget gate: f = exp(−exp(A_log) · softplus(f_raw + dt_bias)), computed in full precision (spec §1 item 2)
-
-// f (BT, N); f_raw: view (BT, N) with row stride `stride`
-static void m2rnn_gate_forward(real *f, const real *f_raw, const real *A_log, const real *dt_bias, int BT, int N,
-                               int stride) {
-#pragma omp parallel for schedule(static)
-    for (int m = 0; m < BT; m++) {
-        for (int n = 0; n < N; n++) {
-            double dt = softplusr(f_raw[(size_t)m * stride + n] + dt_bias[n]);
-            f[(size_t)m * N + n] = (real)exp(-exp((double)A_log[n]) * dt);
-        }
-    }
-}
-
-// df_raw (view) +=, dA_log (N) +=, ddt_bias (N) +=. Parallel over heads: deterministic.
-static void m2rnn_gate_backward(real *df_raw, real *dA_log, real *ddt_bias, const real *df, const real *f,
-                                const real *f_raw, const real *A_log, const real *dt_bias, int BT, int N, int stride) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const double alpha = exp((double)A_log[n]);
-        double sum_dA = 0.0, sum_dbias = 0.0;
-        for (int m = 0; m < BT; m++) {
-            const double x = f_raw[(size_t)m * stride + n] + dt_bias[n];
-            const double g = (double)df[(size_t)m * N + n] * f[(size_t)m * N + n]; // dL/d(log f)
-            const double dx = -g * alpha * sigmoidr((real)x);                       // log f = −α softplus(x)
-            df_raw[(size_t)m * stride + n] += (real)dx;
-            sum_dbias += dx;
-            sum_dA += -g * alpha * softplusr((real)x);
-        }
-        dA_log[n] += (real)sum_dA;
-        ddt_bias[n] += (real)sum_dbias;
-    }
-}
-
-// ----------------------------------------------------------------------------------------------------------------
 // the mixer
+
+typedef struct { M2RNN_PARAMS(VIEW_FIELD) } M2RNNParams; // the layer's tensors, in the layers.h row's order
 
 typedef struct {
     real *proj;     // (B,T,R) input projection, rows q|k|v|f_raw|g
@@ -245,81 +217,135 @@ typedef struct {
     real *rstd;     // (B,T)
 } M2RNNActs;
 
-// gradient scratch of the mixer's activations (same shapes as the fields of M2RNNActs)
-typedef struct {
-    real *proj, *conv_act, *f, *y, *gated, *normed;
-} M2RNNGrads;
-
-// out (B,T,C) = M2RNN(inp (B,T,C)); saves what the backward needs in a
-static void m2rnn_mixer_forward(real *out, M2RNNActs *a, const real *inp, const LayerWeights *w, const ModelConfig *c,
-                                int B, int T) {
-    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c);
-    const int N = c->rnn_heads, Nq = c->rnn_qk_heads, K = c->rnn_k, Vh = c->rnn_v, NV = N * Vh;
-    const int off_v = 2 * Nq * K, off_f = CD, off_g = CD + N;
-    matmul_forward(a->proj, inp, w->m_in_w, BT, C, R);
-    conv1d_causal_forward(a->conv_pre, a->proj, w->m_conv_w, B, T, CD, c->conv_width, R);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < (size_t)BT * CD; i++) { a->conv_act[i] = siluf(a->conv_pre[i]); }
-    m2rnn_gate_forward(a->f, a->proj + off_f, w->m_A_log, w->m_dt_bias, BT, N, R);
-    const real *q = a->conv_act, *k = a->conv_act + Nq * K, *v = a->conv_act + off_v;
-    m2rnn_recurrence_forward(a->y, a->h, a->z, NULL, q, k, v, CD, a->f, w->m_W, NULL, B, T, N, Nq, K, Vh);
-#pragma omp parallel for schedule(static)
-    for (int m = 0; m < BT; m++) {
-        const real *vm = v + (size_t)m * CD, *gm = a->proj + (size_t)m * R + off_g;
-        real *ym = a->y + (size_t)m * NV, *gated = a->gated + (size_t)m * NV;
-        for (int i = 0; i < NV; i++) {
-            ym[i] += vm[i] * w->m_D[i];
-            gated[i] = ym[i] * siluf(gm[i]);
-        }
-    }
-    rmsnorm_forward(a->normed, a->rstd, a->gated, w->m_norm_w, BT, NV);
-    matmul_forward(out, a->normed, w->m_out_w, BT, NV, C);
+// the activations inside one layer's block (base NULL: sizes only); returns the numbers it takes
+static size_t m2rnn_acts_layout(M2RNNActs *a, real *base, const ModelConfig *c, int B, int T) {
+    const size_t BT = (size_t)B * T, N = (size_t)c->m2rnn.heads, NV = N * c->m2rnn.v;
+    const size_t state = (size_t)c->m2rnn.k * c->m2rnn.v, CD = (size_t)m2rnn_conv_dim(c);
+    Arena ar = {base, 0};
+    a->proj = arena_take(&ar, BT * m2rnn_proj_rows(c));
+    a->conv_pre = arena_take(&ar, BT * CD);
+    a->conv_act = arena_take(&ar, BT * CD);
+    a->f = arena_take(&ar, BT * N);
+    a->h = arena_take(&ar, BT * N * state);
+    a->z = arena_take(&ar, BT * N * state);
+    a->y = arena_take(&ar, BT * NV);
+    a->gated = arena_take(&ar, BT * NV);
+    a->normed = arena_take(&ar, BT * NV);
+    a->rstd = arena_take(&ar, BT);
+    return ar.used;
 }
 
-// dinp (B,T,C) +=, parameter grads in gw +=; g is zeroed scratch; dout (B,T,C)
-static void m2rnn_mixer_backward(real *dinp, LayerWeights *gw, M2RNNGrads *g, const real *dout, const real *inp,
-                                 const M2RNNActs *a, const LayerWeights *w, const ModelConfig *c, int B, int T) {
+// gradient scratch of the mixer's activations (same shapes as the fields of M2RNNActs)
+typedef struct { real *proj, *conv_act, *f, *y, *gated, *normed; } M2RNNGrads;
+
+static size_t m2rnn_scratch_layout(M2RNNGrads *g, real *base, const ModelConfig *c, int B, int T) {
+    const size_t BT = (size_t)B * T, NV = (size_t)c->m2rnn.heads * c->m2rnn.v;
+    Arena ar = {base, 0};
+    g->proj = arena_take(&ar, BT * m2rnn_proj_rows(c));
+    g->conv_act = arena_take(&ar, BT * m2rnn_conv_dim(c));
+    g->f = arena_take(&ar, BT * c->m2rnn.heads);
+    g->y = arena_take(&ar, BT * NV);
+    g->gated = arena_take(&ar, BT * NV);
+    g->normed = arena_take(&ar, BT * NV);
+    return ar.used;
+}
+
+static size_t m2rnn_mixer_acts_size(const ModelConfig *c, int B, int T) { M2RNNActs a; return m2rnn_acts_layout(&a, NULL, c, B, T); }
+static size_t m2rnn_mixer_scratch_size(const ModelConfig *c, int B, int T) { M2RNNGrads g; return m2rnn_scratch_layout(&g, NULL, c, B, T); }
+
+// out (B,T,C) = M2RNN(inp (B,T,C)); saves what the backward needs in acts
+static void m2rnn_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c,
+                                int B, int T) {
+    const M2RNNParams *w = (const M2RNNParams *)t->w;
+    M2RNNActs a;
+    m2rnn_acts_layout(&a, acts, c, B, T);
     const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c);
-    const int N = c->rnn_heads, Nq = c->rnn_qk_heads, K = c->rnn_k, Vh = c->rnn_v, NV = N * Vh;
+    const int N = c->m2rnn.heads, Nq = c->m2rnn.qk_heads, K = c->m2rnn.k, Vh = c->m2rnn.v, NV = N * Vh;
+    const int off_v = 2 * Nq * K, off_f = CD, off_g = CD + N;
+    matmul_forward(a.proj, inp, w->in_w, BT, C, R);
+    conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj, w->conv_w, B, T, CD, c->m2rnn.conv, R);
+    decay_gate_forward(a.f, a.proj + off_f, w->A_log, w->dt_bias, BT, N, R);
+    const real *q = a.conv_act, *k = a.conv_act + Nq * K, *v = a.conv_act + off_v;
+    m2rnn_recurrence_forward(a.y, a.h, a.z, NULL, q, k, v, CD, a.f, w->W, NULL, B, T, N, Nq, K, Vh);
+    output_gate_forward(a.y, a.gated, v, a.proj + off_g, w->D, BT, NV, CD, R);
+    rmsnorm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV);
+    matmul_forward(out, a.normed, w->out_w, BT, NV, C);
+}
+
+// dinp (B,T,C) +=, parameter grads += ; scratch zeroed by the caller; dout (B,T,C)
+static void m2rnn_mixer_backward(real *dinp, real *scratch, const real *dout, const real *inp, const real *acts,
+                                 const KindTensors *t, const ModelConfig *c, int B, int T) {
+    const M2RNNParams *w = (const M2RNNParams *)t->w, *gw = (const M2RNNParams *)t->g;
+    M2RNNActs a;
+    m2rnn_acts_layout(&a, (real *)acts, c, B, T);
+    M2RNNGrads g;
+    m2rnn_scratch_layout(&g, scratch, c, B, T);
+    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c);
+    const int N = c->m2rnn.heads, Nq = c->m2rnn.qk_heads, K = c->m2rnn.k, Vh = c->m2rnn.v, NV = N * Vh;
     const int off_v = 2 * Nq * K, off_f = CD, off_g = CD + N;
     // out = normed W_outᵀ
-    matmul_backward(g->normed, gw->m_out_w, dout, a->normed, w->m_out_w, BT, NV, C);
+    matmul_backward(g.normed, gw->out_w, dout, a.normed, w->out_w, BT, NV, C);
     // normed = RMSNorm(gated)
-    rmsnorm_backward(g->gated, gw->m_norm_w, g->normed, a->gated, w->m_norm_w, a->rstd, BT, NV);
+    rmsnorm_backward(g.gated, gw->norm_w, g.normed, a.gated, w->norm_w, a.rstd, BT, NV);
     // gated = y ⊙ SiLU(g_raw);  y = Hᵀq + v ⊙ D
-    const real *v = a->conv_act + off_v;
-#pragma omp parallel for schedule(static)
-    for (int m = 0; m < BT; m++) {
-        const real *gm = a->proj + (size_t)m * R + off_g, *ym = a->y + (size_t)m * NV;
-        const real *dgated = g->gated + (size_t)m * NV;
-        real *dym = g->y + (size_t)m * NV, *dg = g->proj + (size_t)m * R + off_g;
-        real *dvm = g->conv_act + (size_t)m * CD + off_v;
-        for (int i = 0; i < NV; i++) {
-            dym[i] += dgated[i] * siluf(gm[i]);
-            dg[i] += dgated[i] * ym[i] * silu_grad(gm[i]);
-            dvm[i] += dym[i] * w->m_D[i];
+    const real *v = a.conv_act + off_v;
+    output_gate_backward(g.y, g.proj + off_g, g.gated, a.y, a.proj + off_g, BT, NV, R);
+    residual_backward(g.conv_act + off_v, gw->D, g.y, v, w->D, BT, NV, CD);
+    // the recurrence
+    const real *q = a.conv_act, *k = a.conv_act + Nq * K;
+    real *dq = g.conv_act, *dk = g.conv_act + Nq * K, *dv = g.conv_act + off_v;
+    m2rnn_recurrence_backward(dq, dk, dv, g.f, gw->W, NULL, g.y, NULL, q, k, v, CD, a.f, w->W, NULL, a.h, a.z,
+                              c->m2rnn.grad_clamp, B, T, N, Nq, K, Vh);
+    // the gate, then SiLU and the conv
+    decay_gate_backward(g.proj + off_f, gw->A_log, gw->dt_bias, g.f, a.f, a.proj + off_f, w->A_log, w->dt_bias, BT, N, R);
+    conv1d_silu_backward(g.proj, gw->conv_w, g.conv_act, a.conv_pre, a.proj, w->conv_w, B, T, CD, c->m2rnn.conv, R);
+    // proj = inp W_inᵀ
+    matmul_backward(dinp, gw->in_w, g.proj, inp, w->in_w, BT, C, R);
+}
+
+// One token of B sequences. A sequence's state: the conv's last W−1 inputs (W−1, CD), then H (N, K, V). The same
+// arithmetic as the forward, step for step.
+static void m2rnn_mixer_step(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c,
+                             int B, const int *pos, int context) {
+    const M2RNNParams *w = (const M2RNNParams *)t->w;
+    const int C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c), W = c->m2rnn.conv;
+    const int N = c->m2rnn.heads, Nq = c->m2rnn.qk_heads, K = c->m2rnn.k, Vh = c->m2rnn.v, NV = N * Vh;
+    const int off_v = 2 * Nq * K, off_f = CD, off_g = CD + N, per_qk = N / Nq;
+    const size_t S = m2rnn_decode_state(c, context), conv_size = (size_t)(W - 1) * CD;
+    real *buf = (real *)mallocCheck(((size_t)B * (R + CD + N + 3 * NV + 1) + Vh) * sizeof(real));
+    real *proj = buf, *act = proj + (size_t)B * R, *f = act + (size_t)B * CD, *y = f + (size_t)B * N;
+    real *gated = y + (size_t)B * NV, *normed = gated + (size_t)B * NV, *rstd = normed + (size_t)B * NV;
+    real *z = rstd + B;
+    matmul_forward(proj, inp, w->in_w, B, C, R);
+    for (int b = 0; b < B; b++) {
+        conv1d_silu_step(act + (size_t)b * CD, state + b * S, proj + (size_t)b * R, w->conv_w, 1, CD, W, R);
+    }
+    decay_gate_forward(f, proj + off_f, w->A_log, w->dt_bias, B, N, R);
+    for (int b = 0; b < B; b++) {
+        for (int n = 0; n < N; n++) {
+            real *H = state + b * S + conv_size + (size_t)n * K * Vh;
+            const real *qb = act + (size_t)b * CD + (size_t)(n / per_qk) * K, *kb = qb + Nq * K;
+            const real *vb = act + (size_t)b * CD + off_v + (size_t)n * Vh, *Wn = w->W + (size_t)n * Vh * Vh;
+            const real ft = f[(size_t)b * N + n];
+            real *yb = y + (size_t)b * NV + (size_t)n * Vh;
+            for (int j = 0; j < Vh; j++) { yb[j] = 0; }
+            for (int r = 0; r < K; r++) {
+                real *hrow = H + (size_t)r * Vh;
+                m2rnn_z_row(z, hrow, Wn, kb[r], vb, Vh);
+                for (int j = 0; j < Vh; j++) {
+                    hrow[j] = ft * hrow[j] + (1 - ft) * z[j];
+                    yb[j] += hrow[j] * qb[r];
+                }
+            }
         }
     }
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < NV; i++) { // dD, summed over tokens in order: deterministic
-        real acc = 0;
-        for (int m = 0; m < BT; m++) { acc += g->y[(size_t)m * NV + i] * v[(size_t)m * CD + i]; }
-        gw->m_D[i] += acc;
-    }
-    // the recurrence
-    const real *q = a->conv_act, *k = a->conv_act + Nq * K;
-    real *dq = g->conv_act, *dk = g->conv_act + Nq * K, *dv = g->conv_act + off_v;
-    m2rnn_recurrence_backward(dq, dk, dv, g->f, gw->m_W, NULL, g->y, NULL, q, k, v, CD, a->f, w->m_W, NULL, a->h, a->z,
-                              c->rnn_grad_clamp, B, T, N, Nq, K, Vh);
-    // the gate
-    m2rnn_gate_backward(g->proj + off_f, gw->m_A_log, gw->m_dt_bias, g->f, a->f, a->proj + off_f, w->m_A_log,
-                        w->m_dt_bias, BT, N, R);
-    // SiLU after the conv (in place: conv_act's gradient becomes conv_pre's), then the conv
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < (size_t)BT * CD; i++) { g->conv_act[i] *= silu_grad(a->conv_pre[i]); }
-    conv1d_causal_backward(g->proj, gw->m_conv_w, g->conv_act, a->proj, w->m_conv_w, B, T, CD, c->conv_width, R);
-    // proj = inp W_inᵀ
-    matmul_backward(dinp, gw->m_in_w, g->proj, inp, w->m_in_w, BT, C, R);
+    output_gate_forward(y, gated, act + off_v, proj + off_g, w->D, B, NV, CD, R);
+    rmsnorm_forward(normed, rstd, gated, w->norm_w, B, NV);
+    matmul_forward(out, normed, w->out_w, B, NV, C);
+    free(buf);
 }
+
+static const KindOps M2RNN_OPS = {'M', m2rnn_mixer_acts_size, m2rnn_mixer_scratch_size, m2rnn_mixer_forward,
+                                  m2rnn_mixer_backward, m2rnn_mixer_step};
 
 #endif // M2RNN_REF_M2RNN_H

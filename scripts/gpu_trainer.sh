@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The GPU machine's run for the CUDA trainer: build it, its tests and its benchmark there (the GPU machine has nvcc
-# and gcc but no npm, so only these targets), run the tests against the CPU reference, the step benchmark of the
-# ≈125M-parameter hybrid at T=1024 and T=4096, and a short training run on the default corpus (carried over as shards).
-# Logs go to $OUT. usage: OUT=dir bash scripts/gpu_trainer.sh [quick]
+# and gcc but no npm, so only these targets), run the tests against the CPU reference (both reference models, fp32
+# and bf16 builds, decoding included) and the M²RNN kernel tests, the step benchmark of the ≈164M-parameter hybrid
+# at T=1024 and T=4096, exact GPU resume, and short training runs on the default corpus (carried over as shards):
+# the default MMAM hybrid and an RNN/GRU/attention hybrid.
+# Logs go to $OUT. usage: OUT=dir bash scripts/gpu_trainer.sh [quick|profile]
 set -uo pipefail
 OUT=${OUT:-build/gpu_out}
 mkdir -p "$OUT"
 nvidia-smi -L | tee "$OUT/gpu.txt"
-make -j16 train_m2rnn build/test_gpu_trainer build/test_gpu_trainer_fp32 build/bench_train_step > "$OUT/build.log" 2>&1 \
-    || { tail -40 "$OUT/build.log"; exit 1; }
+make -j16 train_m2rnn build/test_gpu_trainer build/test_gpu_trainer_fp32 build/bench_train_step build/test_m2rnn_gpu \
+    > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 ./build/test_gpu_trainer 2>&1 | tee "$OUT/test_gpu_trainer.log"
 ./build/test_gpu_trainer_fp32 2>&1 | tee "$OUT/test_gpu_trainer_fp32.log"
+./build/test_m2rnn_gpu 2>&1 | tail -4 | tee "$OUT/test_m2rnn_gpu.log"
 [ "${1:-}" = quick ] && exit 0
 {
     echo "| GPU | model | parameters | B | T | step ms | fwd ms | bwd ms | update ms | tokens/s | MFU | GiB |"
@@ -27,14 +30,19 @@ fi
 # the two step-30 checkpoints (weights, AdamW state, loader state) must be identical byte for byte. The plain
 # recurrence makes a step bitwise repeatable (the tensor-core backward sums dq/dk with fp32 atomics).
 export M2RNN_PLAIN_RECURRENCE=1
-RES=(-e d128:MMAM -b 8 -t 128 -x 30 -d 2048 -l 1e-3 -u 5 -v 10 -m 2 -n 15)
-rm -rf "$OUT/resume_a" "$OUT/resume_b"; mkdir -p "$OUT/resume_b"
-./train_m2rnn "${RES[@]}" -o "$OUT/resume_a" > "$OUT/resume_a.log" 2>&1
-cp "$OUT/resume_a/ckpt_00000015.bin" "$OUT/resume_b/"
-./train_m2rnn "${RES[@]}" -o "$OUT/resume_b" -y 1 > "$OUT/resume_b.log" 2>&1
-if cmp "$OUT/resume_a/ckpt_00000030.bin" "$OUT/resume_b/ckpt_00000030.bin"; then echo "PASS GPU resume at step 15 of 30 is bit-exact"
-else echo "FAIL GPU resume differs"; grep "^step *30/" "$OUT/resume_a.log" "$OUT/resume_b.log"; fi
+for pattern in MMAM RUAM; do
+    RES=(-e d128:$pattern -b 8 -t 128 -x 30 -d 2048 -l 1e-3 -u 5 -v 10 -m 2 -n 15)
+    rm -rf "$OUT/resume_a" "$OUT/resume_b"; mkdir -p "$OUT/resume_b"
+    ./train_m2rnn "${RES[@]}" -o "$OUT/resume_a" > "$OUT/resume_a.log" 2>&1
+    cp "$OUT/resume_a/ckpt_00000015.bin" "$OUT/resume_b/"
+    ./train_m2rnn "${RES[@]}" -o "$OUT/resume_b" -y 1 > "$OUT/resume_b.log" 2>&1
+    if cmp "$OUT/resume_a/ckpt_00000030.bin" "$OUT/resume_b/ckpt_00000030.bin"; then
+        echo "PASS GPU resume of $pattern at step 15 of 30 is bit-exact"
+    else echo "FAIL GPU resume of $pattern differs"; tail -3 "$OUT/resume_a.log" "$OUT/resume_b.log"; fi
+done
 rm -rf "$OUT/resume_a" "$OUT/resume_b"
 unset M2RNN_PLAIN_RECURRENCE
 timeout 150 ./train_m2rnn -e d256:l4:MMAM -b 16 -t 256 -x 200 -l 2e-3 -u 30 -v 50 -m 10 -sg 100 -g 48 -o "$OUT/run" \
     2>&1 | tee "$OUT/train.log" | grep -v "^step .*/" ; tail -3 "$OUT/train.log"
+timeout 150 ./train_m2rnn -e d256:RUAR -b 16 -t 256 -x 200 -l 2e-3 -u 30 -v 50 -m 10 -sg 200 -g 48 -o "$OUT/run_ru" \
+    2>&1 | tee "$OUT/train_ru.log" | grep -v "^step .*/" ; tail -3 "$OUT/train_ru.log"

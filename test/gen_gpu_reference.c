@@ -1,12 +1,14 @@
 /*
 gen_gpu_reference.c: writes what the GPU trainer test (test/test_gpu_trainer.cu) holds the CUDA trainer to, computed
-by the fp32 CPU reference: a checkpoint of a tiny hybrid with non-trivial weights (W, D and the norm weights moved off
-their identity/ones init so a transposed or skipped op shows), and a data file with 21 batches, the logits and loss
-of the first batch, every parameter gradient of that batch, and the losses of 20 AdamW steps; then the logits, loss
-and gradients once more with the weights rounded to bf16 as the bf16 GPU build holds them (all but A_log and dt_bias,
-which the GPU reads from its fp32 master). The bf16 build is compared with the latter: some gradients (A_log, dt_bias
-and W of a layer) move by 3-5e-2 from that rounding alone, in exact fp32 arithmetic, which no kernel can undo.
-usage: build/gen_gpu_reference OUT_DIR   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/gpu_ref_data.bin
+by the fp32 CPU reference: a checkpoint of a tiny hybrid with non-trivial weights (W, U_n, D and the norm weights
+moved off their identity/ones init so a transposed or skipped op shows), and a data file with 21 batches, the logits
+and loss of the first batch, every parameter gradient of that batch, and the losses of 20 AdamW steps; then the
+logits, loss and gradients once more with the weights rounded to bf16 as the bf16 GPU build holds them (all but A_log
+and dt_bias, which the GPU reads from its fp32 master). The bf16 build is compared with the latter: some gradients
+(A_log, dt_bias and W of a layer) move by 3-5e-2 from that rounding alone, in exact fp32 arithmetic, which no kernel
+can undo. Two models: MMAM (M²RNN, six value heads sharing one q/k head, RoPE attention) and RUAR (the RNN and GRU
+baselines with RoPE attention).
+usage: build/gen_gpu_reference OUT_DIR PATTERN   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/gpu_ref_data.bin
 */
 #define TESTING
 #include "train_m2rnn.c"
@@ -15,26 +17,32 @@ usage: build/gen_gpu_reference OUT_DIR   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/g
 #define GPU_REF_STEPS 20
 
 int main(int argc, char **argv) {
-    if (argc != 2) { fail_with_hint("pass an output directory", "usage: gen_gpu_reference OUT_DIR"); }
+    if (argc != 3) { fail_with_hint("pass an output directory and MMAM or RUAR", "usage: gen_gpu_reference OUT_DIR PATTERN"); }
     create_dir_if_not_exists(argv[1]);
 #ifdef _OPENMP
     omp_set_num_threads(2);
 #endif
     ModelConfig config;
     memset(&config, 0, sizeof(config));
-    config.vocab_size = 300; config.d_model = 256; config.rnn_heads = 6; config.rnn_qk_heads = 1; config.rnn_k = 16;
-    config.rnn_v = 16; config.attn_heads = 2; config.attn_head_dim = 32; config.mlp_hidden = 128;
-    config.rnn_grad_clamp = 1.0f; config.use_rope = 1;
-    snprintf(config.pattern, sizeof(config.pattern), "MMAM");
-    Model model;
-    model_build(&model, &config);
-    model_init_weights(&model, 42);
+    config.vocab_size = 300; config.d_model = 256; config.m2rnn.heads = 6; config.m2rnn.qk_heads = 1;
+    config.m2rnn.k = 16; config.m2rnn.v = 16; config.attn.heads = 2; config.attn.head_dim = 32;
+    config.swiglu.hidden = 128; config.m2rnn.grad_clamp = 1.0f; config.attn.rope = 1;
+    config.vrnn.heads = 8; config.vrnn.head_dim = 16;
+    if (strcmp(argv[2], "MMAM") != 0 && strcmp(argv[2], "RUAR") != 0) {
+        fail_with_hint("the references are MMAM and RUAR", "unknown reference pattern '%s'", argv[2]);
+    }
+    snprintf(config.pattern, sizeof(config.pattern), "%s", argv[2]);
+    Model *mp = model_create(&config);
+    model_init_weights(mp, 42);
     Rng rng = {99};
-    for (int i = 0; i < model.table.num_specs; i++) {
-        const ParamSpec *s = &model.table.specs[i];
-        real *p = model.params_memory + s->offset;
-        if (s->kind == PK_m_W) { for (size_t j = 0; j < s->numel; j++) { p[j] += (real)(0.3 / 4.0 * rng_normal(&rng)); } }
-        if (s->kind == PK_m_D || s->kind == PK_m_norm_w || s->kind == PK_ln1_w || s->kind == PK_ln2_w || s->kind == PK_lnf_w) {
+    for (int i = 0; i < mp->table.num_specs; i++) {
+        const ParamSpec *s = &mp->table.specs[i];
+        real *p = mp->params_memory + s->offset;
+        if (ends_with(s->name, ".W") || ends_with(s->name, ".U_n")) {
+            for (size_t j = 0; j < s->numel; j++) { p[j] += (real)(0.3 / 4.0 * rng_normal(&rng)); }
+        }
+        if (ends_with(s->name, ".D") || ends_with(s->name, "norm_w") || ends_with(s->name, "ln1_w") ||
+            ends_with(s->name, "ln2_w") || ends_with(s->name, "lnf_w")) {
             for (size_t j = 0; j < s->numel; j++) { p[j] += (real)(0.2 * rng_normal(&rng)); }
         }
     }
@@ -50,50 +58,50 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof(path), "%s/gpu_ref_ckpt.bin", argv[1]);
     CheckpointHeader h;
     memset(&h, 0, sizeof(h));
-    h.config = model.config; h.elem_bytes = 4; h.num_parameters = model.table.num_parameters; h.B = B; h.T = T;
+    h.config = mp->config; h.elem_bytes = 4; h.num_parameters = mp->table.num_parameters; h.B = B; h.T = T;
     h.grad_accum = 1;
-    checkpoint_write(path, &h, model.params_memory, NULL, NULL, NULL);
+    checkpoint_write(path, &h, mp->params_memory, NULL, NULL, NULL);
 
-    const size_t n = model.table.num_parameters, Vp = (size_t)model.config.padded_vocab_size;
-    model_zero_grad(&model);
-    const float loss0 = model_forward(&model, tokens, tokens + 1, B, T);
+    const size_t n = mp->table.num_parameters, Vp = (size_t)mp->config.padded_vocab_size;
+    model_zero_grad(mp);
+    const float loss0 = (float)model_forward(mp, tokens, tokens + 1, B, T);
     float *logits = (float *)mallocCheck((size_t)BT * Vp * sizeof(float));
-    memcpy(logits, model.logits, (size_t)BT * Vp * sizeof(float));
-    model_backward(&model, 1.0f);
+    memcpy(logits, mp->logits, (size_t)BT * Vp * sizeof(float));
+    model_backward(mp, 1.0f);
     float *grads = (float *)mallocCheck(n * sizeof(float));
-    memcpy(grads, model.grads_memory, n * sizeof(float));
+    memcpy(grads, mp->grads_memory, n * sizeof(float));
     // 20 steps on batches 1..20, the optimizer as the trainer runs it
     OptimizerConfig opt = {1e-3f, 0.9f, 0.95f, 1e-10f, 0.1f, 1.0f};
     // the same batch with bf16-rounded weights (rounded to nearest even, as the GPU's cast does)
     float *params0 = (float *)mallocCheck(n * sizeof(float));
-    memcpy(params0, model.params_memory, n * sizeof(float));
-    for (int i = 0; i < model.table.num_specs; i++) {
-        const ParamSpec *s = &model.table.specs[i];
-        if (s->kind == PK_m_A_log || s->kind == PK_m_dt_bias) { continue; }
+    memcpy(params0, mp->params_memory, n * sizeof(float));
+    for (int i = 0; i < mp->table.num_specs; i++) {
+        const ParamSpec *s = &mp->table.specs[i];
+        if (ends_with(s->name, ".A_log") || ends_with(s->name, ".dt_bias")) { continue; }
         for (size_t j = 0; j < s->numel; j++) {
-            float x = model.params_memory[s->offset + j];
+            float x = mp->params_memory[s->offset + j];
             uint32_t u;
             memcpy(&u, &x, 4);
             u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
             memcpy(&x, &u, 4);
-            model.params_memory[s->offset + j] = x;
+            mp->params_memory[s->offset + j] = x;
         }
     }
-    model_zero_grad(&model);
-    const float loss0_bf16w = model_forward(&model, tokens, tokens + 1, B, T);
+    model_zero_grad(mp);
+    const float loss0_bf16w = (float)model_forward(mp, tokens, tokens + 1, B, T);
     float *logits_bf16w = (float *)mallocCheck((size_t)BT * Vp * sizeof(float));
-    memcpy(logits_bf16w, model.logits, (size_t)BT * Vp * sizeof(float));
-    model_backward(&model, 1.0f);
+    memcpy(logits_bf16w, mp->logits, (size_t)BT * Vp * sizeof(float));
+    model_backward(mp, 1.0f);
     float *grads_bf16w = (float *)mallocCheck(n * sizeof(float));
-    memcpy(grads_bf16w, model.grads_memory, n * sizeof(float));
-    memcpy(model.params_memory, params0, n * sizeof(float));
+    memcpy(grads_bf16w, mp->grads_memory, n * sizeof(float));
+    memcpy(mp->params_memory, params0, n * sizeof(float));
     float losses[GPU_REF_STEPS];
     for (int s = 0; s < GPU_REF_STEPS; s++) {
         const int *batch = tokens + (s + 1) * (BT + 1);
-        model_zero_grad(&model);
-        losses[s] = model_forward(&model, batch, batch + 1, B, T);
-        model_backward(&model, 1.0f);
-        model_update(&model, &opt, s + 1);
+        model_zero_grad(mp);
+        losses[s] = (float)model_forward(mp, batch, batch + 1, B, T);
+        model_backward(mp, 1.0f);
+        model_update(mp, &opt, s + 1);
     }
     snprintf(path, sizeof(path), "%s/gpu_ref_data.bin", argv[1]);
     FILE *fp = fopenCheck(path, "wb");
@@ -110,6 +118,6 @@ int main(int argc, char **argv) {
     fcloseCheck(fp);
     printf("wrote %s: %zu parameters, loss %.6f, step-20 loss %.6f\n", path, n, loss0, losses[GPU_REF_STEPS - 1]);
     free(tokens); free(logits); free(grads); free(params0); free(logits_bf16w); free(grads_bf16w);
-    model_free(&model);
+    model_free(mp);
     return 0;
 }

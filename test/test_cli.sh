@@ -28,7 +28,13 @@ expect_refusal() {
 }
 
 expect_refusal "unknown layer letter" "unknown layer letter" -e d32:MXA "${data[@]}"
-expect_refusal "lower-case junk in descriptor" "cannot read field" -e d32:MAM:zz "${data[@]}"
+expect_refusal "lower-case junk in descriptor" "unknown field" -e d32:MAM:zz "${data[@]}"
+expect_refusal "malformed number in descriptor" "cannot read field" -e d32:MAM:n4x "${data[@]}"
+expect_refusal "a field no layer uses" "belongs to A layers" -e d32:MMM:h4 "${data[@]}"
+expect_refusal "RNN/GRU field without R or U" "belongs to R or U layers" -e d32:MA:rh8 "${data[@]}"
+expect_refusal "feed-forward pattern of the wrong length" "feed-forward pattern" -e d32:MAM:ffn=ss "${data[@]}"
+expect_refusal "unknown feed-forward letter" "unknown letter" -e d32:MAM:ffn=x "${data[@]}"
+expect_refusal "RNN head size out of range" "RNN/GRU sizes" -e d32:RU:rv1000 "${data[@]}"
 expect_refusal "empty pattern" "no pattern" -e d32 "${data[@]}"
 expect_refusal "layer count mismatch" "does not match" -e d32:l3:MA "${data[@]}"
 expect_refusal "q/k heads do not divide" "q/k heads" -e d32:M:n5:q2 "${data[@]}"

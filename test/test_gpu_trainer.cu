@@ -1,15 +1,22 @@
 /*
-test_gpu_trainer.cu: the CUDA trainer held to the fp32 CPU reference on a tiny hybrid (MMAM with RoPE attention, six
-M²RNN heads sharing one q/k head, written by build/gen_gpu_reference): the logits and loss of one batch, every
-parameter gradient (normwise relative error per tensor), the losses of 20 AdamW steps, and bitwise-repeatable
-gradients. The fp32 build (make PRECISION=FP32) is held at 1e-4 to the reference with the exact weights. The bf16
+test_gpu_trainer.cu: the CUDA trainer held to the fp32 CPU reference on two tiny hybrids written by
+build/gen_gpu_reference: MMAM (M²RNN with six value heads sharing one q/k head, RoPE attention) and RUAR (the RNN and
+GRU baselines, RoPE attention). For each: the logits and loss of one batch, every parameter gradient (normwise
+relative error per tensor), the losses of 20 AdamW steps, repeatable gradients, and recurrent decoding (each kind's
+single-token step) against the GPU's own forward logits at every position. The fp32 build (make PRECISION=FP32) is held at 1e-4 to the reference with the exact weights. The bf16
 build, where the tensor-core recurrence and the plain fp32 recurrence are both checked, is held at 2e-2 to the
 reference evaluated at the same bf16-rounded weights it computes with (its 20-step losses to the exact reference),
 with one exception: the W gradient on the tensor-core path is held at 3e-2. That kernel feeds the MMA the state
 rounded to bf16 every step and uses tanh.approx; dW = Σ_t H_{t−1}ᵀ dX sums those terms with heavy cancellation
-(measured 2.3e-2 on an H200, against 1.85e-2 for the plain fp32 recurrence on the same weights).
+(measured 2.3e-2 on an H200, against 1.85e-2 for the plain fp32 recurrence on the same weights). The RUAR model's
+gradients and 20-step losses are held at 3e-2 in bf16: its RMSNorm and conv weight gradients are token sums with
+heavy cancellation over bf16 activations (measured 2.3e-2 and 2.0e-2 on an H100; the losses 1.5e-2 after 20 steps),
+while the fp32 build of the same kernels meets 4e-6, so what is left is rounding, not a wrong op.
 Skips cleanly without a GPU.
-usage: build/test_gpu_trainer [REF_DIR]   (default build/gpu_ref)
+The decode bound: 1e-4 in the fp32 build; 3e-2 in bf16, where the forward rounds the attention scores and
+probabilities to bf16 (the decode kernel keeps them in fp32) and the M²RNN forward reads bf16 states through the
+tensor cores while the step kernel rounds them itself.
+usage: build/test_gpu_trainer [REF_DIR]   (default build/gpu_ref, holding MMAM/ and RUAR/)
 */
 #define TESTING
 #include "train_m2rnn.cu"
@@ -70,29 +77,59 @@ static double rel_err(const float *a, const float *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static void load_model(Model *model, const char *dir) {
+static Model *load_model(const char *dir, int plain) {
     char path[1024];
     snprintf(path, sizeof(path), "%s/gpu_ref_ckpt.bin", dir);
     CheckpointHeader h;
     checkpoint_read_header(path, &h);
-    model_build(model, &h.config);
+    Model *model = model_create(&h.config);
+    model->rt.plain_recurrence |= plain;
     float *params = (float *)mallocCheck(h.num_parameters * sizeof(float));
     checkpoint_read_payload(path, &h, params, NULL, NULL, NULL);
     model_write_state(model, params, NULL, NULL);
     free(params);
+    return model;
 }
 
-static void run_case(const char *label, const char *dir, const Reference *r, int bitwise) {
-    Model model;
-    load_model(&model, dir);
+// recurrent decoding of the batch's B sequences, one token at a time, against the forward's logits at every position
+static void decode_case(const char *label, Model *model, const Reference *r) {
+    const int B = r->B, T = r->T, Vp = r->Vp;
+    model_forward(model, r->tokens, NULL, B, T);
+    float *ref = (float *)mallocCheck((size_t)B * T * Vp * sizeof(float)), *got = (float *)mallocCheck((size_t)Vp * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) { model_logits_row(model, b, t, ref + ((size_t)b * T + t) * Vp); }
+    }
+    model_decode_begin(model, B, T);
+    double worst = 0;
+    int worst_t = 0;
+    for (int t = 0; t < T; t++) {
+        int tok[64], pos[64];
+        for (int b = 0; b < B; b++) { tok[b] = r->tokens[b * T + t]; pos[b] = t; }
+        model_decode_step(model, tok, pos);
+        for (int b = 0; b < B; b++) {
+            model_decode_logits(model, b, got);
+            const double e = rel_err(got, ref + ((size_t)b * T + t) * Vp, (size_t)Vp);
+            if (e > worst) { worst = e; worst_t = t; }
+        }
+    }
+    const double tol = FLOATX_IS_FP32 ? 1e-4 : 3e-2;
+    char name[160];
+    snprintf(name, sizeof(name), "%s: decode = forward at every position", label);
+    test_result(worst < tol, name, "worst rel err %.2e at t=%d (tol %.0e), %d positions x %d sequences", worst, worst_t,
+                tol, T, B);
+    free(ref); free(got);
+}
+
+static void run_case(const char *label, const char *dir, const Reference *r, int bitwise, int plain, double tol_grad) {
+    Model *mp = load_model(dir, plain);
     const int B = r->B, T = r->T, BT = B * T, Vp = r->Vp;
     char name[160];
     // one batch: logits, loss, every gradient
-    model_zero_grad(&model);
-    const float loss = model_forward(&model, r->tokens, r->tokens + 1, B, T);
+    model_zero_grad(mp);
+    const float loss = (float)model_forward(mp, r->tokens, r->tokens + 1, B, T);
     floatX *lx = (floatX *)mallocCheck((size_t)BT * Vp * sizeof(floatX));
     float *logits = (float *)mallocCheck((size_t)BT * Vp * sizeof(float));
-    cudaCheck(cudaMemcpy(lx, model.logits, (size_t)BT * Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(lx, mp->logits, (size_t)BT * Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < (size_t)BT * Vp; i++) { logits[i] = (float)lx[i]; }
     const double e_logits = rel_err(logits, r->logits, (size_t)BT * Vp);
     snprintf(name, sizeof(name), "%s: logits", label);
@@ -100,27 +137,27 @@ static void run_case(const char *label, const char *dir, const Reference *r, int
     const double e_loss = fabs(loss - r->loss0) / r->loss0;
     snprintf(name, sizeof(name), "%s: loss", label);
     test_result(e_loss < TOL, name, "%.6f vs CPU %.6f, rel err %.2e", loss, r->loss0, e_loss);
-    model_backward(&model, 1.0f);
+    model_backward(mp, 1.0f);
     float *grads = (float *)mallocCheck((size_t)r->n * sizeof(float));
-    cudaCheck(cudaMemcpy(grads, model.grads_memory, (size_t)r->n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(grads, mp->grads_memory, (size_t)r->n * sizeof(float), cudaMemcpyDeviceToHost));
     double worst = 0;
     const char *worst_name = "";
     int over = 0;
-    for (int i = 0; i < model.table.num_specs; i++) {
-        const ParamSpec *s = &model.table.specs[i];
+    for (int i = 0; i < mp->table.num_specs; i++) {
+        const ParamSpec *s = &mp->table.specs[i];
         const double e = rel_err(grads + s->offset, r->grads + s->offset, s->numel);
-        const double tol = (!bitwise && s->kind == PK_m_W) ? 1.5 * TOL : TOL; // see the comment at the top
+        const double tol = (!bitwise && ends_with(s->name, "m2rnn.W")) ? 1.5 * TOL : tol_grad; // see the comment at the top
         if (e > worst) { worst = e; worst_name = s->name; }
         if (e >= tol) { printf("     %s: rel err %.2e (tol %.0e)\n", s->name, e, tol); over++; }
     }
     snprintf(name, sizeof(name), "%s: every parameter gradient", label);
-    test_result(over == 0, name, "worst rel err %.2e (%s, %d tensors)", worst, worst_name, model.table.num_specs);
+    test_result(over == 0, name, "worst rel err %.2e (%s, %d tensors)", worst, worst_name, mp->table.num_specs);
     // the same batch again: bitwise the same gradients
-    model_zero_grad(&model);
-    model_forward(&model, r->tokens, r->tokens + 1, B, T);
-    model_backward(&model, 1.0f);
+    model_zero_grad(mp);
+    model_forward(mp, r->tokens, r->tokens + 1, B, T);
+    model_backward(mp, 1.0f);
     float *grads2 = (float *)mallocCheck((size_t)r->n * sizeof(float));
-    cudaCheck(cudaMemcpy(grads2, model.grads_memory, (size_t)r->n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(grads2, mp->grads_memory, (size_t)r->n * sizeof(float), cudaMemcpyDeviceToHost));
     if (bitwise) {
         snprintf(name, sizeof(name), "%s: gradients bitwise repeatable", label);
         test_result(memcmp(grads, grads2, (size_t)r->n * sizeof(float)) == 0, name, "%d floats", r->n);
@@ -130,42 +167,48 @@ static void run_case(const char *label, const char *dir, const Reference *r, int
         test_result(e < 1e-5, name, "rel diff between two runs %.2e (%s)", e,
                     memcmp(grads, grads2, (size_t)r->n * sizeof(float)) == 0 ? "bitwise equal" : "atomics reordered");
     }
+    decode_case(label, mp, r);
     // 20 AdamW steps from the same start, same batches as the CPU
-    model_free(&model);
-    load_model(&model, dir);
+    model_free(mp);
+    mp = load_model(dir, plain);
     OptimizerConfig opt = {1e-3f, 0.9f, 0.95f, 1e-10f, 0.1f, 1.0f};
     double worst_step = 0;
     for (int s = 0; s < r->steps; s++) {
         const int *batch = r->tokens + (size_t)(s + 1) * (BT + 1);
-        model_zero_grad(&model);
-        const float l = model_forward(&model, batch, batch + 1, B, T);
-        model_backward(&model, 1.0f);
-        model_update(&model, &opt, s + 1);
+        model_zero_grad(mp);
+        const float l = (float)model_forward(mp, batch, batch + 1, B, T);
+        model_backward(mp, 1.0f);
+        model_update(mp, &opt, s + 1);
         worst_step = fmax(worst_step, fabs(l - r->losses[s]) / r->losses[s]);
     }
     snprintf(name, sizeof(name), "%s: 20 training steps track the CPU", label);
-    test_result(worst_step < TOL, name, "max rel diff of the losses %.2e (step 20: CPU %.5f)", worst_step,
+    test_result(worst_step < tol_grad, name, "max rel diff of the losses %.2e (tol %.0e, step 20: CPU %.5f)", worst_step, tol_grad,
                 r->losses[r->steps - 1]);
     free(lx); free(logits); free(grads); free(grads2);
-    model_free(&model);
+    model_free(mp);
 }
 
 int main(int argc, char **argv) {
-    const char *dir = argc > 1 ? argv[1] : "build/gpu_ref";
+    const char *root = argc > 1 ? argv[1] : "build/gpu_ref";
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
-        test_skip("CUDA trainer vs CPU reference", err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+        test_skip("CUDA trainer vs CPU reference", err != cudaSuccess ? "no GPU (the CUDA runtime found no device)" : "no GPU");
         return test_summary(SUITE);
     }
+    char dir[1024];
     Reference r;
+    snprintf(dir, sizeof(dir), "%s/MMAM", root);
     read_reference(&r, dir);
 #if FLOATX_IS_FP32
-    run_case("fp32", dir, &r, 1);
+    run_case("MMAM fp32", dir, &r, 1, 0, TOL);
 #else
-    run_case("bf16, tensor-core recurrence", dir, &r, 0);
-    m2rnn_force_plain = 1;
-    run_case("bf16, plain recurrence", dir, &r, 1);
+    run_case("MMAM bf16, tensor-core recurrence", dir, &r, 0, 0, TOL);
+    run_case("MMAM bf16, plain recurrence", dir, &r, 1, 1, TOL);
 #endif
+    Reference ru;
+    snprintf(dir, sizeof(dir), "%s/RUAR", root);
+    read_reference(&ru, dir);
+    run_case(FLOATX_IS_FP32 ? "RUAR fp32" : "RUAR bf16", dir, &ru, 1, 0, FLOATX_IS_FP32 ? TOL : 3e-2);
     return test_summary(SUITE);
 }

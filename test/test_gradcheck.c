@@ -1,8 +1,9 @@
 /*
 test_gradcheck.c: finite-difference checks, in float64, of every hand-written backward of the CPU reference:
-each op (matmul, RMSNorm, embedding, cross-entropy, causal conv, the forget gate, the M²RNN recurrence with h0 and a
-final-state gradient), each mixer (M²RNN with Nq = 1 and Nq = N, attention with NoPE and RoPE), the SwiGLU MLP, and
-the whole model. The trainer is compiled in float64 here (M2RNN_REAL_DOUBLE) and included whole.
+each op (matmul, RMSNorm, embedding, cross-entropy, causal conv + SiLU, the decay gate, the output gate, the M²RNN,
+RNN and GRU recurrences with h0 and a final-state gradient), every layer kind through the kind table (M²RNN with
+Nq = 1 and Nq = N, attention with NoPE and RoPE, RNN, GRU, SwiGLU), and whole models with every kind. The trainer is
+compiled in float64 here (M2RNN_REAL_DOUBLE) and included whole.
 
 For a function out = F(in) and a fixed random cotangent R, L = Σ out ⊙ R; the backward gives dL/din, and central
 differences (h = 1e-5) give it numerically at sampled coordinates, with the fourth-order stencil
@@ -173,27 +174,28 @@ static void test_crossentropy(void) {
     free(c.logits); free(c.losses); free(d);
 }
 
-typedef struct { real *out, *inp, *w, *R; int B, T, CD, W, stride; } ConvCase;
+typedef struct { real *pre, *act, *inp, *w, *R; int B, T, CD, W, stride; } ConvCase;
 static double conv_loss(void *p) {
     ConvCase *c = (ConvCase *)p;
-    conv1d_causal_forward(c->out, c->inp, c->w, c->B, c->T, c->CD, c->W, c->stride);
-    return dot(c->out, c->R, (size_t)c->B * c->T * c->CD);
+    conv1d_silu_forward(c->pre, c->act, c->inp, c->w, c->B, c->T, c->CD, c->W, c->stride);
+    return dot(c->act, c->R, (size_t)c->B * c->T * c->CD);
 }
 static void test_conv(void) {
-    ConvCase c = {NULL, NULL, NULL, NULL, 2, 9, 5, 4, 8}; // a view of 5 channels inside rows of 8
-    c.out = zero_tensor(2 * 9 * 5); c.inp = random_tensor(2 * 9 * 8, 1); c.w = random_tensor(5 * 4, 1);
-    c.R = random_tensor(2 * 9 * 5, 1);
+    ConvCase c = {NULL, NULL, NULL, NULL, NULL, 2, 9, 5, 4, 8}; // a view of 5 channels inside rows of 8
+    c.pre = zero_tensor(2 * 9 * 5); c.act = zero_tensor(2 * 9 * 5); c.inp = random_tensor(2 * 9 * 8, 1);
+    c.w = random_tensor(5 * 4, 1); c.R = random_tensor(2 * 9 * 5, 1);
     real *dinp = zero_tensor(2 * 9 * 8), *dw = zero_tensor(20);
-    conv1d_causal_backward(dinp, dw, c.R, c.inp, c.w, c.B, c.T, c.CD, c.W, c.stride);
+    conv_loss(&c);
+    conv1d_silu_backward(dinp, dw, c.R, c.pre, c.inp, c.w, c.B, c.T, c.CD, c.W, c.stride);
     double e = fd_check("inp", c.inp, dinp, 2 * 9 * 8, conv_loss, &c), e2 = fd_check("w", c.w, dw, 20, conv_loss, &c);
-    report("causal conv1d (strided view): dx, dw", e > e2 ? e : e2);
-    free(c.out); free(c.inp); free(c.w); free(c.R); free(dinp); free(dw);
+    report("causal conv1d + SiLU (strided view): dx, dw", e > e2 ? e : e2);
+    free(c.pre); free(c.act); free(c.inp); free(c.w); free(c.R); free(dinp); free(dw);
 }
 
 typedef struct { real *f, *f_raw, *A_log, *dt_bias, *R; int BT, N, stride; } GateCase;
 static double gate_loss(void *p) {
     GateCase *c = (GateCase *)p;
-    m2rnn_gate_forward(c->f, c->f_raw, c->A_log, c->dt_bias, c->BT, c->N, c->stride);
+    decay_gate_forward(c->f, c->f_raw, c->A_log, c->dt_bias, c->BT, c->N, c->stride);
     return dot(c->f, c->R, (size_t)c->BT * c->N);
 }
 static void test_gate(void) {
@@ -201,12 +203,36 @@ static void test_gate(void) {
                   random_tensor(6 * 3, 1), 6, 3, 5};
     real *dfr = zero_tensor(30), *dA = zero_tensor(3), *db = zero_tensor(3);
     gate_loss(&c);
-    m2rnn_gate_backward(dfr, dA, db, c.R, c.f, c.f_raw, c.A_log, c.dt_bias, c.BT, c.N, c.stride);
+    decay_gate_backward(dfr, dA, db, c.R, c.f, c.f_raw, c.A_log, c.dt_bias, c.BT, c.N, c.stride);
     double e = fd_check("f_raw", c.f_raw, dfr, 30, gate_loss, &c);
     double e2 = fd_check("A_log", c.A_log, dA, 3, gate_loss, &c);
     double e3 = fd_check("dt_bias", c.dt_bias, db, 3, gate_loss, &c);
-    report("forget gate: df_raw, dA_log, ddt_bias", fmax(e, fmax(e2, e3)));
+    report("decay gate: df_raw, dA_log, ddt_bias", fmax(e, fmax(e2, e3)));
     free(c.f); free(c.f_raw); free(c.A_log); free(c.dt_bias); free(c.R); free(dfr); free(dA); free(db);
+}
+
+// the output gate: y0 + v ⊙ D, then ⊙ SiLU(g) (y is an input the forward updates in place: a copy per evaluation)
+typedef struct { real *y0, *y, *gated, *v, *g, *D, *R; int BT, NV, vs, gs; } OutGateCase;
+static double outgate_loss(void *p) {
+    OutGateCase *c = (OutGateCase *)p;
+    memcpy(c->y, c->y0, (size_t)c->BT * c->NV * sizeof(real));
+    output_gate_forward(c->y, c->gated, c->v, c->g, c->D, c->BT, c->NV, c->vs, c->gs);
+    return dot(c->gated, c->R, (size_t)c->BT * c->NV);
+}
+static void test_output_gate(void) {
+    OutGateCase c = {random_tensor(5 * 6, 1), zero_tensor(5 * 6), zero_tensor(5 * 6), random_tensor(5 * 9, 1),
+                     random_tensor(5 * 7, 2), random_tensor(6, 1), random_tensor(5 * 6, 1), 5, 6, 9, 7};
+    real *dy = zero_tensor(30), *dv = zero_tensor(45), *dg = zero_tensor(35), *dD = zero_tensor(6);
+    outgate_loss(&c);
+    output_gate_backward(dy, dg, c.R, c.y, c.g, c.BT, c.NV, c.gs);
+    residual_backward(dv, dD, dy, c.v, c.D, c.BT, c.NV, c.vs);
+    double e = fd_check("y", c.y0, dy, 30, outgate_loss, &c);
+    e = fmax(e, fd_check("v", c.v, dv, 45, outgate_loss, &c));
+    e = fmax(e, fd_check("g", c.g, dg, 35, outgate_loss, &c));
+    e = fmax(e, fd_check("D", c.D, dD, 6, outgate_loss, &c));
+    report("output gate (y + v ⊙ D) ⊙ SiLU(g): dy dv dg dD", e);
+    free(c.y0); free(c.y); free(c.gated); free(c.v); free(c.g); free(c.D); free(c.R); free(dy); free(dv); free(dg);
+    free(dD);
 }
 
 // the recurrence alone, with h0, a final-state cotangent and no clamp (the clamp is not differentiable)
@@ -253,14 +279,74 @@ static void test_recurrence(int Nq) {
     free(dqkv); free(df); free(dW); free(dh0);
 }
 
+// the RNN recurrence alone, with h0 and a final-state cotangent
+typedef struct { real *h_all, *z_all, *h_final, *u, *f, *W, *h0, *Rh, *Rf; int B, T, N, V, stride; } RnnRecCase;
+static double rnn_rec_loss(void *p) {
+    RnnRecCase *c = (RnnRecCase *)p;
+    rnn_recurrence_forward(c->h_all, c->z_all, c->h_final, c->u, c->stride, c->f, c->W, c->h0, c->B, c->T, c->N, c->V);
+    return dot(c->h_all, c->Rh, (size_t)c->B * c->T * c->N * c->V) + dot(c->h_final, c->Rf, (size_t)c->B * c->N * c->V);
+}
+static void test_rnn_recurrence(void) {
+    RnnRecCase c;
+    c.B = 2; c.T = 7; c.N = 3; c.V = 5; c.stride = c.N * c.V + 4;
+    const size_t BT = (size_t)c.B * c.T, NV = (size_t)c.N * c.V;
+    c.h_all = zero_tensor(BT * NV); c.z_all = zero_tensor(BT * NV); c.h_final = zero_tensor((size_t)c.B * NV);
+    c.u = random_tensor(BT * c.stride, 1); c.f = random_tensor(BT * c.N, 1);
+    for (size_t i = 0; i < BT * c.N; i++) { c.f[i] = (real)(0.5 + 0.45 * c.f[i]); }
+    c.W = random_tensor((size_t)c.N * c.V * c.V, 0.6); c.h0 = random_tensor((size_t)c.B * NV, 0.8);
+    c.Rh = random_tensor(BT * NV, 1); c.Rf = random_tensor((size_t)c.B * NV, 1);
+    real *du = zero_tensor(BT * c.stride), *df = zero_tensor(BT * c.N), *dW = zero_tensor((size_t)c.N * c.V * c.V);
+    real *dh0 = zero_tensor((size_t)c.B * NV);
+    rnn_rec_loss(&c);
+    rnn_recurrence_backward(du, df, dW, dh0, c.Rh, c.Rf, c.stride, c.f, c.W, c.h0, c.h_all, c.z_all, c.B, c.T, c.N, c.V);
+    double e = fd_check("u", c.u, du, BT * c.stride, rnn_rec_loss, &c);
+    e = fmax(e, fd_check("f", c.f, df, BT * c.N, rnn_rec_loss, &c));
+    e = fmax(e, fd_check("W", c.W, dW, (size_t)c.N * c.V * c.V, rnn_rec_loss, &c));
+    e = fmax(e, fd_check("h0", c.h0, dh0, (size_t)c.B * NV, rnn_rec_loss, &c));
+    report("RNN recurrence: du df dW dh0", e);
+    free(c.h_all); free(c.z_all); free(c.h_final); free(c.u); free(c.f); free(c.W); free(c.h0); free(c.Rh); free(c.Rf);
+    free(du); free(df); free(dW); free(dh0);
+}
+
+// the GRU recurrence alone, with h0 and a final-state cotangent
+typedef struct { GRUSaved s; real *h_final, *x, *Ur, *Uz, *Un, *h0, *Rh, *Rf; int B, T, N, V, stride; } GruRecCase;
+static double gru_rec_loss(void *p) {
+    GruRecCase *c = (GruRecCase *)p;
+    gru_recurrence_forward(&c->s, c->h_final, c->x, c->stride, c->Ur, c->Uz, c->Un, c->h0, c->B, c->T, c->N, c->V);
+    return dot(c->s.h, c->Rh, (size_t)c->B * c->T * c->N * c->V) + dot(c->h_final, c->Rf, (size_t)c->B * c->N * c->V);
+}
+static void test_gru_recurrence(void) {
+    GruRecCase c;
+    c.B = 2; c.T = 6; c.N = 2; c.V = 4; c.stride = 3 * c.N * c.V + 3;
+    const size_t BT = (size_t)c.B * c.T, NV = (size_t)c.N * c.V, VV = (size_t)c.N * c.V * c.V;
+    c.s.h = zero_tensor(BT * NV); c.s.r = zero_tensor(BT * NV); c.s.z = zero_tensor(BT * NV);
+    c.s.n = zero_tensor(BT * NV); c.s.c = zero_tensor(BT * NV);
+    c.h_final = zero_tensor((size_t)c.B * NV); c.x = random_tensor(BT * c.stride, 1.5);
+    c.Ur = random_tensor(VV, 0.7); c.Uz = random_tensor(VV, 0.7); c.Un = random_tensor(VV, 0.7);
+    c.h0 = random_tensor((size_t)c.B * NV, 0.8); c.Rh = random_tensor(BT * NV, 1); c.Rf = random_tensor((size_t)c.B * NV, 1);
+    real *dx = zero_tensor(BT * c.stride), *dUr = zero_tensor(VV), *dUz = zero_tensor(VV), *dUn = zero_tensor(VV);
+    real *dh0 = zero_tensor((size_t)c.B * NV);
+    gru_rec_loss(&c);
+    gru_recurrence_backward(dx, dUr, dUz, dUn, dh0, c.Rh, c.Rf, c.stride, c.Ur, c.Uz, c.Un, c.h0, &c.s, c.B, c.T, c.N, c.V);
+    double e = fd_check("x", c.x, dx, BT * c.stride, gru_rec_loss, &c);
+    e = fmax(e, fd_check("U_r", c.Ur, dUr, VV, gru_rec_loss, &c));
+    e = fmax(e, fd_check("U_z", c.Uz, dUz, VV, gru_rec_loss, &c));
+    e = fmax(e, fd_check("U_n", c.Un, dUn, VV, gru_rec_loss, &c));
+    e = fmax(e, fd_check("h0", c.h0, dh0, (size_t)c.B * NV, gru_rec_loss, &c));
+    report("GRU recurrence: dx_r dx_z dx_n dU_r dU_z dU_n dh0", e);
+    free(c.s.h); free(c.s.r); free(c.s.z); free(c.s.n); free(c.s.c); free(c.h_final); free(c.x); free(c.Ur); free(c.Uz);
+    free(c.Un); free(c.h0); free(c.Rh); free(c.Rf); free(dx); free(dUr); free(dUz); free(dUn); free(dh0);
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // mixers, the MLP and the whole model, through a tiny Model (its parameter buffer is perturbed in place)
 
 static ModelConfig tiny_config(const char *pattern, int qk_heads, int rope) {
     ModelConfig c;
     memset(&c, 0, sizeof(c));
-    c.vocab_size = 37; c.d_model = 12; c.rnn_heads = 3; c.rnn_qk_heads = qk_heads; c.rnn_k = 8; c.rnn_v = 4;
-    c.attn_heads = 2; c.attn_head_dim = 6; c.use_rope = rope; c.mlp_hidden = 20; c.rnn_grad_clamp = 0;
+    c.vocab_size = 37; c.d_model = 12; c.m2rnn.heads = 3; c.m2rnn.qk_heads = qk_heads; c.m2rnn.k = 8; c.m2rnn.v = 4;
+    c.attn.heads = 2; c.attn.head_dim = 6; c.attn.rope = rope; c.swiglu.hidden = 20; c.m2rnn.grad_clamp = 0;
+    c.vrnn.heads = 3; c.vrnn.head_dim = 5;
     snprintf(c.pattern, sizeof(c.pattern), "%s", pattern);
     return c;
 }
@@ -274,55 +360,59 @@ static void randomize_model(Model *m) {
             memset(m->params_memory + s->offset + s->zero_rows_from * (s->numel / s->shape[0]), 0,
                    (s->shape[0] - s->zero_rows_from) * (s->numel / s->shape[0]) * sizeof(real));
         }
-        if (s->kind == PK_m_A_log) { for (size_t j = 0; j < s->numel; j++) { m->params_memory[s->offset + j] -= 1; } }
+        if (ends_with(s->name, ".A_log")) { for (size_t j = 0; j < s->numel; j++) { m->params_memory[s->offset + j] -= 1; } }
     }
 }
 
-typedef struct { Model *m; real *out, *inp, *R; int layer, B, T, which; } BlockCase; // which: 0 mixer, 1 MLP
+typedef struct { Model *m; real *out, *inp, *R; int layer, B, T, which; } BlockCase; // which: 0 mixer, 1 feed-forward
+static KindTensors block_tensors(Model *m, int layer, int which) {
+    ModelParamsLayer *w = &m->params.layers[layer], *g = &m->grads.layers[layer];
+    return which ? kind_tensors(w->ffn, g->ffn) : kind_tensors(w->mixer, g->mixer);
+}
 static double block_loss(void *p) {
     BlockCase *c = (BlockCase *)p;
     Model *m = c->m;
     LayerActs *la = &m->layer_acts[c->layer];
-    const LayerWeights *w = &m->params.layers[c->layer];
-    if (c->which == 1) { swiglu_mlp_forward(c->out, &la->mlp, c->inp, w, &m->config, c->B * c->T); }
-    else if (m->config.pattern[c->layer] == 'M') { m2rnn_mixer_forward(c->out, &la->m, c->inp, w, &m->config, c->B, c->T); }
-    else { attention_forward(c->out, &la->a, c->inp, w, &m->config, c->B, c->T); }
+    const KindTensors t = block_tensors(m, c->layer, c->which);
+    if (c->which) { m->ffn_ops[c->layer]->forward(c->out, la->ffn, c->inp, &t, &m->config, c->B, c->T); }
+    else { m->mixer_ops[c->layer]->forward(c->out, la->mixer, c->inp, &t, &m->config, c->B, c->T); }
     return dot(c->out, c->R, (size_t)c->B * c->T * m->config.d_model);
 }
 
-// checks one block (mixer or MLP) of layer 0: d(input) and d(every parameter of the layer)
+// checks one block (mixer or feed-forward) of layer 0 through the kind table: d(input) and d(every tensor of it)
 static void test_block(const char *name, ModelConfig config, int which) {
-    Model m;
-    model_build(&m, &config);
-    randomize_model(&m);
-    const int B = 2, T = 6, C = m.config.d_model;
+    Model *m = model_create(&config);
+    randomize_model(m);
+    const int B = 2, T = 6, C = m->config.d_model;
     int tokens[12] = {0};
-    model_forward(&m, tokens, NULL, B, T); // allocates the activations
-    BlockCase c = {&m, zero_tensor((size_t)B * T * C), random_tensor((size_t)B * T * C, 1),
+    model_forward(m, tokens, NULL, B, T); // allocates the activations
+    BlockCase c = {m, zero_tensor((size_t)B * T * C), random_tensor((size_t)B * T * C, 1),
                    random_tensor((size_t)B * T * C, 1), 0, B, T, which};
     real *dinp = zero_tensor((size_t)B * T * C);
     block_loss(&c);
-    model_zero_grad(&m);
-    memset(m.grad_scratch_memory, 0, m.grad_scratch_size * sizeof(real));
-    LayerActs *la = &m.layer_acts[0];
-    LayerWeights *gw = &m.grads.layers[0];
-    const LayerWeights *w = &m.params.layers[0];
-    if (which == 1) { swiglu_mlp_backward(dinp, gw, &m.gmlp, c.R, c.inp, &la->mlp, w, &m.config, B * T); }
-    else if (m.config.pattern[0] == 'M') { m2rnn_mixer_backward(dinp, gw, &m.gm, c.R, c.inp, &la->m, w, &m.config, B, T); }
-    else { attention_backward(dinp, gw, &m.ga, c.R, c.inp, &la->a, w, &m.config, B, T); }
+    model_zero_grad(m);
+    memset(m->grad_scratch_memory, 0, m->grad_scratch_size * sizeof(real));
+    LayerActs *la = &m->layer_acts[0];
+    const KindTensors t = block_tensors(m, 0, which);
+    if (which) { m->ffn_ops[0]->backward(dinp, m->kind_scratch, c.R, c.inp, la->ffn, &t, &m->config, B, T); }
+    else { m->mixer_ops[0]->backward(dinp, m->kind_scratch, c.R, c.inp, la->mixer, &t, &m->config, B, T); }
     double e = fd_check("inp", c.inp, dinp, (size_t)B * T * C, block_loss, &c);
-    for (int i = 0; i < m.table.num_specs; i++) {
-        const ParamSpec *s = &m.table.specs[i];
-        if (s->layer != 0 || s->kind == PK_ln1_w || s->kind == PK_ln2_w) { continue; }
-        const int is_mlp = s->kind == PK_mlp_up_w || s->kind == PK_mlp_down_w;
-        if (is_mlp != (which == 1)) { continue; }
-        double ei = fd_check(s->name, m.params_memory + s->offset, m.grads_memory + s->offset, s->numel, block_loss, &c);
+    int checked = 0;
+    for (int i = 0; i < m->table.num_specs; i++) {
+        const ParamSpec *s = &m->table.specs[i];
+        if (s->layer != 0 || s->kind == 0) { continue; }
+        const int is_ffn = s->kind >= 'a' && s->kind <= 'z';
+        if (is_ffn != (which == 1)) { continue; }
+        double ei = fd_check(s->name, m->params_memory + s->offset, m->grads_memory + s->offset, s->numel, block_loss, &c);
         if (ei >= FD_TOL) { printf("     %s: rel err %.2e\n", s->name, ei); }
         e = fmax(e, ei);
+        checked++;
     }
-    report(name, e);
+    char full[160];
+    snprintf(full, sizeof(full), "%s (%d tensors)", name, checked);
+    report(full, e);
     free(c.out); free(c.inp); free(c.R); free(dinp);
-    model_free(&m);
+    model_free(m);
 }
 
 typedef struct { Model *m; int *inputs, *targets; int B, T; } ModelCase;
@@ -331,33 +421,32 @@ static double model_loss(void *p) {
     return model_forward(c->m, c->inputs, c->targets, c->B, c->T);
 }
 static void test_whole_model(const char *name, ModelConfig config) {
-    Model m;
-    model_build(&m, &config);
-    randomize_model(&m);
+    Model *m = model_create(&config);
+    randomize_model(m);
     enum { B = 2, T = 7 };
     int inputs[B * T], targets[B * T];
     for (int i = 0; i < B * T; i++) {
         inputs[i] = (int)(rng_next_u64(&test_rng) % 37);
         targets[i] = (int)(rng_next_u64(&test_rng) % 37);
     }
-    ModelCase c = {&m, inputs, targets, B, T};
-    model_zero_grad(&m);
-    model_forward(&m, inputs, targets, B, T);
-    model_backward(&m, 1);
-    real *grads = (real *)mallocCheck(m.table.num_parameters * sizeof(real));
-    memcpy(grads, m.grads_memory, m.table.num_parameters * sizeof(real));
+    ModelCase c = {m, inputs, targets, B, T};
+    model_zero_grad(m);
+    model_forward(m, inputs, targets, B, T);
+    model_backward(m, 1);
+    real *grads = (real *)mallocCheck(m->table.num_parameters * sizeof(real));
+    memcpy(grads, m->grads_memory, m->table.num_parameters * sizeof(real));
     double e = 0;
     const char *worst = "";
-    for (int i = 0; i < m.table.num_specs; i++) {
-        const ParamSpec *s = &m.table.specs[i];
+    for (int i = 0; i < m->table.num_specs; i++) {
+        const ParamSpec *s = &m->table.specs[i];
         size_t n = s->numel;
         if (s->zero_rows_from < s->shape[0]) { n = s->zero_rows_from * (s->numel / s->shape[0]); } // real vocab rows
-        double ei = fd_check(s->name, m.params_memory + s->offset, grads + s->offset, n, model_loss, &c);
+        double ei = fd_check(s->name, m->params_memory + s->offset, grads + s->offset, n, model_loss, &c);
         if (ei > e) { e = ei; worst = s->name; }
     }
-    test_result(e < FD_TOL, name, "rel err %.2e (worst: %s, %d tensors)", e, worst, m.table.num_specs);
+    test_result(e < FD_TOL, name, "rel err %.2e (worst: %s, %d tensors)", e, worst, m->table.num_specs);
     free(grads);
-    model_free(&m);
+    model_free(m);
 }
 
 int main(void) {
@@ -372,14 +461,20 @@ int main(void) {
     test_crossentropy();
     test_conv();
     test_gate();
+    test_output_gate();
     test_recurrence(1);
     test_recurrence(3);
-    test_block("M2RNN mixer Nq=1: dx and every parameter", tiny_config("M", 1, 0), 0);
-    test_block("M2RNN mixer Nq=N: dx and every parameter", tiny_config("M", 3, 0), 0);
-    test_block("attention NoPE: dx, dW_qkv, dW_out", tiny_config("A", 1, 0), 0);
-    test_block("attention RoPE: dx, dW_qkv, dW_out", tiny_config("A", 1, 1), 0);
-    test_block("SwiGLU MLP: dx, dW_up, dW_down", tiny_config("M", 1, 0), 1);
+    test_rnn_recurrence();
+    test_gru_recurrence();
+    test_block("M2RNN mixer Nq=1: dx and every tensor", tiny_config("M", 1, 0), 0);
+    test_block("M2RNN mixer Nq=N: dx and every tensor", tiny_config("M", 3, 0), 0);
+    test_block("attention NoPE: dx and every tensor", tiny_config("A", 1, 0), 0);
+    test_block("attention RoPE: dx and every tensor", tiny_config("A", 1, 1), 0);
+    test_block("RNN mixer: dx and every tensor", tiny_config("R", 1, 0), 0);
+    test_block("GRU mixer: dx and every tensor", tiny_config("U", 1, 0), 0);
+    test_block("SwiGLU feed-forward: dx and every tensor", tiny_config("M", 1, 0), 1);
     test_whole_model("whole model MAM (Nq=1): every parameter", tiny_config("MAM", 1, 0));
     test_whole_model("whole model AMM (Nq=N, RoPE): every parameter", tiny_config("AMM", 3, 1));
+    test_whole_model("whole model RUA (RNN, GRU, RoPE): every parameter", tiny_config("RUA", 1, 1));
     return test_summary("test_gradcheck");
 }

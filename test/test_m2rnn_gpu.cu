@@ -398,7 +398,7 @@ static void run_case(const Case &c, uint64_t seed) {
             }
             cudaCheck(cudaMemcpy(d_fstep, fstep.data(), fstep.size() * sizeof(float), cudaMemcpyHostToDevice));
             const size_t off = (size_t)t * p.conv_dim;
-            m2rnn_step(d_ystep, d_state, q + off, k + off, v + off, d_fstep, d_W, &ds, 0);
+            m2rnn_step(d_ystep, d_state, (long)N * K * V, q + off, k + off, v + off, d_fstep, d_W, &ds, 0);
             auto yt = to_host(d_ystep, (size_t)p.B * N * V);
             for (int b = 0; b < p.B; b++) {
                 memcpy(&ystep[((size_t)b * c.T + t) * N * V], &yt[(size_t)b * N * V], (size_t)N * V * sizeof(floatX));

@@ -1,90 +1,136 @@
 /*
-test_model.c: the one model definition (model.h) against the authors' layer: the parameter table of the paper's 410M
-Hybrid M²RNN (d=1024, 24 layers MMMMAMMMMMMMAMMMMMMMAMMM, N=84, Nq=1, K=64, V=16, SwiGLU 2752, vocab 100352) counted
-tensor by tensor (spec m2rnn_authors_code.md §1: 2900 projection rows, a 4.38M mixer, a 4.19M attention layer), the
-defaults, the descriptor parser, the init rules (identity W, ones, A ~ U(0,16], dt in [1e-3, 1e-1], depth-scaled
-output projections) and the no-decay set, and the 8-element alignment of every tensor in the buffer.
+test_model.c: the one model definition (layers.h, model.h) against the authors' layer and against itself:
+- the parameter table of the paper's 410M Hybrid M²RNN (d=1024, 24 layers MMMMAMMMMMMMAMMMMMMMAMMM, N=84, Nq=1, K=64,
+  V=16, SwiGLU 2752, vocab 100352) counted tensor by tensor (spec m2rnn_authors_code.md §1: 2900 projection rows, a
+  4.38M mixer, a 4.19M attention layer), and the RNN/GRU baselines at the paper's state size (85 heads of 16);
+- the defaults, the descriptor parser (fields in any order, ffn=, refusal of a field no layer uses), the config's
+  text form for checkpoints (a round trip for every kind);
+- the init rules (identity W, ones, A ~ U(0,16], dt in [1e-3, 1e-1], depth-scaled output projections) and the
+  no-decay set, the 8-element alignment of every tensor;
+- the layer-kind table itself: every row has a CPU implementation under its letter, its tensors are named uniquely
+  with tensor-parallel segments that add up, its descriptor keys are unique, its FLOPs and decode state positive.
 */
 #define TESTING
 #include "train_m2rnn.c"
 #include "test/test_common.h"
 
-static const ParamSpec *find_spec(const ParamTable *t, int layer, int kind) {
-    for (int i = 0; i < t->num_specs; i++) {
-        if (t->specs[i].layer == layer && t->specs[i].kind == kind) { return &t->specs[i]; }
-    }
-    return NULL;
-}
-
-static ModelConfig paper_410m(void) {
+static ModelConfig config_of(const char *descriptor, int vocab) {
     ModelConfig c;
     memset(&c, 0, sizeof(c));
-    c.vocab_size = 100352;
-    c.rnn_grad_clamp = 1.0f;
-    model_config_from_descriptor(&c, "d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84");
+    c.vocab_size = vocab;
+    c.m2rnn.grad_clamp = 1.0f;
+    model_config_from_descriptor(&c, descriptor);
     model_config_fill_defaults(&c);
     model_config_validate(&c);
     return c;
 }
 
+static size_t layer_kind_params(const ParamTable *t, int layer, char kind) {
+    size_t n = 0;
+    for (int i = 0; i < t->num_specs; i++) {
+        if (t->specs[i].layer == layer && t->specs[i].kind == kind) { n += t->specs[i].numel; }
+    }
+    return n;
+}
+
 static void test_paper_parameter_counts(void) {
-    ModelConfig c = paper_410m();
+    ModelConfig c = config_of("d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84", 100352);
     ParamTable t;
     param_table_build(&t, &c);
     test_result(m2rnn_proj_rows(&c) == 2900, "410M: projection rows q|k|v|f|g", "%d (spec: 64+64+1344+84+1344 = 2900)",
                 m2rnn_proj_rows(&c));
-    size_t mixer = 0, attention = 0;
-    for (int i = 0; i < t.num_specs; i++) {
-        const ParamSpec *s = &t.specs[i];
-        if (s->layer == 0 && s->kind >= PK_m_in_w && s->kind <= PK_m_out_w) { mixer += s->numel; }
-        if (s->layer == 4 && (s->kind == PK_a_qkv_w || s->kind == PK_a_out_w)) { attention += s->numel; }
-    }
+    const size_t mixer = layer_kind_params(&t, 0, 'M'), attention = layer_kind_params(&t, 4, 'A');
     // 2900·1024 + 1472·4 + 84 + 84 + 84·16 + 84·16·16 + 1344 + 1024·1344
     test_result(mixer == 4376104, "410M: one M2RNN mixer", "%zu parameters (spec: 4.38M)", mixer);
     test_result(attention == 4194304, "410M: one attention mixer", "%zu parameters (spec: 4.19M)", attention);
     const size_t total = param_table_count(&t), emb = 2 * (size_t)100352 * 1024;
     test_result(total == 512951624 && total - emb / 2 == 410191176, "410M: total and non-embedding + one embedding",
                 "%zu total, %zu without one embedding (\"410M\")", total, total - emb / 2);
-    test_result(c.mlp_hidden == 2752 && c.attn_heads == 16 && c.attn_head_dim == 64 && c.padded_vocab_size == 100352,
-                "410M: SwiGLU 2752, 16 heads of 64, vocab 100352", "F=%d NH=%d HS=%d Vp=%d", c.mlp_hidden, c.attn_heads,
-                c.attn_head_dim, c.padded_vocab_size);
+    test_result(c.swiglu.hidden == 2752 && c.attn.heads == 16 && c.attn.head_dim == 64 && c.padded_vocab_size == 100352,
+                "410M: SwiGLU 2752, 16 heads of 64, vocab 100352", "F=%d NH=%d HS=%d Vp=%d", c.swiglu.hidden,
+                c.attn.heads, c.attn.head_dim, c.padded_vocab_size);
     int aligned = 1;
     for (int i = 0; i < t.num_specs; i++) { aligned &= t.specs[i].offset % 8 == 0; }
     test_result(aligned, "every tensor starts on 8 elements", "%d tensors", t.num_specs);
+    // the order of version-1 checkpoints: ln1, the mixer's tensors, ln2, the MLP's, per layer
+    const char *order[] = {"wte", "layer0.ln1_w", "layer0.m2rnn.in_w", "layer0.m2rnn.conv_w", "layer0.m2rnn.A_log",
+                           "layer0.m2rnn.dt_bias", "layer0.m2rnn.D", "layer0.m2rnn.W", "layer0.m2rnn.norm_w",
+                           "layer0.m2rnn.out_w", "layer0.ln2_w", "layer0.swiglu.up_w", "layer0.swiglu.down_w"};
+    int in_order = 1;
+    for (int i = 0; i < 13; i++) { in_order &= strcmp(t.specs[i].name, order[i]) == 0; }
+    test_result(in_order && strcmp(t.specs[t.num_specs - 1].name, "lm_head") == 0,
+                "tensor order of checkpoint version 1", "%s ... %s", t.specs[2].name, t.specs[t.num_specs - 1].name);
+
+    // the vector baselines at the paper's state size 1,360 = 85 × 16 (RNN-406M, GRU-474M)
+    ModelConfig r = config_of("d1024:RRRRRRRRRRRRRRRRRRRRRRRR:rh85", 100352);
+    ModelConfig u = config_of("d1024:UUUUUUUUUUUUUUUUUUUUUUUU:rh85", 100352);
+    ParamTable tr, tu;
+    param_table_build(&tr, &r);
+    param_table_build(&tu, &u);
+    const size_t rl = layer_kind_params(&tr, 0, 'R'), ul = layer_kind_params(&tu, 0, 'U');
+    const size_t rtot = param_table_count(&tr) - emb / 2, utot = param_table_count(&tu) - emb / 2;
+    // RNN: 2805·1024 + 1360·4 + 85 + 85 + 85·16 + 85·256 + 1360 + 1024·1360;  GRU: 5440·1024 + 3·85·256 + 1360 + 1024·1360
+    test_result(rl == 4295050 && ul == 7029840, "RNN and GRU layers at 85 heads of 16",
+                "RNN %zu, GRU %zu (state %d)", rl, ul, r.vrnn.heads * r.vrnn.head_dim);
+    // (the paper's 406M is 2.8M below ours: its RNN layer is unspecified beyond "M2RNN without the outer product")
+    test_result(fabs(rtot / 1e6 - 406) < 3 && fabs(utot / 1e6 - 474) < 1 && fabs((double)utot / rtot - 1.16) < 0.01,
+                "RNN-406M and GRU-474M, +16% (the paper's table)", "RNN %.1fM, GRU %.1fM (+%.1f%%)", rtot / 1e6, utot / 1e6,
+                100.0 * ((double)utot / rtot - 1));
 }
 
 static void test_defaults_and_descriptor(void) {
-    ModelConfig c;
-    memset(&c, 0, sizeof(c));
-    model_config_from_descriptor(&c, "d768:MMMAMMMAMMMA");
-    model_config_fill_defaults(&c);
-    test_result(c.rnn_heads == 64 && c.rnn_k == 64 && c.rnn_v == 16 && c.rnn_qk_heads == 1 && c.n_layer == 12 &&
-                    c.vocab_size == 50257 && c.padded_vocab_size == 50304 && c.mlp_hidden == 2048,
-                "defaults at d=768", "N=%d K=%d V=%d Nq=%d L=%d Vp=%d F=%d", c.rnn_heads, c.rnn_k, c.rnn_v,
-                c.rnn_qk_heads, c.n_layer, c.padded_vocab_size, c.mlp_hidden);
-    memset(&c, 0, sizeof(c));
-    model_config_from_descriptor(&c, "rope:l3:d64:n4:q4:k32:v32:h2:f96");
-    model_config_fill_defaults(&c);
-    test_result(c.use_rope == 1 && strcmp(c.pattern, "MMM") == 0 && c.rnn_heads == 4 && c.rnn_qk_heads == 4 &&
-                    c.rnn_k == 32 && c.rnn_v == 32 && c.attn_heads == 2 && c.mlp_hidden == 96,
-                "descriptor fields in any order, lNN alone", "pattern %s N=%d Nq=%d K=%d V=%d", c.pattern, c.rnn_heads,
-                c.rnn_qk_heads, c.rnn_k, c.rnn_v);
+    ModelConfig c = config_of("d768:MMMAMMMAMMMA", 50257);
+    test_result(c.m2rnn.heads == 64 && c.m2rnn.k == 64 && c.m2rnn.v == 16 && c.m2rnn.qk_heads == 1 && c.n_layer == 12 &&
+                    c.vocab_size == 50257 && c.padded_vocab_size == 50304 && c.swiglu.hidden == 2048,
+                "defaults at d=768", "N=%d K=%d V=%d Nq=%d L=%d Vp=%d F=%d", c.m2rnn.heads, c.m2rnn.k, c.m2rnn.v,
+                c.m2rnn.qk_heads, c.n_layer, c.padded_vocab_size, c.swiglu.hidden);
+    c = config_of("rope:l3:d64:MMA:n4:q4:k32:v32:h2:f96", 50257);
+    test_result(c.attn.rope == 1 && strcmp(c.pattern, "MMA") == 0 && c.m2rnn.heads == 4 && c.m2rnn.qk_heads == 4 &&
+                    c.m2rnn.k == 32 && c.m2rnn.v == 32 && c.attn.heads == 2 && c.swiglu.hidden == 96,
+                "descriptor fields in any order", "pattern %s N=%d Nq=%d K=%d V=%d", c.pattern, c.m2rnn.heads,
+                c.m2rnn.qk_heads, c.m2rnn.k, c.m2rnn.v);
+    c = config_of("d64:l5", 50257);
+    test_result(strcmp(c.pattern, "MMMMM") == 0, "lNN alone: all M2RNN", "%s", c.pattern);
+    c = config_of("d128:RUAM:rh24:rv8:ffn=s", 50257);
+    test_result(c.vrnn.heads == 24 && c.vrnn.head_dim == 8 && strcmp(c.ffn_pattern, "ssss") == 0 &&
+                    model_ffn_letter(&c, 3) == 's',
+                "two-letter keys, ffn= for every layer", "rh=%d rv=%d ffn=%s", c.vrnn.heads, c.vrnn.head_dim,
+                c.ffn_pattern);
+    c = config_of("d128:RU", 50257);
+    test_result(c.vrnn.heads == 8 && c.vrnn.head_dim == 16 && c.ffn_pattern[0] == '\0' && model_ffn_letter(&c, 1) == 's',
+                "RNN/GRU defaults: head size 16, 4C/49 heads to 8s", "rh=%d rv=%d", c.vrnn.heads, c.vrnn.head_dim);
+}
+
+// A checkpoint stores the config as text: every kind's fields by name. Round trip a config with every kind.
+static void test_config_text(void) {
+    ModelConfig c = config_of("d96:MARUMA:n8:q8:k32:v16:h3:rope:rh4:rv8:f160", 1000);
+    c.m2rnn.grad_clamp = 0.37f;
+    c.attn.rope_theta = 12345.678f;
+    char text[4000];
+    const int n = model_config_to_text(&c, text, sizeof(text));
+    ModelConfig back;
+    char why[300] = "";
+    const char *err = model_config_from_text(&back, text, why, sizeof(why));
+    if (err == NULL) { model_config_fill_defaults(&back); }
+    test_result(n > 0 && err == NULL && memcmp(&back, &c, sizeof(c)) == 0, "config text round trip (every kind)",
+                "%d bytes%s%s", n, err ? ": " : "", err ? err : "");
+    char bad[4100];
+    snprintf(bad, sizeof(bad), "%sgdn.heads=4\n", text);
+    err = model_config_from_text(&back, bad, why, sizeof(why));
+    test_result(err != NULL && strstr(err, "gdn.heads") != NULL, "config text: an unknown field is refused", "%s",
+                err ? err : "accepted");
 }
 
 static void test_init_rules(void) {
-    ModelConfig c;
-    memset(&c, 0, sizeof(c));
-    c.vocab_size = 300;
-    model_config_from_descriptor(&c, "d64:MA:n8:k16");
-    model_config_fill_defaults(&c);
+    ModelConfig c = config_of("d64:MA:n8:k16", 300);
     ParamTable t;
     param_table_build(&t, &c);
     float *p = (float *)mallocCheck(t.num_parameters * sizeof(float));
     model_init_parameters(p, &t, 1);
-    const ParamSpec *W = find_spec(&t, 0, PK_m_W), *A = find_spec(&t, 0, PK_m_A_log);
-    const ParamSpec *dt = find_spec(&t, 0, PK_m_dt_bias), *D = find_spec(&t, 0, PK_m_D);
-    const ParamSpec *out = find_spec(&t, 0, PK_m_out_w), *in = find_spec(&t, 0, PK_m_in_w);
-    const ParamSpec *wte = find_spec(&t, -1, PK_wte);
+    const ParamSpec *W = param_table_find(&t, "layer0.m2rnn.W"), *A = param_table_find(&t, "layer0.m2rnn.A_log");
+    const ParamSpec *dt = param_table_find(&t, "layer0.m2rnn.dt_bias"), *D = param_table_find(&t, "layer0.m2rnn.D");
+    const ParamSpec *out = param_table_find(&t, "layer0.m2rnn.out_w"), *in = param_table_find(&t, "layer0.m2rnn.in_w");
+    const ParamSpec *wte = param_table_find(&t, "wte");
     int identity = 1;
     for (size_t j = 0; j < W->numel; j++) {
         const size_t within = j % 256;
@@ -113,20 +159,89 @@ static void test_init_rules(void) {
     for (size_t j = (size_t)c.vocab_size * c.d_model; j < wte->numel; j++) { padding_zero &= p[wte->offset + j] == 0; }
     test_result(padding_zero, "init: vocabulary padding rows are zero", "%d rows", c.padded_vocab_size - c.vocab_size);
     int decay_ok = 1;
+    const char *no_decay[] = {".A_log", ".dt_bias", ".D", ".norm_w", "ln1_w", "ln2_w", "lnf_w"};
     for (int i = 0; i < t.num_specs; i++) {
         const ParamSpec *s = &t.specs[i];
-        const int no_decay = s->kind == PK_m_A_log || s->kind == PK_m_dt_bias || s->kind == PK_m_D ||
-                             s->kind == PK_m_norm_w || s->kind == PK_ln1_w || s->kind == PK_ln2_w || s->kind == PK_lnf_w;
-        decay_ok &= s->weight_decay == !no_decay;
+        int nd = 0;
+        for (int k = 0; k < 7; k++) { nd |= ends_with(s->name, no_decay[k]); }
+        decay_ok &= s->weight_decay == !nd;
     }
     test_result(decay_ok, "no weight decay on norms, A_log, dt_bias, D; decay on W, conv, projections", "%d tensors",
                 t.num_specs);
     free(p);
 }
 
+// every row of the layer-kind tables, checked on a model that has each kind
+static void test_kind_table(void) {
+    ModelConfig c = config_of("d64:MARU:n8:k16:rh4", 300);
+    ParamTable t;
+    param_table_build(&t, &c);
+    int rows_ok = 1, impl_ok = 1;
+    char detail[200] = "";
+    for (int k = 0; k < NUM_MIXER_KINDS + NUM_FFN_KINDS; k++) {
+        const LayerKind *kind = k < NUM_MIXER_KINDS ? &MIXER_KINDS[k] : &FFN_KINDS[k - NUM_MIXER_KINDS];
+        impl_ok &= kind_ops(kind->letter)->letter == kind->letter; // refuses a letter without a CPU file
+        ParamDef defs[MAX_KIND_PARAMS];
+        memset(defs, 0, sizeof(defs));
+        const int n = kind->params(&c, defs);
+        for (int i = 0; i < n; i++) {
+            size_t rows = 0;
+            for (int s = 0; s < defs[i].nseg; s++) { rows += defs[i].seg[s]; }
+            const int seg_ok = defs[i].split != SPLIT_HEAD_GROUPS || (defs[i].nseg > 0 && rows == defs[i].shape[0]);
+            int unique = 1;
+            for (int j = 0; j < i; j++) { unique &= strcmp(defs[i].name, defs[j].name) != 0; }
+            if (!seg_ok || !unique || defs[i].name == NULL) {
+                rows_ok = 0;
+                snprintf(detail, sizeof(detail), "%s.%s", kind->name, defs[i].name ? defs[i].name : "?");
+            }
+        }
+        rows_ok &= n > 0 && n <= MAX_KIND_PARAMS && kind->flops(&c, 128) > 0;
+        rows_ok &= (kind->letter >= 'a') == (kind->decode_state(&c, 128) == 0); // mixers carry state, FFNs none
+    }
+    test_result(rows_ok && impl_ok, "every kind: CPU ops, unique tensor names, TP segments add up", "%d+%d kinds %s",
+                NUM_MIXER_KINDS, NUM_FFN_KINDS, detail);
+    FieldEntry fields[MAX_CONFIG_FIELDS];
+    const int nf = config_fields(fields);
+    int keys_ok = 1;
+    for (int i = 0; i < nf; i++) {
+        for (int j = 0; j < i; j++) {
+            keys_ok &= strcmp(fields[i].field->name, fields[j].field->name) != 0;
+            if (fields[i].field->key && fields[j].field->key) { keys_ok &= strcmp(fields[i].field->key, fields[j].field->key) != 0; }
+        }
+    }
+    test_result(keys_ok, "config fields: unique names and descriptor keys", "%d fields", nf);
+    // the views: every spec's slot is distinct and the kind's tensors sit in its group in _PARAMS order
+    int slots_ok = 1;
+    for (int i = 0; i < t.num_specs; i++) {
+        for (int j = 0; j < i; j++) { slots_ok &= t.specs[i].slot != t.specs[j].slot; }
+        slots_ok &= t.specs[i].slot < VIEW_SLOTS;
+    }
+    ModelParams views;
+    real *buf = (real *)callocCheck(t.num_parameters, sizeof(real));
+    model_point_views(&views, buf, sizeof(real), &t);
+    const ParamSpec *W = param_table_find(&t, "layer0.m2rnn.W"), *Un = param_table_find(&t, "layer3.gru.U_n");
+    const M2RNNParams *mp = (const M2RNNParams *)views.layers[0].mixer;
+    const GRUParams *gp = (const GRUParams *)views.layers[3].mixer;
+    slots_ok &= mp->W == buf + W->offset && gp->U_n == buf + Un->offset &&
+                views.layers[1].mixer[1] == buf + param_table_find(&t, "layer1.attention.out_w")->offset;
+    test_result(slots_ok, "typed views: each kind's struct points at its tensors", "%d tensors", t.num_specs);
+    free(buf);
+    // FLOPs: the M2RNN/attention formula of round 1 still holds (MFU figures stay comparable)
+    ModelConfig d = config_of("d768:MMMAMMMAMMMA", 50257);
+    const double C = 768, F = 2048, N = 64, K = 64, V = 16, T = 1024, inner = 768;
+    const double m = 2 * C * 2 * F + 2 * F * C + 2 * C * (2 * K + 33 * N) + 2 * N * V * C + 2 * 4 * (2 * K + N * V) +
+                     N * (2 * K * V * V + 8 * K * V);
+    const double a = 2 * C * 2 * F + 2 * F * C + 8 * C * inner + 2 * inner * T;
+    const double want = 3 * (2 * C * 50304 + 9 * m + 3 * a);
+    test_result(fabs(model_flops_per_token(&d, 1024) / want - 1) < 1e-12, "FLOPs per token from the rows",
+                "%.4g (want %.4g)", model_flops_per_token(&d, 1024), want);
+}
+
 int main(void) {
     test_paper_parameter_counts();
     test_defaults_and_descriptor();
+    test_config_text();
     test_init_rules();
+    test_kind_table();
     return test_summary("test_model");
 }

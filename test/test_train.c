@@ -103,37 +103,93 @@ static void test_resume(const char *data_dir, const char *work_dir) {
 static void test_checkpoint_roundtrip(const char *work_dir) {
     ModelConfig c;
     memset(&c, 0, sizeof(c));
-    c.vocab_size = TEST_VOCAB; c.d_model = 16; c.rnn_grad_clamp = 1;
-    snprintf(c.pattern, sizeof(c.pattern), "MA");
-    Model m;
-    model_build(&m, &c);
-    model_init_weights(&m, 7);
-    const size_t n = m.table.num_parameters;
+    c.vocab_size = TEST_VOCAB; c.m2rnn.grad_clamp = 0.5f;
+    model_config_from_descriptor(&c, "d16:MARU:rh2:rv4:rope");
+    Model *m = model_create(&c);
+    model_init_weights(m, 7);
+    const size_t n = m->table.num_parameters;
     real *mom = (real *)mallocCheck(n * sizeof(real)), *var = (real *)mallocCheck(n * sizeof(real));
     for (size_t i = 0; i < n; i++) { mom[i] = (real)(i % 17) * 0.25f; var[i] = (real)(i % 5); }
     uint8_t loader_state[40];
     for (int i = 0; i < 40; i++) { loader_state[i] = (uint8_t)(3 * i + 1); }
     CheckpointHeader h;
     memset(&h, 0, sizeof(h));
-    h.config = m.config; h.elem_bytes = 4; h.has_optimizer = 1; h.num_parameters = n; h.step = 42; h.B = 3; h.T = 9;
+    h.config = m->config; h.elem_bytes = 4; h.has_optimizer = 1; h.num_parameters = n; h.step = 42; h.B = 3; h.T = 9;
     h.grad_accum = 2; h.rng_state = 0x1234567890ABCDEFULL; h.loader_state_bytes = 40;
     char path[600];
     snprintf(path, sizeof(path), "%s/roundtrip.bin", work_dir);
-    checkpoint_write(path, &h, m.params_memory, mom, var, loader_state);
+    checkpoint_write(path, &h, m->params_memory, mom, var, loader_state);
     CheckpointHeader r;
     checkpoint_read_header(path, &r);
     real *p2 = (real *)mallocCheck(n * sizeof(real)), *m2 = (real *)mallocCheck(n * sizeof(real));
     real *v2 = (real *)mallocCheck(n * sizeof(real));
     uint8_t ls2[40];
     checkpoint_read_payload(path, &r, p2, m2, v2, ls2);
-    int ok = memcmp(p2, m.params_memory, n * sizeof(real)) == 0 && memcmp(m2, mom, n * sizeof(real)) == 0 &&
+    model_config_fill_defaults(&r.config);
+    int ok = memcmp(p2, m->params_memory, n * sizeof(real)) == 0 && memcmp(m2, mom, n * sizeof(real)) == 0 &&
              memcmp(v2, var, n * sizeof(real)) == 0 && memcmp(ls2, loader_state, 40) == 0 && r.step == 42 &&
-             r.B == 3 && r.T == 9 && r.grad_accum == 2 && r.rng_state == h.rng_state &&
-             strcmp(r.config.pattern, "MA") == 0 && r.config.d_model == 16 && r.config.rnn_heads == m.config.rnn_heads &&
-             r.config.rnn_grad_clamp == 1.0f && r.config.vocab_size == TEST_VOCAB;
-    test_result(ok, "checkpoint round trip (params, m, v, loader, header)", "%zu parameters", n);
+             r.B == 3 && r.T == 9 && r.grad_accum == 2 && r.rng_state == h.rng_state && r.version == 2 &&
+             memcmp(&r.config, &m->config, sizeof(ModelConfig)) == 0;
+    test_result(ok, "checkpoint round trip (config of every kind, params, m, v, loader)", "%zu parameters", n);
+    // a flipped byte in the config text fails the checksum (the text is covered, not just the payload)
+    char cmd[2000];
+    snprintf(cmd, sizeof(cmd), "cp '%s' '%s/flipped.bin' && printf 'X' | dd of='%s/flipped.bin' bs=1 seek=%d "
+             "conv=notrunc 2>/dev/null", path, work_dir, work_dir, CKPT_CONFIG_OFFSET + 8);
+    int flip_ok = system(cmd) == 0;
+    snprintf(cmd, sizeof(cmd), "./train_m2rnn_cpu -e '%s/flipped.bin' -i nothing -j '' 2>&1 | grep -q 'checksum of its config'",
+             work_dir);
+    test_result(flip_ok && system(cmd) == 0, "a corrupted config text is refused", "%s", "through the binary");
     free(mom); free(var); free(p2); free(m2); free(v2);
-    model_free(&m);
+    model_free(m);
+}
+
+// A version-1 checkpoint (the fixed-slot header of m2rnn before the layer-kind table) is still read: written here
+// with that layout, it must load into the same config and parameters, and a run must start from it.
+static void write_v1_checkpoint(const char *path, const ModelConfig *m, const float *params, size_t n) {
+    int32_t h[256];
+    memset(h, 0, sizeof(h));
+    h[0] = CKPT_MAGIC; h[1] = 1; h[2] = 4; h[3] = 0;
+    h[4] = m->vocab_size; h[5] = m->padded_vocab_size; h[6] = m->d_model; h[7] = m->n_layer;
+    h[8] = m->m2rnn.heads; h[9] = m->m2rnn.qk_heads; h[10] = m->m2rnn.k; h[11] = m->m2rnn.v; h[12] = m->m2rnn.conv;
+    memcpy(&h[13], &m->m2rnn.grad_clamp, 4);
+    h[14] = m->attn.heads; h[15] = m->attn.head_dim; h[16] = m->attn.rope; memcpy(&h[17], &m->attn.rope_theta, 4);
+    h[18] = m->swiglu.hidden;
+    uint64_t num = n, sum = fnv1a_update(FNV1A_INIT, params, n * sizeof(float));
+    memcpy(&h[20], &num, 8); h[22] = 5; h[25] = 0; memcpy(&h[26], &sum, 8);
+    h[28] = 2; h[29] = 16; h[30] = 1;
+    memcpy(&h[128], m->pattern, strlen(m->pattern) + 1);
+    FILE *fp = fopenCheck(path, "wb");
+    fwriteCheck(h, sizeof(int32_t), 256, fp);
+    fwriteCheck(params, sizeof(float), n, fp);
+    fcloseCheck(fp);
+}
+
+static void test_checkpoint_v1(const char *data_dir, const char *work_dir) {
+    ModelConfig c;
+    memset(&c, 0, sizeof(c));
+    c.vocab_size = TEST_VOCAB; c.m2rnn.grad_clamp = 1.0f;
+    model_config_from_descriptor(&c, "d32:MAM:n4:k16:v8:h2:f64:rope");
+    Model *m = model_create(&c);
+    model_init_weights(m, 11);
+    const size_t n = m->table.num_parameters;
+    char path[600];
+    snprintf(path, sizeof(path), "%s/v1.bin", work_dir);
+    write_v1_checkpoint(path, &m->config, m->params_memory, n);
+    CheckpointHeader r;
+    checkpoint_read_header(path, &r);
+    model_config_fill_defaults(&r.config);
+    real *p = (real *)mallocCheck(n * sizeof(real));
+    checkpoint_read_payload(path, &r, p, NULL, NULL, NULL);
+    const int same = r.version == 1 && r.num_parameters == n && memcmp(&r.config, &m->config, sizeof(ModelConfig)) == 0 &&
+                     memcmp(p, m->params_memory, n * sizeof(real)) == 0;
+    test_result(same, "a version-1 checkpoint loads (config and parameters)", "%zu parameters, step %d", n, r.step);
+    char tg[512], vg[512];
+    TrainOptions o = tiny_options(data_dir, tg, vg);
+    o.init = path; o.max_steps = 2; o.val_every = 0;
+    const float loss = train_run(&o);
+    test_result(isfinite(loss) && loss > 0, "a run starts from a version-1 checkpoint", "step-2 loss %.4f", loss);
+    free(p);
+    model_free(m);
 }
 
 int main(int argc, char **argv) {
@@ -155,6 +211,7 @@ int main(int argc, char **argv) {
     make_dir(work);
     write_fixture_data(work);
     test_checkpoint_roundtrip(work);
+    test_checkpoint_v1(work, work);
     test_overfit(work);
     test_resume(work, work);
     return test_summary("test_train");

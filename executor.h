@@ -1,0 +1,54 @@
+/*
+executor.h: the API every executor of the model implements (the CPU reference in ref/lm.h, the GPU in lm.cuh) and the
+programs call: the training run (train_loop.h), the tests, the benchmarks. A program includes one executor and this
+file's users; nothing here knows which executor it gets. Model is the executor's own struct.
+
+Numbers in checkpoints (the master weights and the AdamW moments) have executor_master_bytes() bytes each.
+*/
+#ifndef M2RNN_EXECUTOR_H
+#define M2RNN_EXECUTOR_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+typedef struct Model Model;
+
+// fills the config's defaults, validates it, builds the parameter table and allocates the parameters (not yet set)
+static Model *model_create(const ModelConfig *config);
+static void model_free(Model *model);
+static const ModelConfig *model_config(const Model *model);
+static const ParamTable *model_table(const Model *model);
+static void model_init_weights(Model *model, uint64_t seed);
+
+// training: forward over host token arrays inputs (B,T) and, if not NULL, targets (B,T); returns the mean loss or -1
+static double model_forward(Model *model, const int *inputs, const int *targets, int B, int T);
+static void model_zero_grad(Model *model);
+// backward of the last forward (which must have had targets); parameter gradients accumulate (+=), scaled so that
+// the loss being differentiated is loss_scale · mean loss
+static void model_backward(Model *model, float loss_scale);
+// one AdamW step (step counts from 1) with global grad-norm clipping; returns the grad norm
+static double model_update(Model *model, const OptimizerConfig *opt, int step);
+
+// the state in checkpoints: parameters and AdamW m, v (each num_parameters × executor_master_bytes()) to and from
+// host memory; m, v NULL on write: a fresh optimizer
+static int model_has_optimizer(const Model *model);
+static void model_read_state(const Model *model, void *params, void *m, void *v);
+static void model_write_state(Model *model, const void *params, const void *m, const void *v);
+// the padded logits (Vp) of position (b, t) of the last forward, to host memory
+static void model_logits_row(Model *model, int b, int t, float *out);
+
+// decoding, one token at a time with each layer's decode state (layers.h): begin allocates the state of B sequences
+// of up to `context` tokens and empties it; step feeds tokens (B) at positions pos (B) (each < context, one more
+// than the sequence's last) and leaves their next-token logits, read by model_decode_logits (Vp floats)
+static void model_decode_begin(Model *model, int B, int context);
+static void model_decode_step(Model *model, const int *tokens, const int *pos);
+static void model_decode_logits(Model *model, int b, float *out);
+
+// the executor
+static const char *executor_name(void);      // for banners and usage
+static int executor_master_bytes(void);
+static double executor_peak_flops(Model *model); // dense peak in the build's precision for MFU; 0 = unknown
+static void executor_sync(Model *model);      // before reading a timer
+
+#endif // M2RNN_EXECUTOR_H

@@ -1,0 +1,462 @@
+/*
+layers.h: the layer kinds. A block is `x += Mixer(RMSNorm(x)); x += FeedForward(RMSNorm(x))`; the mixer and the
+feed-forward of each layer are picked by a letter, and everything the model definition needs to know about a kind
+lives in its row of the tables at the bottom of this file:
+
+  letter | name | the descriptor fields it owns | defaults and validation of its sizes | its parameter tensors
+  (shape, init, weight decay, tensor-parallel split) | forward FLOPs per token | decode state per sequence
+
+Mixers (upper case, the layer pattern): M = M²RNN, A = softmax attention, R = RNN, U = GRU.
+Feed-forward kinds (lower case, `ffn=` in the descriptor): s = SwiGLU.
+
+Nothing here runs an op. The executors (ref/<kind>.h on the CPU, <kind>.cuh on the GPU) implement each kind behind
+one small interface (ref/kinds.h, kinds.cuh); model.h builds the parameter table, the descriptor parser, the
+checkpoint config and the FLOP count from these rows. A kind's parameters are listed once, in an X-macro
+(<KIND>_PARAMS): the row's param function fills them in that order, and each executor declares its typed view of
+them from the same list, so the two cannot disagree.
+
+Adding a kind (README, "Adding a layer kind"): its config struct and member in ModelConfig, its _PARAMS list, its
+functions and row below; ref/<kind>.h and <kind>.cuh with one line each in ref/kinds.h and kinds.cuh; its tests.
+*/
+#ifndef M2RNN_LAYERS_H
+#define M2RNN_LAYERS_H
+
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "utils.h"
+
+#define MAX_LAYERS 128
+#define MAX_KIND_PARAMS 12 // tensors of one mixer or feed-forward
+#define VOCAB_PAD_MULTIPLE 128
+
+static inline int round_up(int x, int multiple) { return ((x + multiple - 1) / multiple) * multiple; }
+// rounded to the nearest multiple of 8 (aligned projection rows for the GPU's matmuls), at least 1
+static inline int round_heads8(double n) {
+    const int n8 = 8 * (int)floor(n / 8.0 + 0.5);
+    return n8 >= 8 ? n8 : (n >= 1 ? (int)n : 1);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the model's sizes: global ones, then one struct per kind (each owned by its row below)
+
+typedef struct {
+    int heads;        // N: value heads, each with its own K×V state
+    int qk_heads;     // Nq = Nk: 1 (shared by all N heads, as the paper) or N
+    int k, v;         // K: rows of the state (key dim), V: columns (value dim)
+    int conv;         // depthwise causal conv taps on q|k|v
+    float grad_clamp; // elementwise clamp of the carried dH in the backward (0 = off)
+} M2RNNConfig;
+
+typedef struct {
+    int heads, head_dim;
+    int rope;         // 0 = NoPE (the paper's hybrids), 1 = RoPE
+    float rope_theta;
+} AttentionConfig;
+
+typedef struct {      // the vector-valued baselines R (RNN) and U (GRU)
+    int heads, head_dim;
+    int conv;         // R: depthwise causal conv taps on u (U has no conv)
+} VecRNNConfig;
+
+typedef struct {
+    int hidden;       // F
+} SwiGLUConfig;
+
+typedef struct {
+    int vocab_size;          // V: real tokens (50257 for GPT-2)
+    int padded_vocab_size;   // Vp: V rounded up to a multiple of 128 (derived); logits of the padding are never used
+    int d_model;             // C
+    int n_layer;             // L = strlen(pattern) (derived)
+    char pattern[MAX_LAYERS + 1];     // mixer letter of each layer
+    char ffn_pattern[MAX_LAYERS + 1]; // feed-forward letter of each layer ("" = all s)
+    M2RNNConfig m2rnn;
+    AttentionConfig attn;
+    VecRNNConfig vrnn;
+    SwiGLUConfig swiglu;
+} ModelConfig;
+
+// ----------------------------------------------------------------------------------------------------------------
+// what a row is made of
+
+// A named size of the config: its checkpoint name, its descriptor key (NULL: not settable from a descriptor) and
+// where it lives. The checkpoint stores every field by name, so a new field needs no header slot.
+typedef enum { FIELD_INT, FIELD_FLOAT, FIELD_FLAG } FieldType;
+typedef struct {
+    const char *name;   // "m2rnn.heads"
+    const char *key;    // "n" in "d256:MMAM:n16"
+    FieldType type;
+    size_t offset;      // in ModelConfig
+    const char *help;
+} ConfigField;
+#define CFG_FIELD(name, key, type, member, help) {name, key, type, offsetof(ModelConfig, member), help}
+
+typedef enum { INIT_ZERO, INIT_NORMAL, INIT_ONES, INIT_IDENTITY, INIT_A_LOG, INIT_DT_BIAS } InitRule;
+
+// how a tensor is cut for tensor parallelism (Megatron's names; our weights are (out, in)):
+//   REPLICATED   every rank holds all of it (norm weights of the residual stream)
+//   COLUMN       dim 0 (output features, or heads for per-head tensors) split evenly
+//   ROW          dim 1 (input features) split evenly: the output projections, whose partial sums are all-reduced
+//   HEAD_GROUPS  dim 0 is a stack of segments (e.g. q|k|v|f|g), each split evenly, so every rank holds whole heads
+typedef enum { SPLIT_REPLICATED, SPLIT_COLUMN, SPLIT_ROW, SPLIT_HEAD_GROUPS } SplitRule;
+#define MAX_SEGMENTS 6
+
+// One tensor of a kind, as its row's param function describes it (the table adds name prefix, layer and offset).
+typedef struct {
+    const char *name;   // "in_w": the field name of the executors' typed views
+    int ndim;
+    size_t shape[3];
+    InitRule init;
+    float std;          // INIT_NORMAL
+    int decay;          // 1 if AdamW decays it
+    SplitRule split;
+    int nseg;           // HEAD_GROUPS: rows of each segment, summing to shape[0]
+    size_t seg[MAX_SEGMENTS];
+} ParamDef;
+
+static inline ParamDef param_def(const char *name, int ndim, size_t d0, size_t d1, size_t d2, InitRule init,
+                                 float std, int decay, SplitRule split) {
+    ParamDef p;
+    memset(&p, 0, sizeof(p));
+    p.name = name;
+    p.ndim = ndim;
+    p.shape[0] = d0; p.shape[1] = ndim > 1 ? d1 : 1; p.shape[2] = ndim > 2 ? d2 : 1;
+    p.init = init; p.std = std; p.decay = decay; p.split = split;
+    return p;
+}
+// HEAD_GROUPS: the n segments' rows (size_t each)
+static inline void param_segments(ParamDef *p, int n, ...) {
+    va_list args;
+    va_start(args, n);
+    p->nseg = n;
+    for (int i = 0; i < n; i++) { p->seg[i] = va_arg(args, size_t); }
+    va_end(args);
+}
+// the kind's tensors are indexed by an enum made from its _PARAMS list, and named from it: PDEF(in_w, ...) fills
+// slot P_in_w with name "in_w", so a tensor missing from the list does not compile
+#define KIND_PARAM_ENUM(name) P_##name,
+#define PDEF(name, ...) (p[P_##name] = param_def(#name, __VA_ARGS__))
+
+typedef struct {
+    char letter;
+    const char *name;                 // "M2RNN"
+    const char *summary;              // one line for usage texts
+    const ConfigField *fields;        // the descriptor fields / config sizes it owns
+    int num_fields;
+    void (*fill_defaults)(ModelConfig *c);          // sizes left 0 (or < 0 for floats) get their defaults
+    void (*validate)(const ModelConfig *c);         // refuses sizes it cannot run, with fail_with_hint
+    int (*params)(const ModelConfig *c, ParamDef *p); // its tensors, in its _PARAMS order; returns the count
+    double (*flops)(const ModelConfig *c, int T);   // forward FLOPs per token at sequence length T
+    size_t (*decode_state)(const ModelConfig *c, int context); // numbers a sequence carries while decoding
+} LayerKind;
+
+// std of the output projections into the residual stream: 0.02/sqrt(2L) (spec m2rnn_authors_code.md §1)
+static inline float std_out_of(const ModelConfig *c) { return 0.02f / sqrtf(2.0f * (float)c->n_layer); }
+#define STD_IN 0.02f
+#define DECAY 1
+#define NO_DECAY 0
+
+// ----------------------------------------------------------------------------------------------------------------
+// M: M²RNN (spec m2rnn_authors_code.md §1; the executors' files hold the math)
+
+#define M2RNN_PARAMS(X)                                                                                          \
+    X(in_w)    /* (R, C) input projection, rows q (Nq·K) | k (Nq·K) | v (N·V) | f_raw (N) | g (N·V) */             \
+    X(conv_w)  /* (CD, W) depthwise causal conv over the q|k|v channels, CD = 2·Nq·K + N·V */                     \
+    X(A_log)   /* (N) forget gate: alpha = exp(A_log) */                                                         \
+    X(dt_bias) /* (N) forget gate: softplus(f_raw + dt_bias) */                                                  \
+    X(D)       /* (N, V) residual v ⊙ D */                                                                       \
+    X(W)       /* (N, V, V) state transition, multiplies H from the right */                                     \
+    X(norm_w)  /* (N·V) RMSNorm over all heads' outputs */                                                       \
+    X(out_w)   /* (C, N·V) output projection */
+
+static inline int m2rnn_proj_rows(const ModelConfig *c) {
+    return 2 * c->m2rnn.qk_heads * c->m2rnn.k + 2 * c->m2rnn.heads * c->m2rnn.v + c->m2rnn.heads;
+}
+static inline int m2rnn_conv_dim(const ModelConfig *c) {
+    return 2 * c->m2rnn.qk_heads * c->m2rnn.k + c->m2rnn.heads * c->m2rnn.v;
+}
+
+static const ConfigField M2RNN_FIELDS[] = {
+    CFG_FIELD("m2rnn.heads", "n", FIELD_INT, m2rnn.heads, "M2RNN value heads N"),
+    CFG_FIELD("m2rnn.qk_heads", "q", FIELD_INT, m2rnn.qk_heads, "M2RNN q/k heads (1 or N)"),
+    CFG_FIELD("m2rnn.k", "k", FIELD_INT, m2rnn.k, "M2RNN K (state rows)"),
+    CFG_FIELD("m2rnn.v", "v", FIELD_INT, m2rnn.v, "M2RNN V (state columns)"),
+    CFG_FIELD("m2rnn.conv", NULL, FIELD_INT, m2rnn.conv, "M2RNN conv taps"),
+    CFG_FIELD("m2rnn.grad_clamp", NULL, FIELD_FLOAT, m2rnn.grad_clamp, "M2RNN carried-dH clamp (-rc)"),
+};
+
+// K=64, V=16, Nq=1 as the paper; N so that the layer has about an attention layer's 4C² parameters, rounded to a
+// multiple of 8 so the projection's 2·64 + 33·N rows are too: 80 at C=1024 (the paper used 84: pass n84)
+static void m2rnn_fill_defaults(ModelConfig *c) {
+    M2RNNConfig *m = &c->m2rnn;
+    if (m->k <= 0) { m->k = 64; }
+    if (m->v <= 0) { m->v = 16; }
+    if (m->qk_heads <= 0) { m->qk_heads = 1; }
+    if (m->conv <= 0) { m->conv = 4; }
+    if (m->heads <= 0) { m->heads = round_heads8((4.0 * c->d_model - 2.0 * m->k) / (3.0 * m->v + 1.0)); }
+    if (m->grad_clamp < 0) { m->grad_clamp = 1.0f; }
+}
+
+static void m2rnn_validate(const ModelConfig *c) {
+    const M2RNNConfig *m = &c->m2rnn;
+    if (m->k <= 0 || m->v <= 0 || m->heads <= 0 || m->conv <= 0 || m->conv > 16) {
+        fail_with_hint("check the M2RNN sizes", "M2RNN sizes must be positive (K=%d V=%d N=%d conv=%d, conv <= 16)",
+                       m->k, m->v, m->heads, m->conv);
+    }
+    if (m->qk_heads != 1 && m->qk_heads != m->heads) {
+        fail_with_hint("set the q/k heads to 1 (shared by all value heads) or equal to the value heads",
+                       "M2RNN q/k heads (%d) must be 1 or equal the value heads (%d)", m->qk_heads, m->heads);
+    }
+}
+
+// Inits and the no-decay set follow spec m2rnn_authors_code.md §1/§6: N(0, 0.02) projection and conv, depth-scaled
+// output projection, identity W, D = 1, A_log and dt_bias as Mamba-2; no decay on A_log, dt_bias, D and the norm.
+static int m2rnn_params(const ModelConfig *c, ParamDef *p) {
+    enum { M2RNN_PARAMS(KIND_PARAM_ENUM) NUM };
+    const size_t C = (size_t)c->d_model, N = (size_t)c->m2rnn.heads, V = (size_t)c->m2rnn.v;
+    const size_t QK = (size_t)c->m2rnn.qk_heads * c->m2rnn.k, NV = N * V;
+    PDEF(in_w, 2, (size_t)m2rnn_proj_rows(c), C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_in_w], 5, QK, QK, NV, N, NV);
+    PDEF(conv_w, 2, (size_t)m2rnn_conv_dim(c), (size_t)c->m2rnn.conv, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_conv_w], 3, QK, QK, NV);
+    PDEF(A_log, 1, N, 0, 0, INIT_A_LOG, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(dt_bias, 1, N, 0, 0, INIT_DT_BIAS, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(D, 2, N, V, 0, INIT_ONES, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(W, 3, N, V, V, INIT_IDENTITY, 0, DECAY, SPLIT_COLUMN);
+    PDEF(norm_w, 1, NV, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_COLUMN); // one norm over all heads: RMSNormTP under TP
+    PDEF(out_w, 2, C, NV, 0, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_ROW);
+    return NUM;
+}
+
+// in / out projections, conv, and per head per token the recurrence: H W (2·K·V²), k vᵀ, tanh, gate (≈6·K·V),
+// y = Hᵀq (2·K·V)
+static double m2rnn_flops(const ModelConfig *c, int T) {
+    const double C = c->d_model, N = c->m2rnn.heads, K = c->m2rnn.k, V = c->m2rnn.v;
+    return 2.0 * C * m2rnn_proj_rows(c) + 2.0 * N * V * C + 2.0 * c->m2rnn.conv * m2rnn_conv_dim(c) +
+           N * (2.0 * K * V * V + 6.0 * K * V + 2.0 * K * V);
+}
+
+// the conv's last W−1 inputs and the K×V state of every head
+static size_t m2rnn_decode_state(const ModelConfig *c, int context) {
+    return (size_t)(c->m2rnn.conv - 1) * m2rnn_conv_dim(c) + (size_t)c->m2rnn.heads * c->m2rnn.k * c->m2rnn.v;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// A: causal softmax attention (NoPE, or RoPE with `rope`)
+
+#define ATTENTION_PARAMS(X)                                                                                      \
+    X(qkv_w) /* (3·NH·HS, C) rows q | k | v, heads contiguous inside each */                                    \
+    X(out_w) /* (C, NH·HS) */
+
+static const ConfigField ATTENTION_FIELDS[] = {
+    CFG_FIELD("attn.heads", "h", FIELD_INT, attn.heads, "attention heads"),
+    CFG_FIELD("attn.head_dim", NULL, FIELD_INT, attn.head_dim, "attention head dim"),
+    CFG_FIELD("attn.rope", "rope", FIELD_FLAG, attn.rope, "RoPE in attention"),
+    CFG_FIELD("attn.rope_theta", NULL, FIELD_FLOAT, attn.rope_theta, "RoPE base"),
+};
+
+static void attention_fill_defaults(ModelConfig *c) {
+    AttentionConfig *a = &c->attn;
+    if (a->head_dim <= 0) { a->head_dim = c->d_model >= 64 ? 64 : c->d_model; }
+    if (a->heads <= 0) { a->heads = c->d_model / a->head_dim > 0 ? c->d_model / a->head_dim : 1; }
+    if (a->rope_theta <= 0) { a->rope_theta = 10000.0f; }
+}
+
+static void attention_validate(const ModelConfig *c) {
+    if (c->attn.heads <= 0 || c->attn.head_dim <= 0) {
+        fail_with_hint("check the attention sizes", "attention needs heads > 0 and head dim > 0");
+    }
+    if (c->attn.head_dim % 2 != 0) { // RoPE rotates pairs (i, i + HS/2); the GPU kernels move heads in such pairs
+        fail_with_hint("use an even attention head dim", "attention head dim must be even, got %d", c->attn.head_dim);
+    }
+}
+
+static int attention_params(const ModelConfig *c, ParamDef *p) {
+    enum { ATTENTION_PARAMS(KIND_PARAM_ENUM) NUM };
+    const size_t C = (size_t)c->d_model, inner = (size_t)c->attn.heads * c->attn.head_dim;
+    PDEF(qkv_w, 2, 3 * inner, C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_qkv_w], 3, inner, inner, inner);
+    PDEF(out_w, 2, C, inner, 0, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_ROW);
+    return NUM;
+}
+
+// projections, and q kᵀ and att·v over the causal past: 4·T·inner / 2 per token on average
+static double attention_flops(const ModelConfig *c, int T) {
+    const double C = c->d_model, inner = (double)c->attn.heads * c->attn.head_dim;
+    return 2.0 * C * 3.0 * inner + 2.0 * inner * C + 2.0 * inner * (double)T;
+}
+
+// the K and V cache: grows with the context
+static size_t attention_decode_state(const ModelConfig *c, int context) {
+    return 2 * (size_t)context * c->attn.heads * c->attn.head_dim;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// R and U: the vector-valued baselines of the paper's state-size ablation (spec other_mixers.md). The paper gives
+// no more than "RNN: h_t = tanh(h_{t−1} W + u_t) with the M²RNN forget gate, projections, SiLU(g) gate and RMSNorm
+// as in the M²RNN layer" and "GRU: one extra gate projection, ≈16% more parameters"; the variants chosen here:
+//   R: the M²RNN layer with the outer product removed (K = 1, k = q = 1): rows u (N·V) | f_raw (N) | g (N·V);
+//      u = SiLU(conv4(u_raw)); f = exp(−exp(A_log)·softplus(f_raw + dt_bias)); h_t = f h_{t−1} + (1 − f)
+//      tanh(h_{t−1} W + u_t); y = h_t + u_t ⊙ D; RMSNorm(y ⊙ SiLU(g)) over N·V; out projection. W identity init.
+//   U: a standard GRU per head (no biases, no conv; z is its forget gate, so no f row): rows r | z | n | g (N·V
+//      each); r = σ(x_r + h U_r), z = σ(x_z + h U_z), n = tanh(x_n + r ⊙ (h U_n)), h_t = (1 − z) ⊙ n + z ⊙ h_{t−1};
+//      RMSNorm(h_t ⊙ SiLU(g)) over N·V; out projection. U_n identity (as the RNN's W), U_r, U_z ~ N(0, 1/V).
+// At the 410M shape (85 heads of 16, state 1,360) that is 4.30M parameters per RNN layer (M²RNN: 4.38M) and +2.79M
+// per layer for the GRU: 410M − 2M and +16%, the paper's 406M and 474M.
+
+#define RNN_PARAMS(X)                                                                                            \
+    X(in_w)    /* (2·N·V + N, C) rows u | f_raw | g */                                                           \
+    X(conv_w)  /* (N·V, W) depthwise causal conv over u */                                                       \
+    X(A_log)   /* (N) */                                                                                         \
+    X(dt_bias) /* (N) */                                                                                         \
+    X(D)       /* (N, V) residual u ⊙ D */                                                                       \
+    X(W)       /* (N, V, V) recurrent matrix, multiplies h from the right */                                     \
+    X(norm_w)  /* (N·V) */                                                                                       \
+    X(out_w)   /* (C, N·V) */
+
+#define GRU_PARAMS(X)                                                                                            \
+    X(in_w)   /* (4·N·V, C) rows x_r | x_z | x_n | g */                                                          \
+    X(U_r)    /* (N, V, V) reset gate, multiplies h from the right */                                            \
+    X(U_z)    /* (N, V, V) update gate */                                                                        \
+    X(U_n)    /* (N, V, V) candidate */                                                                          \
+    X(norm_w) /* (N·V) */                                                                                        \
+    X(out_w)  /* (C, N·V) */
+
+static const ConfigField VECRNN_FIELDS[] = {
+    CFG_FIELD("vrnn.heads", "rh", FIELD_INT, vrnn.heads, "RNN/GRU heads"),
+    CFG_FIELD("vrnn.head_dim", "rv", FIELD_INT, vrnn.head_dim, "RNN/GRU head size"),
+    CFG_FIELD("vrnn.conv", NULL, FIELD_INT, vrnn.conv, "RNN conv taps"),
+};
+
+// head size 16 as the paper; heads so that an RNN layer has about 4C² parameters, rounded to a multiple of 8
+// (80 at C=1024; the paper's RNN-406M had 85: pass rh85)
+static void vecrnn_fill_defaults(ModelConfig *c) {
+    VecRNNConfig *r = &c->vrnn;
+    if (r->head_dim <= 0) { r->head_dim = 16; }
+    if (r->conv <= 0) { r->conv = 4; }
+    if (r->heads <= 0) { r->heads = round_heads8(4.0 * c->d_model / (3.0 * r->head_dim + 1.0)); }
+}
+
+static void vecrnn_validate(const ModelConfig *c) {
+    const VecRNNConfig *r = &c->vrnn;
+    if (r->heads <= 0 || r->head_dim <= 0 || r->head_dim > 256 || r->conv <= 0 || r->conv > 16) {
+        fail_with_hint("check the RNN/GRU sizes (rhNN heads, rvNN head size <= 256)",
+                       "RNN/GRU sizes out of range (heads=%d head size=%d conv=%d)", r->heads, r->head_dim, r->conv);
+    }
+}
+
+static int rnn_params(const ModelConfig *c, ParamDef *p) {
+    enum { RNN_PARAMS(KIND_PARAM_ENUM) NUM };
+    const size_t C = (size_t)c->d_model, N = (size_t)c->vrnn.heads, V = (size_t)c->vrnn.head_dim, NV = N * V;
+    PDEF(in_w, 2, 2 * NV + N, C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_in_w], 3, NV, N, NV);
+    PDEF(conv_w, 2, NV, (size_t)c->vrnn.conv, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_COLUMN);
+    PDEF(A_log, 1, N, 0, 0, INIT_A_LOG, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(dt_bias, 1, N, 0, 0, INIT_DT_BIAS, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(D, 2, N, V, 0, INIT_ONES, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(W, 3, N, V, V, INIT_IDENTITY, 0, DECAY, SPLIT_COLUMN);
+    PDEF(norm_w, 1, NV, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(out_w, 2, C, NV, 0, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_ROW);
+    return NUM;
+}
+
+static double rnn_flops(const ModelConfig *c, int T) {
+    const double C = c->d_model, N = c->vrnn.heads, V = c->vrnn.head_dim;
+    return 2.0 * C * (2.0 * N * V + N) + 2.0 * N * V * C + 2.0 * c->vrnn.conv * N * V + N * (2.0 * V * V + 8.0 * V);
+}
+
+static size_t rnn_decode_state(const ModelConfig *c, int context) {
+    return (size_t)(c->vrnn.conv - 1) * c->vrnn.heads * c->vrnn.head_dim + (size_t)c->vrnn.heads * c->vrnn.head_dim;
+}
+
+static int gru_params(const ModelConfig *c, ParamDef *p) {
+    enum { GRU_PARAMS(KIND_PARAM_ENUM) NUM };
+    const size_t C = (size_t)c->d_model, N = (size_t)c->vrnn.heads, V = (size_t)c->vrnn.head_dim, NV = N * V;
+    PDEF(in_w, 2, 4 * NV, C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_in_w], 4, NV, NV, NV, NV);
+    PDEF(U_r, 3, N, V, V, INIT_NORMAL, 1.0f / sqrtf((float)V), DECAY, SPLIT_COLUMN);
+    PDEF(U_z, 3, N, V, V, INIT_NORMAL, 1.0f / sqrtf((float)V), DECAY, SPLIT_COLUMN);
+    PDEF(U_n, 3, N, V, V, INIT_IDENTITY, 0, DECAY, SPLIT_COLUMN);
+    PDEF(norm_w, 1, NV, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(out_w, 2, C, NV, 0, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_ROW);
+    return NUM;
+}
+
+static double gru_flops(const ModelConfig *c, int T) {
+    const double C = c->d_model, N = c->vrnn.heads, V = c->vrnn.head_dim;
+    return 2.0 * C * 4.0 * N * V + 2.0 * N * V * C + N * (3.0 * 2.0 * V * V + 12.0 * V);
+}
+
+static size_t gru_decode_state(const ModelConfig *c, int context) { return (size_t)c->vrnn.heads * c->vrnn.head_dim; }
+
+// ----------------------------------------------------------------------------------------------------------------
+// s: SwiGLU feed-forward: up = x W_upᵀ (rows gate | up), h = SiLU(gate) ⊙ up, out = h W_downᵀ
+
+#define SWIGLU_PARAMS(X)                                                                                         \
+    X(up_w)   /* (2F, C) rows [0,F) gate, [F,2F) up */                                                           \
+    X(down_w) /* (C, F) */
+
+static const ConfigField SWIGLU_FIELDS[] = {
+    CFG_FIELD("swiglu.hidden", "f", FIELD_INT, swiglu.hidden, "SwiGLU hidden size F"),
+};
+
+// 8C/3 rounded up to 64 (2752 at C=1024, as the paper)
+static void swiglu_fill_defaults(ModelConfig *c) {
+    if (c->swiglu.hidden <= 0) { c->swiglu.hidden = round_up((8 * c->d_model + 2) / 3, 64); }
+}
+static void swiglu_validate(const ModelConfig *c) {
+    if (c->swiglu.hidden <= 0) { fail_with_hint("check the MLP size", "MLP hidden size must be positive, got %d", c->swiglu.hidden); }
+}
+static int swiglu_params(const ModelConfig *c, ParamDef *p) {
+    enum { SWIGLU_PARAMS(KIND_PARAM_ENUM) NUM };
+    const size_t C = (size_t)c->d_model, F = (size_t)c->swiglu.hidden;
+    PDEF(up_w, 2, 2 * F, C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_up_w], 2, F, F);
+    PDEF(down_w, 2, C, F, 0, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_ROW);
+    return NUM;
+}
+static double swiglu_flops(const ModelConfig *c, int T) {
+    const double C = c->d_model, F = c->swiglu.hidden;
+    return 2.0 * C * 2.0 * F + 2.0 * F * C;
+}
+static size_t no_decode_state(const ModelConfig *c, int context) { return 0; }
+
+// ----------------------------------------------------------------------------------------------------------------
+// the tables
+
+#define NFIELDS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const LayerKind MIXER_KINDS[] = {
+    {'M', "M2RNN", "M2RNN: non-linear RNN with a K×V matrix state per head", M2RNN_FIELDS, NFIELDS(M2RNN_FIELDS),
+     m2rnn_fill_defaults, m2rnn_validate, m2rnn_params, m2rnn_flops, m2rnn_decode_state},
+    {'A', "attention", "causal softmax attention (NoPE, or RoPE with `rope`)", ATTENTION_FIELDS,
+     NFIELDS(ATTENTION_FIELDS), attention_fill_defaults, attention_validate, attention_params, attention_flops,
+     attention_decode_state},
+    {'R', "RNN", "vector RNN with the M2RNN forget gate (baseline)", VECRNN_FIELDS, NFIELDS(VECRNN_FIELDS),
+     vecrnn_fill_defaults, vecrnn_validate, rnn_params, rnn_flops, rnn_decode_state},
+    {'U', "GRU", "GRU per head (baseline)", VECRNN_FIELDS, NFIELDS(VECRNN_FIELDS), vecrnn_fill_defaults,
+     vecrnn_validate, gru_params, gru_flops, gru_decode_state},
+};
+
+static const LayerKind FFN_KINDS[] = {
+    {'s', "SwiGLU", "SwiGLU MLP", SWIGLU_FIELDS, NFIELDS(SWIGLU_FIELDS), swiglu_fill_defaults, swiglu_validate,
+     swiglu_params, swiglu_flops, no_decode_state},
+};
+
+#define NUM_MIXER_KINDS NFIELDS(MIXER_KINDS)
+#define NUM_FFN_KINDS NFIELDS(FFN_KINDS)
+
+// the row of a letter, or NULL: no letter outside the tables can reach any kind's code
+static inline const LayerKind *mixer_kind(char letter) {
+    for (int i = 0; i < NUM_MIXER_KINDS; i++) { if (MIXER_KINDS[i].letter == letter) { return &MIXER_KINDS[i]; } }
+    return NULL;
+}
+static inline const LayerKind *ffn_kind(char letter) {
+    for (int i = 0; i < NUM_FFN_KINDS; i++) { if (FFN_KINDS[i].letter == letter) { return &FFN_KINDS[i]; } }
+    return NULL;
+}
+
+#endif // M2RNN_LAYERS_H

@@ -1,0 +1,374 @@
+/*
+ref/lm.h: the CPU reference executor of the language model (executor.h's API), fp32 with OpenMP, in the spirit of
+llm.c's train_gpt2.c. Everything the GPU executor (lm.cuh) does is defined here first, in plain loops:
+
+  tokens (B,T) → embedding → L × [ x += Mixer(RMSNorm(x));  x += FeedForward(RMSNorm(x)) ] → RMSNorm → LM head →
+  cross-entropy over the real vocabulary of the padded one
+
+The block is written once: each layer's mixer and feed-forward run through the kind table (ref/kinds.h) by their
+letters, with their activations in blocks they lay out themselves. The backward walks the forward in reverse with a
+hand-written gradient for every op; AdamW with decoupled weight decay on the parameter table's decay set, global
+grad-norm clipping. Decoding runs each kind's single-token step with its per-sequence state.
+
+Build with -DM2RNN_REAL_DOUBLE to get the same code in float64 (the gradient checks do).
+*/
+#ifndef M2RNN_REF_LM_H
+#define M2RNN_REF_LM_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "executor.h"   // defines: the executor API this file implements
+#include "model.h"      // defines: ModelConfig, the parameter table, init, FLOP counts
+#include "ref/common.h" // defines: real, the views, matmul, RMSNorm, embedding, classifier, AdamW, KindOps
+#include "ref/kinds.h"  // defines: every layer kind's CPU ops (M, A, R, U, s) and kind_ops()
+
+typedef struct {
+    real *resid_in;  // (B,T,C) residual stream entering the layer
+    real *ln1_out;   // (B,T,C)
+    real *ln1_rstd;  // (B,T)
+    real *resid_mid; // (B,T,C) resid_in + the mixer's output
+    real *ln2_out;   // (B,T,C)
+    real *ln2_rstd;  // (B,T)
+    real *mixer;     // the mixer's saved activations (its kind's layout)
+    real *ffn;       // the feed-forward's
+} LayerActs;
+
+struct Model {
+    ModelConfig config;
+    ParamTable table;
+    real *params_memory, *grads_memory; // (num_parameters) each
+    real *m_memory, *v_memory;          // AdamW moments, allocated at the first update
+    ModelParams params, grads;
+    const KindOps *mixer_ops[MAX_LAYERS], *ffn_ops[MAX_LAYERS]; // each layer's kinds, resolved once
+    // activations, sized for (B, T) at the first forward
+    int B, T;
+    real *acts_memory;
+    LayerActs layer_acts[MAX_LAYERS];
+    real *resid_out;  // (B,T,C) after the last layer
+    real *branch_out; // (B,T,C) a mixer's or feed-forward's output, added to the stream right away
+    real *lnf_out;    // (B,T,C)
+    real *lnf_rstd;   // (B,T)
+    real *logits;     // (B,T,Vp); the backward overwrites them with dlogits
+    real *losses;     // (B,T)
+    int *inputs, *targets; // (B,T) copies of the last forward's batch
+    // gradient scratch, reused by every layer in turn
+    real *grad_scratch_memory;
+    size_t grad_scratch_size; // elements
+    real *d_resid;    // (B,T,C) gradient of the residual stream
+    real *d_norm;     // (B,T,C) gradient of a norm's output (= of the mixer's or feed-forward's input)
+    real *kind_scratch; // the largest backward scratch of the model's kinds
+    real mean_loss;   // of the last forward with targets, -1 otherwise
+    // decoding
+    int dec_B, dec_context;
+    real *dec_memory;               // all of the below
+    real *dec_state[MAX_LAYERS];    // (B, decode_state) of each layer's mixer
+    real *dec_x, *dec_norm, *dec_branch; // (B,C)
+    real *dec_rstd;                 // (B)
+    real *dec_logits;               // (B,Vp)
+};
+
+static const ModelConfig *model_config(const Model *model) { return &model->config; }
+static const ParamTable *model_table(const Model *model) { return &model->table; }
+
+static KindTensors kind_tensors(real *const *w, real *const *g) { KindTensors t = {w, g}; return t; }
+
+static Model *model_create(const ModelConfig *config) {
+    Model *model = (Model *)callocCheck(1, sizeof(Model));
+    model->config = *config;
+    model_config_fill_defaults(&model->config);
+    model_config_validate(&model->config);
+    param_table_build(&model->table, &model->config);
+    const size_t n = model->table.num_parameters;
+    model->params_memory = (real *)callocCheck(n, sizeof(real));
+    model->grads_memory = (real *)callocCheck(n, sizeof(real));
+    model_point_views(&model->params, model->params_memory, sizeof(real), &model->table);
+    model_point_views(&model->grads, model->grads_memory, sizeof(real), &model->table);
+    for (int l = 0; l < model->config.n_layer; l++) {
+        model->mixer_ops[l] = kind_ops(model->config.pattern[l]);
+        model->ffn_ops[l] = kind_ops(model_ffn_letter(&model->config, l));
+    }
+    model->mean_loss = -1;
+    return model;
+}
+
+static void model_init_weights(Model *model, uint64_t seed) {
+    const size_t n = model->table.num_parameters;
+    float *init = (float *)mallocCheck(n * sizeof(float));
+    model_init_parameters(init, &model->table, seed);
+    for (size_t i = 0; i < n; i++) { model->params_memory[i] = (real)init[i]; }
+    free(init);
+}
+
+static void model_layout_activations(Model *model, Arena *acts, Arena *grads) {
+    const ModelConfig *c = &model->config;
+    const int B = model->B, T = model->T;
+    const size_t BT = (size_t)B * T, C = (size_t)c->d_model;
+    size_t scratch = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        LayerActs *la = &model->layer_acts[l];
+        const KindOps *mx = model->mixer_ops[l], *ff = model->ffn_ops[l];
+        la->resid_in = arena_take(acts, BT * C);
+        la->ln1_out = arena_take(acts, BT * C);
+        la->ln1_rstd = arena_take(acts, BT);
+        la->resid_mid = arena_take(acts, BT * C);
+        la->ln2_out = arena_take(acts, BT * C);
+        la->ln2_rstd = arena_take(acts, BT);
+        la->mixer = arena_take(acts, mx->acts_size(c, B, T));
+        la->ffn = arena_take(acts, ff->acts_size(c, B, T));
+        const size_t s1 = mx->scratch_size(c, B, T), s2 = ff->scratch_size(c, B, T);
+        scratch = s1 > scratch ? s1 : scratch;
+        scratch = s2 > scratch ? s2 : scratch;
+    }
+    model->resid_out = arena_take(acts, BT * C);
+    model->branch_out = arena_take(acts, BT * C);
+    model->lnf_out = arena_take(acts, BT * C);
+    model->lnf_rstd = arena_take(acts, BT);
+    model->logits = arena_take(acts, BT * c->padded_vocab_size);
+    model->losses = arena_take(acts, BT);
+    // gradient scratch: d_resid first (it carries across layers), then what each layer zeroes
+    model->d_resid = arena_take(grads, BT * C);
+    model->d_norm = arena_take(grads, BT * C);
+    model->kind_scratch = arena_take(grads, scratch);
+}
+
+static void model_ensure_activations(Model *model, int B, int T) {
+    if (model->acts_memory != NULL && model->B == B && model->T == T) { return; }
+    free(model->acts_memory);
+    free(model->grad_scratch_memory);
+    free(model->inputs);
+    free(model->targets);
+    model->B = B;
+    model->T = T;
+    Arena acts = {NULL, 0}, grads = {NULL, 0};
+    model_layout_activations(model, &acts, &grads);
+    model->acts_memory = (real *)callocCheck(acts.used, sizeof(real));
+    model->grad_scratch_memory = (real *)callocCheck(grads.used, sizeof(real));
+    model->grad_scratch_size = grads.used;
+    Arena a2 = {model->acts_memory, 0}, g2 = {model->grad_scratch_memory, 0};
+    model_layout_activations(model, &a2, &g2);
+    model->inputs = (int *)mallocCheck((size_t)B * T * sizeof(int));
+    model->targets = (int *)mallocCheck((size_t)B * T * sizeof(int));
+}
+
+static double model_forward(Model *model, const int *inputs, const int *targets, int B, int T) {
+    const ModelConfig *c = &model->config;
+    const int BT = B * T, C = c->d_model, V = c->vocab_size, Vp = c->padded_vocab_size;
+    model_ensure_activations(model, B, T);
+    model_check_tokens(inputs, (size_t)BT, V, "input");
+    memcpy(model->inputs, inputs, (size_t)BT * sizeof(int));
+    real *x = model->layer_acts[0].resid_in;
+    embedding_forward(x, inputs, model->params.wte, BT, C);
+    for (int l = 0; l < c->n_layer; l++) {
+        LayerActs *la = &model->layer_acts[l];
+        const ModelParamsLayer *w = &model->params.layers[l];
+        const ModelParamsLayer *g = &model->grads.layers[l];
+        rmsnorm_forward(la->ln1_out, la->ln1_rstd, la->resid_in, w->ln1_w, BT, C);
+        real *branch = model->branch_out; // the mixer's, then the feed-forward's output, added to the stream right away
+        const KindTensors tm = kind_tensors(w->mixer, g->mixer), tf = kind_tensors(w->ffn, g->ffn);
+        model->mixer_ops[l]->forward(branch, la->mixer, la->ln1_out, &tm, c, B, T);
+        for (size_t i = 0; i < (size_t)BT * C; i++) { la->resid_mid[i] = la->resid_in[i] + branch[i]; }
+        rmsnorm_forward(la->ln2_out, la->ln2_rstd, la->resid_mid, w->ln2_w, BT, C);
+        model->ffn_ops[l]->forward(branch, la->ffn, la->ln2_out, &tf, c, B, T);
+        real *next = l + 1 < c->n_layer ? model->layer_acts[l + 1].resid_in : model->resid_out;
+        for (size_t i = 0; i < (size_t)BT * C; i++) { next[i] = la->resid_mid[i] + branch[i]; }
+    }
+    rmsnorm_forward(model->lnf_out, model->lnf_rstd, model->resid_out, model->params.lnf_w, BT, C);
+    matmul_forward(model->logits, model->lnf_out, model->params.lm_head, BT, C, Vp);
+    if (targets == NULL) {
+        model->mean_loss = -1;
+        return -1;
+    }
+    model_check_tokens(targets, (size_t)BT, V, "target");
+    memcpy(model->targets, targets, (size_t)BT * sizeof(int));
+    crossentropy_forward(model->losses, model->logits, targets, BT, V, Vp);
+    double sum = 0.0;
+    for (int i = 0; i < BT; i++) { sum += model->losses[i]; }
+    model->mean_loss = (real)(sum / BT);
+    return model->mean_loss;
+}
+
+static void model_zero_grad(Model *model) { memset(model->grads_memory, 0, model->table.num_parameters * sizeof(real)); }
+
+static void model_backward(Model *model, float loss_scale) {
+    const ModelConfig *c = &model->config;
+    if (model->mean_loss < 0) {
+        fail_with_hint("call model_forward with targets first", "model_backward without a forward pass with targets");
+    }
+    const int B = model->B, T = model->T, BT = B * T, C = c->d_model, Vp = c->padded_vocab_size;
+    memset(model->grad_scratch_memory, 0, model->grad_scratch_size * sizeof(real));
+    // loss = mean over tokens, so each token's dloss is loss_scale / BT
+    crossentropy_softmax_backward_inplace(model->logits, model->targets, (real)loss_scale / BT, BT, c->vocab_size, Vp);
+    real *dlogits = model->logits;
+    matmul_backward(model->d_norm, model->grads.lm_head, dlogits, model->lnf_out, model->params.lm_head, BT, C, Vp);
+    rmsnorm_backward(model->d_resid, model->grads.lnf_w, model->d_norm, model->resid_out, model->params.lnf_w,
+                     model->lnf_rstd, BT, C);
+    model->mean_loss = -1; // the logits are gone: a second backward needs a new forward
+    const size_t zeroed = model->grad_scratch_size - (size_t)BT * C; // everything after d_resid
+    for (int l = c->n_layer - 1; l >= 0; l--) {
+        LayerActs *la = &model->layer_acts[l];
+        const ModelParamsLayer *w = &model->params.layers[l];
+        ModelParamsLayer *gw = &model->grads.layers[l];
+        const KindTensors tm = kind_tensors(w->mixer, gw->mixer), tf = kind_tensors(w->ffn, gw->ffn);
+        // x_out = resid_mid + FFN(RMSNorm(resid_mid)): d_resid flows through, and into the feed-forward
+        memset(model->d_norm, 0, zeroed * sizeof(real));
+        model->ffn_ops[l]->backward(model->d_norm, model->kind_scratch, model->d_resid, la->ln2_out, la->ffn, &tf, c, B,
+                                    T);
+        rmsnorm_backward(model->d_resid, gw->ln2_w, model->d_norm, la->resid_mid, w->ln2_w, la->ln2_rstd, BT, C);
+        // resid_mid = resid_in + Mixer(RMSNorm(resid_in))
+        memset(model->d_norm, 0, zeroed * sizeof(real));
+        model->mixer_ops[l]->backward(model->d_norm, model->kind_scratch, model->d_resid, la->ln1_out, la->mixer, &tm,
+                                      c, B, T);
+        rmsnorm_backward(model->d_resid, gw->ln1_w, model->d_norm, la->resid_in, w->ln1_w, la->ln1_rstd, BT, C);
+    }
+    embedding_backward(model->grads.wte, model->d_resid, model->inputs, BT, C);
+}
+
+// global L2 norm of the gradients, summed in fixed chunks: the same bits whatever the thread count
+static double model_grad_norm(const Model *model) {
+    const size_t n = model->table.num_parameters;
+    enum { CHUNKS = 64 };
+    double partial[CHUNKS];
+#pragma omp parallel for schedule(static)
+    for (int ch = 0; ch < CHUNKS; ch++) {
+        size_t i0 = n * ch / CHUNKS, i1 = n * (ch + 1) / CHUNKS;
+        double s = 0.0;
+        for (size_t i = i0; i < i1; i++) { s += (double)model->grads_memory[i] * model->grads_memory[i]; }
+        partial[ch] = s;
+    }
+    double total = 0.0;
+    for (int ch = 0; ch < CHUNKS; ch++) { total += partial[ch]; }
+    return sqrt(total);
+}
+
+static double model_update(Model *model, const OptimizerConfig *opt, int step) {
+    const size_t n = model->table.num_parameters;
+    if (model->m_memory == NULL) {
+        model->m_memory = (real *)callocCheck(n, sizeof(real));
+        model->v_memory = (real *)callocCheck(n, sizeof(real));
+    }
+    const double norm = model_grad_norm(model);
+    const float scale = (opt->grad_clip > 0 && norm > opt->grad_clip) ? (float)(opt->grad_clip / norm) : 1.0f;
+    for (int i = 0; i < model->table.num_specs; i++) {
+        const ParamSpec *s = &model->table.specs[i];
+        adamw_update(model->params_memory + s->offset, model->m_memory + s->offset, model->v_memory + s->offset,
+                     model->grads_memory + s->offset, s->numel, opt->lr, opt->beta1, opt->beta2, opt->eps,
+                     s->weight_decay ? opt->weight_decay : 0.0f, step, scale);
+    }
+    return norm;
+}
+
+static void model_free(Model *model) {
+    if (model == NULL) { return; }
+    free(model->params_memory);
+    free(model->grads_memory);
+    free(model->m_memory);
+    free(model->v_memory);
+    free(model->acts_memory);
+    free(model->grad_scratch_memory);
+    free(model->inputs);
+    free(model->targets);
+    free(model->dec_memory);
+    free(model);
+}
+
+static int model_has_optimizer(const Model *model) { return model->m_memory != NULL; }
+
+static void model_read_state(const Model *model, void *params, void *m, void *v) {
+    const size_t bytes = model->table.num_parameters * sizeof(real);
+    memcpy(params, model->params_memory, bytes);
+    if (m != NULL && model->m_memory != NULL) { memcpy(m, model->m_memory, bytes); memcpy(v, model->v_memory, bytes); }
+}
+
+static void model_write_state(Model *model, const void *params, const void *m, const void *v) {
+    const size_t n = model->table.num_parameters, bytes = n * sizeof(real);
+    memcpy(model->params_memory, params, bytes);
+    free(model->m_memory);
+    free(model->v_memory);
+    model->m_memory = model->v_memory = NULL;
+    if (m != NULL) {
+        model->m_memory = (real *)mallocCheck(bytes);
+        model->v_memory = (real *)mallocCheck(bytes);
+        memcpy(model->m_memory, m, bytes);
+        memcpy(model->v_memory, v, bytes);
+    }
+}
+
+static void model_logits_row(Model *model, int b, int t, float *out) {
+    const int Vp = model->config.padded_vocab_size;
+    const real *row = model->logits + ((size_t)b * model->T + t) * Vp;
+    for (int i = 0; i < Vp; i++) { out[i] = (float)row[i]; }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// decoding
+
+static void model_decode_begin(Model *model, int B, int context) {
+    const ModelConfig *c = &model->config;
+    const size_t C = (size_t)c->d_model;
+    if (B < 1 || context < 1) { fail_with_hint("decode at least one sequence of one token", "model_decode_begin(B=%d, context=%d)", B, context); }
+    free(model->dec_memory);
+    size_t total = 3 * (size_t)B * C + B + (size_t)B * c->padded_vocab_size;
+    for (int l = 0; l < c->n_layer; l++) { total += (size_t)B * mixer_kind(c->pattern[l])->decode_state(c, context); }
+    model->dec_memory = (real *)callocCheck(total, sizeof(real));
+    real *p = model->dec_memory;
+    for (int l = 0; l < c->n_layer; l++) {
+        model->dec_state[l] = p;
+        p += (size_t)B * mixer_kind(c->pattern[l])->decode_state(c, context);
+    }
+    model->dec_x = p; p += (size_t)B * C;
+    model->dec_norm = p; p += (size_t)B * C;
+    model->dec_branch = p; p += (size_t)B * C;
+    model->dec_rstd = p; p += B;
+    model->dec_logits = p;
+    model->dec_B = B;
+    model->dec_context = context;
+}
+
+static void model_decode_step(Model *model, const int *tokens, const int *pos) {
+    const ModelConfig *c = &model->config;
+    const int B = model->dec_B, C = c->d_model;
+    if (B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_step without a decode state"); }
+    model_check_tokens(tokens, (size_t)B, c->vocab_size, "decode");
+    for (int b = 0; b < B; b++) {
+        if (pos[b] < 0 || pos[b] >= model->dec_context) {
+            fail_with_hint("begin decoding with a longer context", "decode position %d of sequence %d is outside the "
+                           "context of %d tokens", pos[b], b, model->dec_context);
+        }
+    }
+    embedding_forward(model->dec_x, tokens, model->params.wte, B, C);
+    for (int l = 0; l < c->n_layer; l++) {
+        const ModelParamsLayer *w = &model->params.layers[l];
+        const KindTensors tm = kind_tensors(w->mixer, NULL), tf = kind_tensors(w->ffn, NULL);
+        rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, w->ln1_w, B, C);
+        model->mixer_ops[l]->step(model->dec_branch, model->dec_state[l], model->dec_norm, &tm, c, B, pos,
+                                  model->dec_context);
+        for (size_t i = 0; i < (size_t)B * C; i++) { model->dec_x[i] += model->dec_branch[i]; }
+        rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, w->ln2_w, B, C);
+        model->ffn_ops[l]->step(model->dec_branch, NULL, model->dec_norm, &tf, c, B, pos, model->dec_context);
+        for (size_t i = 0; i < (size_t)B * C; i++) { model->dec_x[i] += model->dec_branch[i]; }
+    }
+    rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, model->params.lnf_w, B, C);
+    matmul_forward(model->dec_logits, model->dec_norm, model->params.lm_head, B, C, c->padded_vocab_size);
+}
+
+static void model_decode_logits(Model *model, int b, float *out) {
+    const int Vp = model->config.padded_vocab_size;
+    for (int i = 0; i < Vp; i++) { out[i] = (float)model->dec_logits[(size_t)b * Vp + i]; }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the executor
+
+static const char *executor_name(void) { return "./train_m2rnn_cpu (CPU reference, OpenMP)"; }
+static int executor_master_bytes(void) { return (int)sizeof(real); }
+static double executor_peak_flops(Model *model) { return 0; }
+static void executor_sync(Model *model) {}
+
+#endif // M2RNN_REF_LM_H

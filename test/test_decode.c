@@ -1,0 +1,73 @@
+/*
+test_decode.c: recurrent decoding on the CPU against the training forward, for every mixer kind. A tiny model with
+random non-trivial weights runs the full forward over B sequences of T tokens; then the same tokens are fed one at a
+time through model_decode_step (each kind's single-token step with its decode state: the conv window and recurrent
+state of M, R, U, the KV cache of A); the logits at every position must match the forward's. The two paths run the same
+arithmetic in the same order (observed: bitwise equal), but nothing promises the compiler contracts both alike, so
+the bound is 1e-5 relative (normwise per position) in fp32, where a wrong state or a missed update is O(1).
+*/
+#define TESTING
+#include "train_m2rnn.c"
+#include "test/test_common.h"
+
+static Rng rng = {2024};
+
+static void decode_case(const char *pattern, int rope) {
+    ModelConfig c;
+    memset(&c, 0, sizeof(c));
+    c.vocab_size = 53; c.d_model = 24; c.m2rnn.heads = 4; c.m2rnn.qk_heads = 1; c.m2rnn.k = 8; c.m2rnn.v = 4;
+    c.attn.heads = 2; c.attn.head_dim = 8; c.attn.rope = rope; c.swiglu.hidden = 32; c.vrnn.heads = 3;
+    c.vrnn.head_dim = 4; c.m2rnn.grad_clamp = 1;
+    snprintf(c.pattern, sizeof(c.pattern), "%s", pattern);
+    Model *m = model_create(&c);
+    for (size_t i = 0; i < m->table.num_parameters; i++) { m->params_memory[i] = (real)(0.3 * (2 * rng_uniform(&rng) - 1)); }
+    for (int i = 0; i < m->table.num_specs; i++) { // padding rows stay zero; slow-forgetting heads as trained models have
+        const ParamSpec *s = &m->table.specs[i];
+        if (s->zero_rows_from < s->shape[0]) {
+            memset(m->params_memory + s->offset + s->zero_rows_from * s->shape[1], 0,
+                   (s->shape[0] - s->zero_rows_from) * s->shape[1] * sizeof(real));
+        }
+    }
+    enum { B = 2, T = 9 };
+    int tokens[B * T];
+    for (int i = 0; i < B * T; i++) { tokens[i] = (int)(rng_next_u64(&rng) % 53); }
+    model_forward(m, tokens, NULL, B, T);
+    const int Vp = m->config.padded_vocab_size;
+    float *ref = (float *)mallocCheck((size_t)B * T * Vp * sizeof(float)), *got = (float *)mallocCheck((size_t)Vp * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) { model_logits_row(m, b, t, ref + ((size_t)b * T + t) * Vp); }
+    }
+    model_decode_begin(m, B, T);
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        int tok[B], pos[B];
+        for (int b = 0; b < B; b++) { tok[b] = tokens[b * T + t]; pos[b] = t; }
+        model_decode_step(m, tok, pos);
+        for (int b = 0; b < B; b++) {
+            model_decode_logits(m, b, got);
+            const float *r = ref + ((size_t)b * T + t) * Vp;
+            double num = 0, den = 0;
+            for (int i = 0; i < Vp; i++) { num += ((double)got[i] - r[i]) * ((double)got[i] - r[i]); den += (double)r[i] * r[i]; }
+            worst = fmax(worst, sqrt(num / den));
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof(name), "decode = forward at every position: %s%s", pattern, rope ? " (RoPE)" : "");
+    test_result(worst < 1e-5, name, "worst rel err %.2e over %d positions x %d sequences, state %zu numbers/seq",
+                worst, T, B, model_decode_state_numbers(&m->config, T));
+    free(ref); free(got);
+    model_free(m);
+}
+
+int main(void) {
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
+    decode_case("M", 0);
+    decode_case("A", 0);
+    decode_case("A", 1);
+    decode_case("R", 0);
+    decode_case("U", 0);
+    decode_case("MRAUMA", 1);
+    return test_summary("test_decode");
+}

@@ -1,0 +1,104 @@
+/*
+tiles.cuh: the small vocabulary of the tensor-core kernels (sm_80+ instructions, tuned on sm_90a), shared by every
+kernel family that builds on mma.sync fragments: the M²RNN recurrence today (m2rnn_kernels.cuh), the GDN, Mamba-2 and
+flash-attention kernels next.
+- packing: fp32 pairs to bf16x2 / f16x2 registers and back (the A/B operand halves of an MMA);
+- MMA: mma.sync m16n8k16 and m16n8k8, bf16 inputs, fp32 accumulation (the fragment layout: lane = 4·g + t4 holds
+  rows g and g+8, columns 2·t4 and 2·t4+1 of each 16×8 accumulator tile);
+- movement: movmatrix (an 8×8 transpose across the warp), ldmatrix x4 (plain and transposed), cp.async (16- and
+  4-byte, commit/wait groups), predicated shared stores, vector fp32 reductions into global memory;
+- tanh.approx.f32 (the MUFU tanh the recurrences use).
+Everything is __forceinline__ device code in namespace tiles; kernel files say `using namespace tiles;`.
+*/
+#ifndef M2RNN_TILES_CUH
+#define M2RNN_TILES_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace tiles {
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi); // .x (low 16 bits) = lo
+    return *reinterpret_cast<uint32_t *>(&p);
+}
+__device__ __forceinline__ uint32_t pack_raw(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+}
+__device__ __forceinline__ float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ float bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    __half2 p = __floats2half2_rn(lo, hi); // .x (low 16 bits) = lo
+    return *reinterpret_cast<uint32_t *>(&p);
+}
+__device__ __forceinline__ float2 unpack_f16x2(uint32_t u) { return __half22float2(*reinterpret_cast<__half2 *>(&u)); }
+
+// d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulate
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// transposes an 8x8 bf16 matrix held one row-pair per lane (the mma fragment layout) across the warp
+__device__ __forceinline__ uint32_t trans8x8(uint32_t x) {
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+__device__ __forceinline__ float tanh_fast(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+// cp.async to a shared-memory address the caller converted once: the generic-to-shared conversion reads the CTA's
+// shared window (S2R SR_CgaCtaId), a long-latency instruction that a per-copy conversion puts in every iteration
+__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async4(uint32_t saddr, const void *gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(saddr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// shared-memory stores done by a subset of lanes: predicated, so the warp never diverges around them
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void st_shared_if(bool pred, uint32_t addr, float a) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.shared.f32 [%1], %2;\n}\n" ::"r"((int)pred),
+                 "r"(addr), "f"(a));
+}
+__device__ __forceinline__ void st_shared_v2_if(bool pred, uint32_t addr, float a, float b) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.shared.v2.f32 [%1], {%2, %3};\n}\n" ::"r"(
+                     (int)pred),
+                 "r"(addr), "f"(a), "f"(b));
+}
+__device__ __forceinline__ void red_add_v4(float *gmem, float4 v) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(gmem), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a (16x8 bf16, row) * b (8x8 bf16, col), fp32 accumulate
+__device__ __forceinline__ void mma16808(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+} // namespace tiles
+
+#endif // M2RNN_TILES_CUH
