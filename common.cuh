@@ -581,15 +581,6 @@ static inline void *take(DeviceArena *a, size_t bytes) {
 #define TAKE_X(a, n) ((floatX *)take(a, (size_t)(n) * sizeof(floatX)))
 #define TAKE_F(a, n) ((float *)take(a, (size_t)(n) * sizeof(float)))
 
-// the kernels of the vector baselines (rnn.cuh, gru.cuh) hold a head's channels in one warp
-#define VRNN_MAX_V 32
-static void vrnn_check_gpu(const ModelConfig *c) {
-    if (c->vrnn.head_dim > VRNN_MAX_V) {
-        fail_with_hint("use rvNN with NN <= 32 on the GPU (the paper's head size is 16)",
-                       "the GPU RNN/GRU kernels take head sizes up to %d, got %d", VRNN_MAX_V, c->vrnn.head_dim);
-    }
-}
-
 // ----------------------------------------------------------------------------------------------------------------
 // the interface of a layer kind on the GPU, the same as ref/common.h's in everything but precision and the runtime:
 // the block calls these through the table of kinds.cuh and knows nothing else about a kind.

@@ -26,8 +26,8 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 __global__ void gru_forward_kernel(floatX *y, float *h_all, const float *h0, float *hT, long h_stride, const floatX *x,
                                    int x_stride, const floatX *U_r, const floatX *U_z, const floatX *U_n, int T, int N,
                                    int V) {
-    __shared__ float sUr[VRNN_MAX_V * VRNN_MAX_V], sUz[VRNN_MAX_V * VRNN_MAX_V], sUn[VRNN_MAX_V * VRNN_MAX_V];
-    __shared__ float sh[VRNN_MAX_V];
+    constexpr int VV = VRNN_MAX_HEAD_DIM * VRNN_MAX_HEAD_DIM;
+    __shared__ float sUr[VV], sUz[VV], sUn[VV], sh[VRNN_MAX_HEAD_DIM];
     const int n = blockIdx.x, b = blockIdx.y, j = threadIdx.x, NV = N * V;
     const bool active = j < V;
     for (int i = j; i < V * V; i += blockDim.x) {
@@ -63,8 +63,9 @@ __global__ void gru_forward_kernel(floatX *y, float *h_all, const float *h0, flo
 __global__ void gru_backward_kernel(floatX *dx, float *dU_part, const floatX *dy, const float *h_all, const floatX *x,
                                     int x_stride, const floatX *U_r, const floatX *U_z, const floatX *U_n, int T, int B,
                                     int N, int V) {
-    __shared__ float sUr[VRNN_MAX_V * VRNN_MAX_V], sUz[VRNN_MAX_V * VRNN_MAX_V], sUn[VRNN_MAX_V * VRNN_MAX_V];
-    __shared__ float shp[VRNN_MAX_V], sdar[VRNN_MAX_V], sdaz[VRNN_MAX_V], sdc[VRNN_MAX_V];
+    constexpr int VV = VRNN_MAX_HEAD_DIM * VRNN_MAX_HEAD_DIM;
+    __shared__ float sUr[VV], sUz[VV], sUn[VV];
+    __shared__ float shp[VRNN_MAX_HEAD_DIM], sdar[VRNN_MAX_HEAD_DIM], sdaz[VRNN_MAX_HEAD_DIM], sdc[VRNN_MAX_HEAD_DIM];
     const int n = blockIdx.x, b = blockIdx.y, j = threadIdx.x, NV = N * V;
     const bool active = j < V;
     for (int i = j; i < V * V; i += blockDim.x) {
@@ -72,8 +73,8 @@ __global__ void gru_backward_kernel(floatX *dx, float *dU_part, const floatX *dy
         sUz[i] = to_float(U_z[(long)n * V * V + i]);
         sUn[i] = to_float(U_n[(long)n * V * V + i]);
     }
-    float G = 0.0f, aUr[VRNN_MAX_V], aUz[VRNN_MAX_V], aUn[VRNN_MAX_V];
-    for (int i = 0; i < VRNN_MAX_V; i++) { aUr[i] = aUz[i] = aUn[i] = 0.0f; }
+    float G = 0.0f, aUr[VRNN_MAX_HEAD_DIM], aUz[VRNN_MAX_HEAD_DIM], aUn[VRNN_MAX_HEAD_DIM];
+    for (int i = 0; i < VRNN_MAX_HEAD_DIM; i++) { aUr[i] = aUz[i] = aUn[i] = 0.0f; }
     for (int t = T - 1; t >= 0; t--) {
         const long bt = (long)b * T + t;
         const float hp = (active && t > 0) ? h_all[((bt - 1) * N + n) * V + j] : 0.0f;
@@ -178,7 +179,6 @@ static size_t gru_mixer_scratch_bytes(const ModelConfig *c, int B, int T, const 
 
 static void gru_mixer_forward(floatX *out, void *acts, void *scratch, const floatX *inp, const KindTensors *t,
                               const ModelConfig *c, int B, int T, const Runtime *rt) {
-    vrnn_check_gpu(c);
     const GRUParams *w = (const GRUParams *)t->w;
     GRUActs a;
     gru_acts_layout(&a, acts, c, B, T);
@@ -221,7 +221,6 @@ static size_t gru_mixer_state_bytes(const ModelConfig *c, int context) { return 
 
 static void gru_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
                            const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
-    vrnn_check_gpu(c);
     const GRUParams *w = (const GRUParams *)t->w;
     GRUActs a;
     gru_acts_layout(&a, work, c, B, 1);

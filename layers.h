@@ -325,6 +325,8 @@ static size_t attention_decode_state(const ModelConfig *c, int context) {
     X(norm_w) /* (N·V) */                                                                                        \
     X(out_w)  /* (C, N·V) */
 
+#define VRNN_MAX_HEAD_DIM 32 // the GPU kernels hold a head's channels in one warp (the paper uses 16)
+
 static const ConfigField VECRNN_FIELDS[] = {
     CFG_FIELD("vrnn.heads", "rh", FIELD_INT, vrnn.heads, "RNN/GRU heads"),
     CFG_FIELD("vrnn.head_dim", "rv", FIELD_INT, vrnn.head_dim, "RNN/GRU head size"),
@@ -342,8 +344,8 @@ static void vecrnn_fill_defaults(ModelConfig *c) {
 
 static void vecrnn_validate(const ModelConfig *c) {
     const VecRNNConfig *r = &c->vrnn;
-    if (r->heads <= 0 || r->head_dim <= 0 || r->head_dim > 256 || r->conv <= 0 || r->conv > 16) {
-        fail_with_hint("check the RNN/GRU sizes (rhNN heads, rvNN head size <= 256)",
+    if (r->heads <= 0 || r->head_dim <= 0 || r->head_dim > VRNN_MAX_HEAD_DIM || r->conv <= 0 || r->conv > 16) {
+        fail_with_hint("check the RNN/GRU sizes (rhNN heads, rvNN head size <= 32)",
                        "RNN/GRU sizes out of range (heads=%d head size=%d conv=%d)", r->heads, r->head_dim, r->conv);
     }
 }

@@ -24,7 +24,7 @@ typedef struct { RNN_PARAMS(VIEW_FIELD_32) } RNNParams32; // their gradients or 
 // token stride u_stride; f (B,T,N); W (N,V,V); h0 / hT: sequence b's (N,V) state at b·h_stride floats, or NULL
 __global__ void rnn_forward_kernel(floatX *y, float *h_all, const float *h0, float *hT, long h_stride, const floatX *u,
                                    int u_stride, const float *f, const floatX *W, int T, int N, int V) {
-    __shared__ float sW[VRNN_MAX_V * VRNN_MAX_V], sh[VRNN_MAX_V];
+    __shared__ float sW[VRNN_MAX_HEAD_DIM * VRNN_MAX_HEAD_DIM], sh[VRNN_MAX_HEAD_DIM];
     const int n = blockIdx.x, b = blockIdx.y, j = threadIdx.x;
     const bool active = j < V;
     for (int i = j; i < V * V; i += blockDim.x) { sW[i] = to_float(W[(long)n * V * V + i]); }
@@ -51,12 +51,12 @@ __global__ void rnn_forward_kernel(floatX *y, float *h_all, const float *h0, flo
 __global__ void rnn_backward_kernel(floatX *du, float *df, float *dW_part, const floatX *dy, const float *h_all,
                                     const floatX *u, int u_stride, const float *f, const floatX *W, int T, int N,
                                     int V) {
-    __shared__ float sW[VRNN_MAX_V * VRNN_MAX_V], shp[VRNN_MAX_V], sdp[VRNN_MAX_V];
+    __shared__ float sW[VRNN_MAX_HEAD_DIM * VRNN_MAX_HEAD_DIM], shp[VRNN_MAX_HEAD_DIM], sdp[VRNN_MAX_HEAD_DIM];
     const int n = blockIdx.x, b = blockIdx.y, j = threadIdx.x;
     const bool active = j < V;
     for (int i = j; i < V * V; i += blockDim.x) { sW[i] = to_float(W[(long)n * V * V + i]); }
-    float G = 0.0f, accW[VRNN_MAX_V];
-    for (int i = 0; i < VRNN_MAX_V; i++) { accW[i] = 0.0f; }
+    float G = 0.0f, accW[VRNN_MAX_HEAD_DIM];
+    for (int i = 0; i < VRNN_MAX_HEAD_DIM; i++) { accW[i] = 0.0f; }
     for (int t = T - 1; t >= 0; t--) {
         const long bt = (long)b * T + t;
         const float hp = (active && t > 0) ? h_all[((bt - 1) * N + n) * V + j] : 0.0f;
@@ -159,7 +159,6 @@ static size_t rnn_mixer_scratch_bytes(const ModelConfig *c, int B, int T, const 
 
 static void rnn_mixer_forward(floatX *out, void *acts, void *scratch, const floatX *inp, const KindTensors *t,
                               const ModelConfig *c, int B, int T, const Runtime *rt) {
-    vrnn_check_gpu(c);
     const RNNParams *w = (const RNNParams *)t->w;
     const RNNParams32 *w32 = (const RNNParams32 *)t->w32;
     RNNActs a;
@@ -209,7 +208,6 @@ static size_t rnn_mixer_state_bytes(const ModelConfig *c, int context) { return 
 
 static void rnn_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
                            const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
-    vrnn_check_gpu(c);
     const RNNParams *w = (const RNNParams *)t->w;
     const RNNParams32 *w32 = (const RNNParams32 *)t->w32;
     RNNActs a;

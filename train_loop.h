@@ -121,7 +121,7 @@ static void save_checkpoint(const TrainOptions *o, const Model *model, int step,
     free(params); free(m); free(v);
 }
 
-static float validate(Model *model, DataLoader *val, int max_batches) {
+static float validation_loss(Model *model, DataLoader *val, int max_batches) {
     dataloader_reset(val);
     int batches = (int)dataloader_num_batches(val);
     if (max_batches > 0 && batches > max_batches) { batches = max_batches; }
@@ -317,7 +317,7 @@ float train_run(const TrainOptions *o) {
     for (int step = start_step; step < o->max_steps; step++) {
         const int last_step = step == o->max_steps - 1;
         if (have_val && (step % o->val_every == 0 || last_step)) {
-            float val_loss = validate(model, &val_loader, o->val_batches);
+            float val_loss = validation_loss(model, &val_loader, o->val_batches);
             if (!o->quiet) { printf("step %5d | val loss %.6f\n", step, val_loss); }
             log_line(o->out_dir, "s:%d tel:%.6f\n", step, val_loss);
         }

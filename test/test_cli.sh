@@ -34,7 +34,7 @@ expect_refusal "a field no layer uses" "belongs to A layers" -e d32:MMM:h4 "${da
 expect_refusal "RNN/GRU field without R or U" "belongs to R or U layers" -e d32:MA:rh8 "${data[@]}"
 expect_refusal "feed-forward pattern of the wrong length" "feed-forward pattern" -e d32:MAM:ffn=ss "${data[@]}"
 expect_refusal "unknown feed-forward letter" "unknown letter" -e d32:MAM:ffn=x "${data[@]}"
-expect_refusal "RNN head size out of range" "RNN/GRU sizes" -e d32:RU:rv1000 "${data[@]}"
+expect_refusal "RNN head size out of range" "RNN/GRU sizes" -e d32:RU:rv64 "${data[@]}"
 expect_refusal "empty pattern" "no pattern" -e d32 "${data[@]}"
 expect_refusal "layer count mismatch" "does not match" -e d32:l3:MA "${data[@]}"
 expect_refusal "q/k heads do not divide" "q/k heads" -e d32:M:n5:q2 "${data[@]}"
