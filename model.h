@@ -79,26 +79,22 @@ static void model_config_fill_defaults(ModelConfig *c) {
     for (int k = 0; k < NUM_FFN_KINDS; k++) { FFN_KINDS[k].fill_defaults(c); }
 }
 
-// "M = M2RNN, A = attention, ..." from the table
-static const char *mixer_letters_help(void) {
-    static char buf[256];
+// "M = M2RNN, A = attention, ..." from a table, written once into buf
+static const char *kind_letters_help(char *buf, size_t n, const LayerKind *kinds, int count) {
     if (buf[0] == '\0') {
-        for (int k = 0; k < NUM_MIXER_KINDS; k++) {
-            snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%c = %s", k ? ", " : "", MIXER_KINDS[k].letter,
-                     MIXER_KINDS[k].name);
+        for (int k = 0; k < count; k++) {
+            snprintf(buf + strlen(buf), n - strlen(buf), "%s%c = %s", k ? ", " : "", kinds[k].letter, kinds[k].name);
         }
     }
     return buf;
 }
+static const char *mixer_letters_help(void) {
+    static char buf[256];
+    return kind_letters_help(buf, sizeof(buf), MIXER_KINDS, NUM_MIXER_KINDS);
+}
 static const char *ffn_letters_help(void) {
     static char buf[256];
-    if (buf[0] == '\0') {
-        for (int k = 0; k < NUM_FFN_KINDS; k++) {
-            snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%c = %s", k ? ", " : "", FFN_KINDS[k].letter,
-                     FFN_KINDS[k].name);
-        }
-    }
-    return buf;
+    return kind_letters_help(buf, sizeof(buf), FFN_KINDS, NUM_FFN_KINDS);
 }
 
 // Refuses a config that cannot be built, with one line naming the problem and the fix. Only the kinds present in
