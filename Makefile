@@ -26,7 +26,7 @@ GPU_ARCH ?= 90a
 # sm_90a machine code for Hopper plus compute_90 PTX as the fallback the driver can JIT
 NVCC_ARCH = -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARCH) -gencode arch=compute_90,code=compute_90
 NVCCFLAGS ?= -O3
-NVCCFLAGS += -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wno-unused-function
+NVCCFLAGS += -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wno-unused-function -DM2RNN_COMMIT='"$(COMMIT)"'
 NVCC_LDLIBS = -lcublas -lcublasLt
 
 .PHONY: all cpu cuda test train clean
@@ -34,13 +34,21 @@ NVCC_LDLIBS = -lcublas -lcublasLt
 # ---------------------------------------------------------------------------------------------------------------
 # CPU reference trainer and its tests
 
-CPU_PROGRAMS = train_m2rnn_cpu
-CPU_TESTS = build/test_model build/test_gradcheck build/test_m2rnn_ref build/test_decode build/test_train test/test_cli.sh
+CPU_PROGRAMS = train_m2rnn_cpu export_m2rnn
+CPU_TESTS = build/test_model build/test_gradcheck build/test_m2rnn_ref build/test_decode build/test_train test/test_cli.sh \
+            test/test_run_safety.sh
 
 # every header of the project and of ref/ (a new layer kind's files need no edit here)
 REF_HEADERS = $(wildcard *.h ref/*.h)
 
+# the commit a binary was built from, for main.log's header
+COMMIT := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+CFLAGS += -DM2RNN_COMMIT='"$(COMMIT)"'
+
 train_m2rnn_cpu: train_m2rnn.c $(REF_HEADERS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+export_m2rnn: export_m2rnn.c $(REF_HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 # the tests #include train_m2rnn.c (its main() sits inside #ifndef TESTING)
@@ -48,27 +56,31 @@ build/test_%: test/test_%.c train_m2rnn.c $(REF_HEADERS) test/test_common.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-# the bad-input CLI test drives the real binary and the fixtures test_train writes
+# the bad-input CLI test and the run-safety test drive the real binary and the fixtures test_train writes
 test/test_cli.sh: train_m2rnn_cpu build/test_train
+test/test_run_safety.sh: train_m2rnn_cpu export_m2rnn build/test_train
 
 build/bench_cpu_step: dev/bench/bench_cpu_step.c train_m2rnn.c $(REF_HEADERS)
 	@mkdir -p build
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 # the default small hybrid (d=256, 4 layers M M A M) on the default corpus: with the CUDA trainer where a GPU
-# answers, else with the CPU reference (and it says so). Override with TRAIN_FLAGS="...".
+# answers, else with the CPU reference (and it says so). `make train TRAIN_FLAGS="-x 500 -o log_b"` adds flags (a flag
+# given twice takes the last value, so these override the defaults below); TRAIN_FLAGS_GPU / TRAIN_FLAGS_CPU replace
+# the defaults. -y 2 resumes log_default if it holds a run (a second `make train` continues, or only re-exports).
 TRAIN_DATA = -i 'dev/data/gutenberg/gutenberg_train_*.bin' -j 'dev/data/gutenberg/gutenberg_val_*.bin' -o log_default
-TRAIN_FLAGS_GPU ?= -e d256:l4:MMAM -b 16 -t 256 -x 1000 -l 2e-3 -u 50 -q 0.1 -v 100 -m 20 -sg 250 -n 500 -nk 2
-TRAIN_FLAGS_CPU ?= -e d256:l4:MMAM -b 8 -t 128 -x 200 -l 2e-3 -u 20 -q 0.1 -v 25 -m 8 -n 100 -nk 2
+TRAIN_FLAGS_GPU ?= -e d256:l4:MMAM -b 16 -t 256 -x 1000 -l 2e-3 -u 50 -q 0.1 -v 100 -m 20 -sg 250 -n 500 -nk 2 -y 2
+TRAIN_FLAGS_CPU ?= -e d256:l4:MMAM -b 8 -t 128 -x 200 -l 2e-3 -u 20 -q 0.1 -v 25 -m 8 -sg 100 -g 32 -n 100 -nk 2 -y 2
+TRAIN_FLAGS ?=
 HAVE_GPU = $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 ifeq ($(HAVE_GPU)$(if $(NVCC),1,),11)
 train: train_m2rnn data
 	@echo "training the default model on the GPU (train_m2rnn); logs in log_default/"
-	./train_m2rnn $(TRAIN_DATA) $(TRAIN_FLAGS_GPU)
+	./train_m2rnn $(TRAIN_DATA) $(TRAIN_FLAGS_GPU) $(TRAIN_FLAGS)
 else
 train: train_m2rnn_cpu data
 	@echo "no GPU here: training the default model with the CPU reference (train_m2rnn_cpu: fp32, OpenMP); logs in log_default/"
-	./train_m2rnn_cpu $(TRAIN_DATA) $(TRAIN_FLAGS_CPU)
+	./train_m2rnn_cpu $(TRAIN_DATA) $(TRAIN_FLAGS_CPU) $(TRAIN_FLAGS)
 endif
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -147,14 +159,31 @@ build/test_tokenizer: test/test_tokenizer.c tokenize.c $(TOKENIZER_HEADERS) test
 	@mkdir -p build
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-# libFuzzer + ASan: decode(encode(x)) == x and merge/cut invariants on arbitrary bytes (FUZZ_SECONDS per run)
+# libFuzzer + ASan + UBSan, FUZZ_SECONDS per target: the tokenizer (decode(encode(x)) == x and merge/cut invariants),
+# the checkpoint reader, the shard loader and the command line / descriptor parser (a refusal is an answer there: in
+# the programs it ends the process, so the allocations it leaves behind are no leak, and leak detection is off for
+# these three). Crashes land in build/fuzz_crashes/ (make fuzz stops at the first).
 FUZZ_SECONDS ?= 60
+FUZZ_FLAGS = -g -O1 -std=gnu11 -I. -Wno-unknown-pragmas -fsanitize=fuzzer,address,undefined
 build/fuzz_tokenizer: test/fuzz_tokenizer.c tokenize.c $(TOKENIZER_HEADERS) | tokenizers
 	@mkdir -p build
-	clang -g -O1 -std=gnu11 -I. -fsanitize=fuzzer,address,undefined -o $@ $<
-fuzz: build/fuzz_tokenizer
-	@mkdir -p build/fuzz_corpus
-	./build/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build/fuzz_corpus
+	clang $(FUZZ_FLAGS) -o $@ $<
+build/fuzz_checkpoint build/fuzz_cli: build/fuzz_%: test/fuzz_%.c train_m2rnn.c $(REF_HEADERS)
+	@mkdir -p build
+	clang $(FUZZ_FLAGS) -o $@ $< -lm
+build/fuzz_shard: test/fuzz_shard.c dataloader.h utils.h
+	@mkdir -p build
+	clang $(FUZZ_FLAGS) -o $@ $<
+FUZZ_TARGETS = tokenizer checkpoint shard cli
+fuzz: $(addprefix build/fuzz_,$(FUZZ_TARGETS))
+	@mkdir -p build/fuzz_crashes
+	@for t in $(FUZZ_TARGETS); do \
+	    mkdir -p build/fuzz_corpus/$$t; \
+	    leaks=0; [ $$t = tokenizer ] && leaks=1; \
+	    echo "fuzzing $$t for $(FUZZ_SECONDS) s"; \
+	    ASAN_OPTIONS=detect_leaks=$$leaks ./build/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	        -artifact_prefix=build/fuzz_crashes/$$t- build/fuzz_corpus/$$t test/fuzz_seeds/$$t 2>&1 | tail -3 || exit 1; \
+	done
 
 bench-tokenizer: tokenize $(GPT2_TOKENIZER) $(CL100K_TOKENIZER)
 	bash dev/bench/bench_tokenizer.sh

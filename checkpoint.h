@@ -23,6 +23,7 @@ file's length, the config, and the checksum, and refuse anything else with one l
 #define M2RNN_CHECKPOINT_H
 
 #include <dirent.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "model.h"
@@ -65,8 +66,27 @@ static inline uint64_t checkpoint_payload_bytes(const CheckpointHeader *c) {
     return c->num_parameters * (uint64_t)c->elem_bytes * (c->has_optimizer ? 3u : 1u) + c->loader_state_bytes;
 }
 
+// Why a checkpoint cannot be read, and what to do: filled by the checkpoint_try_* functions, which never exit (the
+// resume path skips a bad checkpoint for an older one; the fatal readers below turn it into error + HINT).
+typedef struct {
+    char why[700];
+    const char *hint;
+} CkptError;
+
+static int ckpt_error(CkptError *e, const char *hint, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int ckpt_error(CkptError *e, const char *hint, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(e->why, sizeof(e->why), fmt, args);
+    va_end(args);
+    e->hint = hint;
+    return 0;
+}
+
+#define CKPT_HINT_DAMAGED "the checkpoint is damaged; resume from an earlier ckpt_*.bin (-y 1 skips damaged ones)"
+
 // the version-1 header: the config in fixed slots (written by m2rnn before the layer-kind table)
-static void checkpoint_header_from_v1(CheckpointHeader *c, const int32_t *h, const char *path) {
+static int checkpoint_header_from_v1(CheckpointHeader *c, const int32_t *h, const char *path, CkptError *e) {
     ModelConfig *m = &c->config;
     c->elem_bytes = h[2]; c->has_optimizer = h[3];
     m->vocab_size = h[4]; m->d_model = h[6];
@@ -79,52 +99,55 @@ static void checkpoint_header_from_v1(CheckpointHeader *c, const int32_t *h, con
     c->B = h[28]; c->T = h[29]; c->grad_accum = h[30];
     const char *pattern = (const char *)&h[128];
     const size_t len = strnlen(pattern, MAX_LAYERS + 1);
-    if (len == 0 || len > MAX_LAYERS || (int)len != h[7] || h[5] != round_up(h[4], VOCAB_PAD_MULTIPLE)) {
-        fail_with_hint("the checkpoint is damaged; resume from an earlier ckpt_*.bin",
-                       "checkpoint '%s' (version 1) has a malformed layer pattern or vocabulary", path);
+    if (len == 0 || len > MAX_LAYERS || (int)len != h[7] || h[4] <= 0 || h[5] != round_up(h[4], VOCAB_PAD_MULTIPLE)) {
+        return ckpt_error(e, CKPT_HINT_DAMAGED, "checkpoint '%s' (version 1) has a malformed layer pattern or vocabulary",
+                          path);
     }
     memcpy(m->pattern, pattern, len);
     m->pattern[len] = '\0';
     c->header_bytes = CKPT_V1_HEADER_BYTES;
+    return 1;
 }
 
-// Reads and validates the header of `path`; refuses foreign, truncated or inconsistent files.
-static void checkpoint_read_header(const char *path, CheckpointHeader *c) {
-    FILE *fp = fopenCheck(path, "rb");
+// Reads and validates the header of `path`: 1, or 0 with why in e (foreign, truncated or inconsistent files).
+static int checkpoint_try_read_header(const char *path, CheckpointHeader *c, CkptError *e) {
+    memset(c, 0, sizeof(*c));
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL) { return ckpt_error(e, "check the path", "cannot open checkpoint '%s': %s", path, strerror(errno)); }
     const int64_t size = file_size_of(fp);
     int32_t h[64];
-    if (size < (int64_t)sizeof(h)) {
-        fcloseCheck(fp);
-        fail_with_hint("the file is truncated or not an m2rnn checkpoint; resume from an earlier ckpt_*.bin",
-                       "checkpoint '%s' is %lld bytes, shorter than its header", path, (long long)size);
+    if (size < (int64_t)sizeof(h) || fread(h, sizeof(int32_t), 64, fp) != 64) {
+        fclose(fp);
+        return ckpt_error(e, "the file is truncated or not an m2rnn checkpoint; resume from an earlier ckpt_*.bin",
+                          "checkpoint '%s' is %lld bytes, shorter than its header", path, (long long)size);
     }
-    freadCheck(h, sizeof(int32_t), 64, fp);
     if (h[0] != CKPT_MAGIC) {
-        fcloseCheck(fp);
-        fail_with_hint("pass a ckpt_*.bin written by train_m2rnn (-e FILE or -o DIR -y 1)",
-                       "'%s' is not an m2rnn checkpoint (magic %d, expected %d)", path, h[0], CKPT_MAGIC);
+        fclose(fp);
+        return ckpt_error(e, "pass a ckpt_*.bin written by train_m2rnn (-e FILE or -o DIR -y 1)",
+                          "'%s' is not an m2rnn checkpoint (magic %d, expected %d)", path, h[0], CKPT_MAGIC);
     }
     if (h[1] != 1 && h[1] != CKPT_VERSION) {
-        fcloseCheck(fp);
-        fail_with_hint(h[1] > CKPT_VERSION ? "the file was written by a newer m2rnn; use that version to read it"
-                                           : "the file is damaged; resume from an earlier ckpt_*.bin",
-                       "checkpoint '%s' has version %d, this build reads versions 1 and %d", path, h[1], CKPT_VERSION);
+        fclose(fp);
+        return ckpt_error(e, h[1] > CKPT_VERSION ? "the file was written by a newer m2rnn; use that version to read it"
+                                                 : CKPT_HINT_DAMAGED,
+                          "checkpoint '%s' has version %d, this build reads versions 1 and %d", path, h[1],
+                          CKPT_VERSION);
     }
-    memset(c, 0, sizeof(*c));
     c->version = h[1];
     const int header_bytes = c->version == 1 ? CKPT_V1_HEADER_BYTES : CKPT_HEADER_BYTES;
     if (size < header_bytes) {
-        fcloseCheck(fp);
-        fail_with_hint("the file is truncated; resume from an earlier ckpt_*.bin",
-                       "checkpoint '%s' is %lld bytes, shorter than its %d-byte header", path, (long long)size,
-                       header_bytes);
+        fclose(fp);
+        return ckpt_error(e, "the file is truncated; resume from an earlier ckpt_*.bin",
+                          "checkpoint '%s' is %lld bytes, shorter than its %d-byte header", path, (long long)size,
+                          header_bytes);
     }
-    const char *damaged = "the checkpoint is damaged; resume from an earlier ckpt_*.bin";
     if (c->version == 1) {
         int32_t v1[CKPT_V1_HEADER_BYTES / 4];
-        fseekCheck(fp, 0, SEEK_SET);
-        freadCheck(v1, sizeof(int32_t), CKPT_V1_HEADER_BYTES / 4, fp);
-        checkpoint_header_from_v1(c, v1, path);
+        const int ok = fseeko(fp, 0, SEEK_SET) == 0 && fread(v1, sizeof(int32_t), CKPT_V1_HEADER_BYTES / 4, fp) ==
+                                                            CKPT_V1_HEADER_BYTES / 4;
+        fclose(fp);
+        if (!ok) { return ckpt_error(e, CKPT_HINT_DAMAGED, "cannot read the header of '%s'", path); }
+        if (!checkpoint_header_from_v1(c, v1, path, e)) { return 0; }
     } else {
         c->elem_bytes = h[2]; c->has_optimizer = h[3];
         c->num_parameters = get_u64(h, 4); c->step = h[6]; c->B = h[7]; c->T = h[8]; c->grad_accum = h[9];
@@ -132,67 +155,89 @@ static void checkpoint_read_header(const char *path, CheckpointHeader *c) {
         const int text_bytes = h[15];
         c->header_bytes = h[16];
         if (c->header_bytes != CKPT_HEADER_BYTES || text_bytes <= 0 || text_bytes >= (int)sizeof(c->config_text)) {
-            fcloseCheck(fp);
-            fail_with_hint(damaged, "checkpoint '%s' has a malformed header (config text of %d bytes)", path, text_bytes);
+            fclose(fp);
+            return ckpt_error(e, CKPT_HINT_DAMAGED, "checkpoint '%s' has a malformed header (config text of %d bytes)",
+                              path, text_bytes);
         }
-        fseekCheck(fp, CKPT_CONFIG_OFFSET, SEEK_SET);
-        freadCheck(c->config_text, 1, (size_t)text_bytes, fp);
-        c->config_text[text_bytes] = '\0';
-        if (fnv1a_update(FNV1A_INIT, c->config_text, (size_t)text_bytes) != get_u64(h, 18)) {
-            fcloseCheck(fp);
-            fail_with_hint(damaged, "checkpoint '%s' fails the checksum of its config text", path);
+        const int ok = fseeko(fp, CKPT_CONFIG_OFFSET, SEEK_SET) == 0 &&
+                       fread(c->config_text, 1, (size_t)text_bytes, fp) == (size_t)text_bytes;
+        fclose(fp);
+        c->config_text[ok ? text_bytes : 0] = '\0';
+        if (!ok || fnv1a_update(FNV1A_INIT, c->config_text, (size_t)text_bytes) != get_u64(h, 18)) {
+            return ckpt_error(e, CKPT_HINT_DAMAGED, "checkpoint '%s' fails the checksum of its config text", path);
         }
         char why[512] = "";
-        if (strlen(c->config_text) != (size_t)text_bytes ||
-            model_config_from_text(&c->config, c->config_text, why, sizeof(why)) != NULL) {
-            fcloseCheck(fp);
-            fail_with_hint(strstr(why, "newer") ? "read it with the m2rnn version that wrote it" : damaged,
-                           "checkpoint '%s': %s", path,
-                           strlen(c->config_text) != (size_t)text_bytes ? "its config text is cut short" : why);
+        if (strlen(c->config_text) != (size_t)text_bytes) {
+            return ckpt_error(e, CKPT_HINT_DAMAGED, "checkpoint '%s': its config text is cut short", path);
+        }
+        if (model_config_from_text(&c->config, c->config_text, why, sizeof(why)) != NULL) {
+            return ckpt_error(e, strstr(why, "newer") ? "read it with the m2rnn version that wrote it" : CKPT_HINT_DAMAGED,
+                              "checkpoint '%s': %s", path, why);
         }
     }
-    fcloseCheck(fp);
     if (c->elem_bytes != 4 && c->elem_bytes != 8) {
-        fail_with_hint(damaged, "checkpoint '%s' has element width %d", path, c->elem_bytes);
+        return ckpt_error(e, CKPT_HINT_DAMAGED, "checkpoint '%s' has element width %d", path, c->elem_bytes);
     }
-    if (c->step < 0 || c->B <= 0 || c->T <= 0 || c->grad_accum <= 0) {
-        fail_with_hint(damaged, "checkpoint '%s' has a malformed header (step %d, B %d, T %d)", path, c->step, c->B, c->T);
+    if (c->step < 0 || c->B <= 0 || c->T <= 0 || c->grad_accum <= 0 || c->num_parameters == 0 ||
+        c->num_parameters > ((uint64_t)1 << 40) || c->loader_state_bytes > (1u << 20)) {
+        return ckpt_error(e, CKPT_HINT_DAMAGED, "checkpoint '%s' has a malformed header (step %d, B %d, T %d)", path,
+                          c->step, c->B, c->T);
     }
     const int64_t expected = (int64_t)c->header_bytes + (int64_t)checkpoint_payload_bytes(c);
     if (size != expected) {
-        fail_with_hint("the file was cut short or appended to; resume from an earlier ckpt_*.bin",
-                       "checkpoint '%s' is %lld bytes, its header promises %lld", path, (long long)size,
-                       (long long)expected);
+        return ckpt_error(e, "the file was cut short or appended to; resume from an earlier ckpt_*.bin",
+                          "checkpoint '%s' is %lld bytes, its header promises %lld", path, (long long)size,
+                          (long long)expected);
     }
+    return 1;
 }
 
-// Reads the payload into the given buffers (m, v, loader_state may be NULL to skip them) and checks the checksum.
-static void checkpoint_read_payload(const char *path, const CheckpointHeader *c, void *params, void *m, void *v,
-                                    void *loader_state) {
-    FILE *fp = fopenCheck(path, "rb");
-    fseekCheck(fp, c->header_bytes, SEEK_SET);
+// Reads the payload into the given buffers (m, v, loader_state may be NULL to skip them: they are still read, for the
+// checksum) and checks the checksum: 1, or 0 with why in e.
+static int checkpoint_try_read_payload(const char *path, const CheckpointHeader *c, void *params, void *m, void *v,
+                                       void *loader_state, CkptError *e) {
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL) { return ckpt_error(e, "check the path", "cannot open checkpoint '%s': %s", path, strerror(errno)); }
+    if (fseeko(fp, c->header_bytes, SEEK_SET) != 0) {
+        fclose(fp);
+        return ckpt_error(e, CKPT_HINT_DAMAGED, "cannot seek in checkpoint '%s'", path);
+    }
     const size_t tensor_bytes = (size_t)c->num_parameters * c->elem_bytes;
     uint64_t hash = c->version == 1 ? FNV1A_INIT : fnv1a_update(FNV1A_INIT, c->config_text, strlen(c->config_text));
-    void *scratch = NULL;
     void *targets[4] = {params, c->has_optimizer ? m : NULL, c->has_optimizer ? v : NULL, loader_state};
-    size_t sizes[4] = {tensor_bytes, c->has_optimizer ? tensor_bytes : 0, c->has_optimizer ? tensor_bytes : 0,
-                       c->loader_state_bytes};
-    for (int i = 0; i < 4; i++) {
-        if (sizes[i] == 0) { continue; }
-        void *dst = targets[i];
-        if (dst == NULL) { // still read it: the checksum covers the whole payload
-            scratch = scratch == NULL ? mallocCheck(tensor_bytes > sizes[i] ? tensor_bytes : sizes[i]) : scratch;
-            dst = scratch;
+    const size_t sizes[4] = {tensor_bytes, c->has_optimizer ? tensor_bytes : 0, c->has_optimizer ? tensor_bytes : 0,
+                             c->loader_state_bytes};
+    enum { CHUNK = 1 << 20 };
+    uint8_t *chunk = (uint8_t *)mallocCheck(CHUNK);
+    int ok = 1;
+    for (int i = 0; i < 4 && ok; i++) {
+        for (size_t done = 0; done < sizes[i] && ok;) { // a part not wanted is read through a chunk buffer
+            const size_t n = targets[i] != NULL ? sizes[i] : (sizes[i] - done < CHUNK ? sizes[i] - done : CHUNK);
+            uint8_t *dst = targets[i] != NULL ? (uint8_t *)targets[i] : chunk;
+            ok = fread(dst, 1, n, fp) == n;
+            if (ok) { hash = fnv1a_update(hash, dst, n); }
+            done += n;
         }
-        freadCheck(dst, 1, sizes[i], fp);
-        hash = fnv1a_update(hash, dst, sizes[i]);
     }
-    free(scratch);
-    fcloseCheck(fp);
+    free(chunk);
+    fclose(fp);
+    if (!ok) { return ckpt_error(e, CKPT_HINT_DAMAGED, "checkpoint '%s' is shorter than its header says", path); }
     if (hash != c->checksum) {
-        fail_with_hint("the file is corrupted; resume from an earlier ckpt_*.bin",
-                       "checkpoint '%s' fails its checksum", path);
+        return ckpt_error(e, "the file is corrupted; resume from an earlier ckpt_*.bin (-y 1 skips damaged ones)",
+                          "checkpoint '%s' fails its checksum", path);
     }
+    return 1;
+}
+
+// the same, refusing with error + HINT
+static void checkpoint_read_header(const char *path, CheckpointHeader *c) {
+    CkptError e;
+    if (!checkpoint_try_read_header(path, c, &e)) { fail_with_hint(e.hint, "%s", e.why); }
+}
+static void checkpoint_read_payload(const char *path, const CheckpointHeader *c, void *params, void *m, void *v,
+                                    void *loader_state) {
+    CkptError e;
+    if (!checkpoint_try_read_payload(path, c, params, m, v, loader_state, &e)) { fail_with_hint(e.hint, "%s", e.why); }
 }
 
 // Writes a checkpoint atomically (temporary file, fsync, rename) in the current version. m, v may be NULL when
@@ -229,6 +274,14 @@ static void checkpoint_write(const char *path, CheckpointHeader *c, const void *
     FILE *fp = fopenCheck(tmp, "wb");
     fwriteCheck(header, 1, sizeof(header), fp);
     fwriteCheck(params, 1, tensor_bytes, fp);
+    const char *slow = getenv("M2RNN_TEST_SLOW_SAVE"); // tests: STEP:MS (or *:MS) pauses that write half-way
+    int slow_step = -1, slow_ms = 0;
+    if (slow != NULL && (sscanf(slow, "%d:%d", &slow_step, &slow_ms) == 2 || sscanf(slow, "*:%d", &slow_ms) == 1) &&
+        (slow[0] == '*' || slow_step == c->step)) {
+        fflush(fp);
+        const struct timespec pause = {slow_ms / 1000, (long)(slow_ms % 1000) * 1000000L};
+        nanosleep(&pause, NULL);
+    }
     if (c->has_optimizer) { fwriteCheck(m, 1, tensor_bytes, fp); fwriteCheck(v, 1, tensor_bytes, fp); }
     if (c->loader_state_bytes > 0) { fwriteCheck(loader_state, 1, c->loader_state_bytes, fp); }
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
@@ -245,44 +298,69 @@ static inline void checkpoint_path(char *out, size_t n, const char *dir, int ste
     snprintf(out, n, "%s/ckpt_%08d.bin", dir, step);
 }
 
-// the highest step with a ckpt_%08d.bin in dir, or -1
-static int checkpoint_find_latest(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d == NULL) { return -1; }
-    int best = -1;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        int step;
-        char tail[8];
-        if (sscanf(e->d_name, "ckpt_%8d.bi%1[n]", &step, tail) == 2 && strlen(e->d_name) == 17 && step > best) {
-            best = step;
-        }
-    }
-    closedir(d);
-    return best;
+// 1 if name is exactly ckpt_%08d.bin, with its step
+static int checkpoint_name_step(const char *name, int *step) {
+    char tail[8];
+    return sscanf(name, "ckpt_%8d.bi%1[n]", step, tail) == 2 && strlen(name) == 17 && *step >= 0;
 }
 
-// deletes ckpt files older than the newest `keep` (keep <= 0 keeps all); steps that are multiples of `major` stay
-static void checkpoint_prune(const char *dir, int keep, int major) {
-    if (keep <= 0) { return; }
-    int steps[4096], count = 0;
+static int compare_desc(const void *a, const void *b) { return *(const int *)b - *(const int *)a; }
+
+// the steps of the checkpoints in dir, newest first; returns their count (at most max; 0 if dir does not exist)
+static int checkpoint_list(const char *dir, int *steps, int max) {
     DIR *d = opendir(dir);
-    if (d == NULL) { return; }
+    if (d == NULL) { return 0; }
+    int count = 0, step;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL && count < 4096) {
-        int step;
-        char tail[8];
-        if (sscanf(e->d_name, "ckpt_%8d.bi%1[n]", &step, tail) == 2 && strlen(e->d_name) == 17) { steps[count++] = step; }
+    while ((e = readdir(d)) != NULL && count < max) {
+        if (checkpoint_name_step(e->d_name, &step)) { steps[count++] = step; }
     }
     closedir(d);
-    for (int i = 0; i < count; i++) {
-        int newer = 0;
-        for (int j = 0; j < count; j++) { newer += steps[j] > steps[i]; }
-        if (newer >= keep && !(major > 0 && steps[i] % major == 0)) {
-            char path[4096];
-            checkpoint_path(path, sizeof(path), dir, steps[i]);
-            remove(path);
+    qsort(steps, (size_t)count, sizeof(int), compare_desc);
+    return count;
+}
+
+// Deletes the temporary files of checkpoint writes that never finished (a killed run leaves .ckpt_*.bin.tmp);
+// prints each one it removes unless quiet. Returns how many.
+static int checkpoint_remove_stale(const char *dir, int quiet) {
+    DIR *d = opendir(dir);
+    if (d == NULL) { return 0; }
+    int removed = 0, step;
+    struct dirent *e;
+    char path[4400];
+    while ((e = readdir(d)) != NULL) {
+        const size_t len = strlen(e->d_name);
+        if (e->d_name[0] == '.' && len == 22 && strcmp(e->d_name + 18, ".tmp") == 0) {
+            char name[32];
+            memcpy(name, e->d_name + 1, 17);
+            name[17] = '\0';
+            if (!checkpoint_name_step(name, &step)) { continue; }
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            if (remove(path) == 0) {
+                removed++;
+                if (!quiet) { printf("removed %s: the temporary file of a checkpoint write that did not finish\n", path); }
+            }
         }
+    }
+    closedir(d);
+    return removed;
+}
+
+// Keeps the newest `keep` checkpoints at or below step `current` (keep <= 0 keeps all), and every multiple of `major`.
+// The checkpoint of `current`, the one just written, is never deleted, and neither is anything newer than it.
+static void checkpoint_prune(const char *dir, int keep, int major, int current) {
+    if (keep <= 0) { return; }
+    int steps[4096];
+    const int count = checkpoint_list(dir, steps, 4096);
+    int newer = 0; // checkpoints at or below current that are newer than this one
+    for (int i = 0; i < count; i++) { // newest first
+        if (steps[i] > current) { continue; }
+        const int stays = steps[i] == current || newer < keep || (major > 0 && steps[i] % major == 0);
+        newer++;
+        if (stays) { continue; }
+        char path[4096];
+        checkpoint_path(path, sizeof(path), dir, steps[i]);
+        remove(path);
     }
 }
 

@@ -89,6 +89,7 @@ typedef struct {
     FILE *fp;                 // the open shard
     size_t fp_shard;          // its glob index, SIZE_MAX = none
     uint8_t *read_buf;        // (B*T+1) * token_bytes raw tokens
+    int *scan;                // the vocabulary check's buffer at init (held here so a refusal leaves nothing behind)
 } DataLoader;
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -129,6 +130,7 @@ static inline size_t dataloader_check_shard(const char *path, int *token_bytes) 
     FILE *fp = fopenCheck(path, "rb");
     int64_t size = file_size_of(fp);
     if (size < (int64_t)DATA_SHARD_HEADER_BYTES) {
+        fcloseCheck(fp);
         fail_with_hint("re-create the shard (make data); a partial copy or an interrupted write leaves such files",
                        "shard '%s' is %lld bytes, shorter than the %zu-byte header", path, (long long)size,
                        (size_t)DATA_SHARD_HEADER_BYTES);
@@ -245,18 +247,21 @@ void dataloader_init(DataLoader *loader, const char *pattern, size_t B, size_t T
                        "no data shards match '%s'", pattern);
     }
     loader->num_shards = g.gl_pathc;
-    loader->shard_paths = (char **)mallocCheck(loader->num_shards * sizeof(char *));
+    loader->shard_paths = (char **)callocCheck(loader->num_shards, sizeof(char *));
     loader->shard_ntok = (size_t *)mallocCheck(loader->num_shards * sizeof(size_t));
     loader->shard_batches = (size_t *)mallocCheck(loader->num_shards * sizeof(size_t));
     loader->shard_order = (size_t *)mallocCheck(loader->num_shards * sizeof(size_t));
+    for (size_t s = 0; s < loader->num_shards; s++) { // every allocation hangs off the loader from here on
+        loader->shard_paths[s] = strdup(g.gl_pathv[s]);
+        if (loader->shard_paths[s] == NULL) { globfree(&g); fail_with_hint("", "out of memory copying shard paths"); }
+    }
+    globfree(&g);
 
     size_t rows_per_batch = B * (size_t)num_ranks;
     size_t need = B * T * (size_t)num_ranks + 1;
     size_t max_rows = 0;
     uint64_t fingerprint = 1469598103934665603ull; // FNV-1a offset basis
     for (size_t s = 0; s < loader->num_shards; s++) {
-        loader->shard_paths[s] = strdup(g.gl_pathv[s]);
-        if (loader->shard_paths[s] == NULL) { fail_with_hint("", "out of memory copying shard paths"); }
         int width = 0;
         size_t ntok = dataloader_check_shard(loader->shard_paths[s], &width);
         if (s == 0) {
@@ -283,19 +288,19 @@ void dataloader_init(DataLoader *loader, const char *pattern, size_t B, size_t T
         fingerprint = (fingerprint ^ (uint64_t)ntok) * 1099511628211ull;
         fingerprint = (fingerprint ^ (uint64_t)width) * 1099511628211ull;
     }
-    globfree(&g);
 
     // catch a shard of another tokenizer at startup, not hours into training
     size_t scan_max = DATALOADER_INIT_SCAN_TOKENS;
     size_t buf_tokens = B * T + 1 > scan_max ? B * T + 1 : scan_max;
     loader->read_buf = (uint8_t *)mallocCheck(buf_tokens * (size_t)loader->token_bytes);
-    int *scan = (int *)mallocCheck(scan_max * sizeof(int));
+    loader->scan = (int *)mallocCheck(scan_max * sizeof(int));
     loader->fp_shard = SIZE_MAX;
     for (size_t s = 0; s < loader->num_shards; s++) {
         size_t n = loader->shard_ntok[s] < scan_max ? loader->shard_ntok[s] : scan_max;
-        dataloader_read_tokens(loader, scan, s, 0, n);
+        dataloader_read_tokens(loader, loader->scan, s, 0, n);
     }
-    free(scan);
+    free(loader->scan);
+    loader->scan = NULL;
 
     loader->inputs = (int *)mallocCheck(B * T * sizeof(int));
     loader->targets = (int *)mallocCheck(B * T * sizeof(int));
@@ -428,6 +433,7 @@ void dataloader_free(DataLoader *loader) {
     free(loader->shard_order);
     free(loader->row_order);
     free(loader->read_buf);
+    free(loader->scan);
     free(loader->inputs);
     free(loader->targets);
     memset(loader, 0, sizeof(*loader));

@@ -27,8 +27,10 @@ static void model_zero_grad(Model *model);
 // backward of the last forward (which must have had targets); parameter gradients accumulate (+=), scaled so that
 // the loss being differentiated is loss_scale · mean loss
 static void model_backward(Model *model, float loss_scale);
-// one AdamW step (step counts from 1) with global grad-norm clipping; returns the grad norm
-static double model_update(Model *model, const OptimizerConfig *opt, int step);
+// the global L2 norm of the gradients (fixed summation order: the same bits every run)
+static double model_grad_norm(Model *model);
+// one AdamW step (step counts from 1), the gradients scaled by min(1, grad_clip / grad_norm)
+static void model_update(Model *model, const OptimizerConfig *opt, int step, double grad_norm);
 
 // the state in checkpoints: parameters and AdamW m, v (each num_parameters × executor_master_bytes()) to and from
 // host memory; m, v NULL on write: a fresh optimizer

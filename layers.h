@@ -206,6 +206,10 @@ static void m2rnn_validate(const ModelConfig *c) {
         fail_with_hint("check the M2RNN sizes", "M2RNN sizes must be positive (K=%d V=%d N=%d conv=%d, conv <= 16)",
                        m->k, m->v, m->heads, m->conv);
     }
+    if (2.0 * m->qk_heads * m->k + 3.0 * m->heads * m->v + m->heads > (1 << 26) || (double)m->k * m->v > (1 << 20)) {
+        fail_with_hint("check the M2RNN sizes", "M2RNN sizes too large (N=%d Nq=%d K=%d V=%d)", m->heads, m->qk_heads,
+                       m->k, m->v);
+    }
     if (m->qk_heads != 1 && m->qk_heads != m->heads) {
         fail_with_hint("set the q/k heads to 1 (shared by all value heads) or equal to the value heads",
                        "M2RNN q/k heads (%d) must be 1 or equal the value heads (%d)", m->qk_heads, m->heads);
@@ -260,14 +264,15 @@ static const ConfigField ATTENTION_FIELDS[] = {
 
 static void attention_fill_defaults(ModelConfig *c) {
     AttentionConfig *a = &c->attn;
-    if (a->head_dim <= 0) { a->head_dim = c->d_model >= 64 ? 64 : c->d_model; }
+    if (a->head_dim <= 0) { a->head_dim = c->d_model >= 64 ? 64 : (c->d_model > 0 ? c->d_model : 1); }
     if (a->heads <= 0) { a->heads = c->d_model / a->head_dim > 0 ? c->d_model / a->head_dim : 1; }
     if (a->rope_theta <= 0) { a->rope_theta = 10000.0f; }
 }
 
 static void attention_validate(const ModelConfig *c) {
-    if (c->attn.heads <= 0 || c->attn.head_dim <= 0) {
-        fail_with_hint("check the attention sizes", "attention needs heads > 0 and head dim > 0");
+    if (c->attn.heads <= 0 || c->attn.head_dim <= 0 || (double)c->attn.heads * c->attn.head_dim > (1 << 24)) {
+        fail_with_hint("check the attention sizes", "attention needs heads > 0 and head dim > 0, and not %d x %d",
+                       c->attn.heads, c->attn.head_dim);
     }
     if (c->attn.head_dim % 2 != 0) { // RoPE rotates pairs (i, i + HS/2); the GPU kernels move heads in such pairs
         fail_with_hint("use an even attention head dim", "attention head dim must be even, got %d", c->attn.head_dim);
@@ -344,7 +349,8 @@ static void vecrnn_fill_defaults(ModelConfig *c) {
 
 static void vecrnn_validate(const ModelConfig *c) {
     const VecRNNConfig *r = &c->vrnn;
-    if (r->heads <= 0 || r->head_dim <= 0 || r->head_dim > VRNN_MAX_HEAD_DIM || r->conv <= 0 || r->conv > 16) {
+    if (r->heads <= 0 || r->heads > (1 << 20) || r->head_dim <= 0 || r->head_dim > VRNN_MAX_HEAD_DIM || r->conv <= 0 ||
+        r->conv > 16) {
         fail_with_hint("check the RNN/GRU sizes (rhNN heads, rvNN head size <= 32)",
                        "RNN/GRU sizes out of range (heads=%d head size=%d conv=%d)", r->heads, r->head_dim, r->conv);
     }
@@ -410,7 +416,9 @@ static void swiglu_fill_defaults(ModelConfig *c) {
     if (c->swiglu.hidden <= 0) { c->swiglu.hidden = round_up((8 * c->d_model + 2) / 3, 64); }
 }
 static void swiglu_validate(const ModelConfig *c) {
-    if (c->swiglu.hidden <= 0) { fail_with_hint("check the MLP size", "MLP hidden size must be positive, got %d", c->swiglu.hidden); }
+    if (c->swiglu.hidden <= 0 || c->swiglu.hidden > (1 << 24)) {
+        fail_with_hint("check the MLP size", "MLP hidden size must be in [1, 2^24], got %d", c->swiglu.hidden);
+    }
 }
 static int swiglu_params(const ModelConfig *c, ParamDef *p) {
     enum { SWIGLU_PARAMS(KIND_PARAM_ENUM) NUM };

@@ -297,18 +297,13 @@ static double model_grad_norm(Model *model) {
     return sqrt((double)norm2);
 }
 
-static double model_update(Model *model, const OptimizerConfig *opt, int step) {
+static void model_update(Model *model, const OptimizerConfig *opt, int step, double norm) {
     const size_t n = model->num_parameters;
     if (model->m_memory == NULL) {
         cudaCheck(cudaMalloc(&model->m_memory, n * sizeof(float)));
         cudaCheck(cudaMalloc(&model->v_memory, n * sizeof(float)));
         cudaCheck(cudaMemset(model->m_memory, 0, n * sizeof(float)));
         cudaCheck(cudaMemset(model->v_memory, 0, n * sizeof(float)));
-    }
-    const double norm = model_grad_norm(model);
-    if (!isfinite(norm)) {
-        fail_with_hint("lower the learning rate (-l) or check the data; the last checkpoint is intact",
-                       "the gradient norm is %g at step %d", norm, step);
     }
     const float scale = (opt->grad_clip > 0 && norm > opt->grad_clip) ? (float)(opt->grad_clip / norm) : 1.0f;
     for (int i = 0; i < model->table.num_specs; i++) {
@@ -317,7 +312,6 @@ static double model_update(Model *model, const OptimizerConfig *opt, int step) {
                      model->v_memory + s->offset, model->grads_memory + s->offset, s->numel, opt->lr, opt->beta1,
                      opt->beta2, opt->eps, s->weight_decay ? opt->weight_decay : 0.0f, step, scale, model->rt.stream);
     }
-    return norm;
 }
 
 static void model_free(Model *model) {

@@ -126,7 +126,9 @@ static void model_config_validate(const ModelConfig *c) {
         }
     }
     if (c->d_model <= 0 || c->d_model > 65536) { fail_with_hint("use e.g. -e d256:MMAM", "model width d=%d is out of range", c->d_model); }
-    if (c->vocab_size <= 1) { fail_with_hint("the vocabulary needs at least 2 tokens", "vocab size %d", c->vocab_size); }
+    if (c->vocab_size <= 1 || c->vocab_size > (1 << 28)) {
+        fail_with_hint("the vocabulary needs at least 2 tokens and at most 2^28", "vocab size %d", c->vocab_size);
+    }
     for (int k = 0; k < NUM_MIXER_KINDS; k++) {
         if (pattern_has(c->pattern, MIXER_KINDS[k].letter)) { MIXER_KINDS[k].validate(c); }
     }
@@ -288,6 +290,10 @@ static const char *model_config_from_text(ModelConfig *c, const char *text, char
         char *end = NULL;
         const double v = strtod(value, &end);
         if (value[0] == '\0' || *end != '\0') { snprintf(why, why_n, "config field %s='%s' is not a number", name, value); return why; }
+        if (!(v >= (f->type == FIELD_FLOAT ? -1e9 : 0) && v <= (f->type == FIELD_FLOAT ? 1e9 : 1e8))) {
+            snprintf(why, why_n, "config field %s=%s is out of range", name, value);
+            return why;
+        }
         if (f->type == FIELD_FLOAT) { *(float *)config_field_ptr(c, f) = (float)v; }
         else { *(int *)config_field_ptr(c, f) = (int)v; }
     }

@@ -3,19 +3,42 @@ train_loop.h: the training run every executor shares: options and their CLI, the
 validation, text samples, checkpoint save and exact resume, logging, and the step loop. It calls the model only
 through executor.h's API, which the CPU reference (ref/lm.h, in train_m2rnn.c) and the GPU executor (lm.cuh, in
 train_m2rnn.cu) implement, so the two programs cannot drift apart in anything but how an op runs.
+
+What a run promises (a user can trust it):
+- an output directory is never mixed up: a new run refuses a directory holding another run's checkpoints unless told
+  to resume it (-y 1) or to overwrite it (-ow 1); -y 1 refuses a directory without checkpoints (-y 2 starts fresh
+  there) and a model flag that contradicts the checkpoint; it resumes from the newest checkpoint that validates and
+  names any it skipped; pruning never deletes the checkpoint just written;
+- with -o the run ends with a checkpoint, the final model's validation loss, a weights-only export
+  (model.safetensors + config.json) and a summary; every save is announced;
+- SIGINT / SIGTERM finish the step, save and exit 0 (a second signal aborts at once); the temporary file of a killed
+  checkpoint write is removed at the next start;
+- a NaN/Inf loss or gradient norm (and, with -zl / -zg, an outlier by z-score over the last 128 steps) skips the
+  update and says so; after -zk consecutive skips the run stops with a checkpoint of the last good state;
+- main.log starts each run and resume with a header line (command, commit, model, step, tokens per step), which
+  dev/plot_logs.py reads.
+Test hooks (environment): M2RNN_TEST_NAN_STEPS=a-b makes the backward of steps a..b produce NaN gradients;
+M2RNN_TEST_SLOW_SAVE=ms sleeps in the middle of each checkpoint write (for the kill-during-save test).
 */
 #ifndef M2RNN_TRAIN_LOOP_H
 #define M2RNN_TRAIN_LOOP_H
 
 #include <math.h>
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "dataloader.h"
 #include "executor.h"
+#include "export.h"
 #include "model.h"
 #include "tokenizer.h"
 #include "utils.h"
+
+#ifndef M2RNN_COMMIT
+#define M2RNN_COMMIT "unknown" // the Makefile passes the git commit the binary was built from
+#endif
 
 // ----------------------------------------------------------------------------------------------------------------
 // learning-rate schedule: linear warmup to lr, then cosine down to final_frac · lr at the last step
@@ -30,7 +53,7 @@ static float lr_at_step(int step, int total_steps, float lr, int warmup, float f
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// the training run
+// the options
 
 typedef struct {
     const char *train_pattern, *val_pattern; // shard globs
@@ -44,7 +67,12 @@ typedef struct {
     float lr, final_lr_frac, weight_decay, grad_clip, rnn_clamp;
     int warmup;
     int val_every, val_batches;
-    int ckpt_every, ckpt_keep, ckpt_major, resume;
+    int ckpt_every, ckpt_keep, ckpt_major;
+    int resume;            // 0: a new run; 1: resume the run in out_dir; 2: resume it if it has checkpoints, else new
+    int overwrite;         // 1: a new run may delete the checkpoints and log of another run in out_dir
+    int export_final;      // 1: write model.safetensors + config.json into out_dir at the end
+    float z_loss, z_norm;  // skip the update when the loss / grad norm z-score exceeds this (0 = only NaN/Inf)
+    int max_skips;         // consecutive skipped updates that stop the run
     int overfit;           // 1: train on the first batch only
     int threads;
     int sample_every, sample_tokens; // generated text every N steps (0 = never), tokens per sample
@@ -52,7 +80,11 @@ typedef struct {
     uint64_t seed;
     int quiet;             // 1: no per-step lines (tests)
     float *loss_trace;     // if not NULL: (max_steps) the train loss of each step (tests)
+    char cmdline[1024];    // for main.log's header
+    int given_model;       // bits: which model flags the command line gave (-e, -vs, -ro, -rc): checked on resume
 } TrainOptions;
+
+enum { GIVEN_INIT = 1, GIVEN_VOCAB = 2, GIVEN_ROPE = 4, GIVEN_CLAMP = 8 };
 
 static TrainOptions train_options_default(void) {
     TrainOptions o;
@@ -64,11 +96,15 @@ static TrainOptions train_options_default(void) {
     o.B = 4; o.T = 256; o.total_batch = 0; o.max_steps = 200;
     o.lr = 1e-3f; o.final_lr_frac = 0.1f; o.weight_decay = 0.1f; o.grad_clip = 1.0f; o.rnn_clamp = 1.0f;
     o.warmup = 20; o.val_every = 50; o.val_batches = 10;
-    o.ckpt_every = 0; o.ckpt_keep = 0; o.ckpt_major = 0; o.resume = 0;
+    o.ckpt_every = 0; o.ckpt_keep = 0; o.ckpt_major = 0; o.resume = 0; o.overwrite = 0; o.export_final = 1;
+    o.z_loss = 0; o.z_norm = 0; o.max_skips = 5;
     o.sample_every = 0; o.sample_tokens = 64; o.tokenizer_path = "dev/data/gpt2_tokenizer.bin";
     o.seed = 1337;
     return o;
 }
+
+// ----------------------------------------------------------------------------------------------------------------
+// small helpers
 
 static int ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
@@ -94,6 +130,56 @@ static void log_line(const char *out_dir, const char *fmt, ...) {
     fcloseCheck(fp);
 }
 
+// the test hook M2RNN_TEST_NAN_STEPS=a-b (or =a): whether step (1-based) is in it
+static int test_nan_step(int step) {
+    const char *env = getenv("M2RNN_TEST_NAN_STEPS");
+    int a = 0, b = 0;
+    if (env == NULL) { return 0; }
+    const int n = sscanf(env, "%d-%d", &a, &b);
+    return n >= 1 && step >= a && step <= (n == 2 ? b : a);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// SIGINT / SIGTERM: the first asks the loop to finish its step and save; the second ends the process at once
+
+static volatile sig_atomic_t train_stop_requested = 0;
+
+static void train_on_signal(int sig) {
+    if (train_stop_requested) { _exit(128 + sig); }
+    train_stop_requested = sig;
+    static const char msg[] = "\nstopping: the step finishes, then a checkpoint is saved (signal again to abort)\n";
+    ssize_t unused = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    (void)unused;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the guard against bad steps: a rolling window of the last values, z-score of a new one against them
+
+#define GUARD_WINDOW 128
+typedef struct {
+    double values[GUARD_WINDOW];
+    int count, next;
+} OutlierWindow;
+
+// (x − mean) / std over the window; 0 until it holds 16 values
+static double outlier_zscore(const OutlierWindow *w, double x) {
+    if (w->count < 16) { return 0.0; }
+    double mean = 0.0, var = 0.0;
+    for (int i = 0; i < w->count; i++) { mean += w->values[i]; }
+    mean /= w->count;
+    for (int i = 0; i < w->count; i++) { var += (w->values[i] - mean) * (w->values[i] - mean); }
+    const double sd = sqrt(var / w->count);
+    return sd > 0 ? (x - mean) / sd : 0.0;
+}
+static void outlier_push(OutlierWindow *w, double x) {
+    w->values[w->next] = x;
+    w->next = (w->next + 1) % GUARD_WINDOW;
+    if (w->count < GUARD_WINDOW) { w->count++; }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// checkpoints, validation, samples
+
 static void save_checkpoint(const TrainOptions *o, const Model *model, int step, int grad_accum, uint64_t rng_state,
                             const DataLoader *loader) {
     const size_t n = model_table(model)->num_parameters, bytes = n * (size_t)executor_master_bytes();
@@ -117,8 +203,29 @@ static void save_checkpoint(const TrainOptions *o, const Model *model, int step,
     char path[4096];
     checkpoint_path(path, sizeof(path), o->out_dir, step);
     checkpoint_write(path, &h, params, m, v, &state);
-    checkpoint_prune(o->out_dir, o->ckpt_keep, o->ckpt_major);
+    checkpoint_prune(o->out_dir, o->ckpt_keep, o->ckpt_major, step);
+    if (!o->quiet) {
+        printf("saved %s (step %d, %.1f MB%s)\n", path, step, (double)(CKPT_HEADER_BYTES + checkpoint_payload_bytes(&h)) / 1e6,
+               has_optimizer ? ", weights and AdamW state" : "");
+    }
+    log_line(o->out_dir, "# saved ckpt_%08d.bin\n", step);
     free(params); free(m); free(v);
+}
+
+// the weights of the model, fp32, into out_dir/model.safetensors and config.json
+static void export_final(const TrainOptions *o, const Model *model) {
+    const size_t n = model_table(model)->num_parameters;
+    void *params = mallocCheck(n * (size_t)executor_master_bytes());
+    model_read_state(model, params, NULL, NULL);
+    float *f32 = (float *)params;
+    if (executor_master_bytes() == 8) { // the float64 test build
+        f32 = (float *)mallocCheck(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) { f32[i] = (float)((const double *)params)[i]; }
+    }
+    const size_t bytes = export_model(o->out_dir, model_config(model), model_table(model), f32, 0);
+    if (!o->quiet) { printf("saved %s/model.safetensors (%.1f MB, weights only) and config.json\n", o->out_dir, bytes / 1e6); }
+    if (f32 != params) { free(f32); }
+    free(params);
 }
 
 static float validation_loss(Model *model, DataLoader *val, int max_batches) {
@@ -179,11 +286,106 @@ static void describe_kind(char *out, size_t n, const ModelConfig *c, const Layer
     }
 }
 
+// "d256:l4:MMAM" and, when not all SwiGLU, ":ffn=..."
+static void describe_model(char *out, size_t n, const ModelConfig *c) {
+    snprintf(out, n, "d%d:l%d:%s%s%s", c->d_model, c->n_layer, c->pattern, c->ffn_pattern[0] ? ":ffn=" : "",
+             c->ffn_pattern);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// where a run starts: the output directory's state, the checkpoint to resume
+
+// A resume must not silently change the model: every model flag the command line gave is compared with the
+// checkpoint's config, and the first difference is refused by name.
+static void check_resume_flags(const TrainOptions *o, const ModelConfig *ckpt_config, const char *ckpt_path) {
+    if (o->given_model == 0) { return; }
+    if ((o->given_model & GIVEN_INIT) && ends_with(o->init, ".bin")) {
+        fail_with_hint("pass either -e CKPT (start a new run from its weights) or -y 1 (resume the run in -o)",
+                       "-e %s and -y 1 both say where the model comes from", o->init);
+    }
+    ModelConfig have = *ckpt_config, want = have; // the flags not given keep the checkpoint's values
+    if (o->given_model & GIVEN_INIT) {
+        memset(&want, 0, sizeof(want));
+        want.vocab_size = have.vocab_size; want.attn.rope = have.attn.rope; want.m2rnn.grad_clamp = have.m2rnn.grad_clamp;
+        model_config_from_descriptor(&want, o->init);
+    }
+    if (o->given_model & GIVEN_VOCAB) { want.vocab_size = o->vocab_size; }
+    if (o->given_model & GIVEN_ROPE) { want.attn.rope = o->use_rope; }
+    if (o->given_model & GIVEN_CLAMP) { want.m2rnn.grad_clamp = o->rnn_clamp; }
+    model_config_fill_defaults(&want);
+    model_config_fill_defaults(&have);
+    const char *hint = "resume without model flags (the checkpoint has the model), or start a new run in another -o";
+    if (strcmp(want.pattern, have.pattern) != 0 || strcmp(want.ffn_pattern, have.ffn_pattern) != 0) {
+        fail_with_hint(hint, "the checkpoint %s has the layer pattern %s, the command line asks %s", ckpt_path,
+                       have.pattern, want.pattern);
+    }
+    FieldEntry fields[MAX_CONFIG_FIELDS];
+    const int nf = config_fields(fields);
+    for (int i = 0; i < nf; i++) {
+        const ConfigField *f = fields[i].field;
+        const void *a = (const char *)&want + f->offset, *b = (const char *)&have + f->offset;
+        if (memcmp(a, b, f->type == FIELD_FLOAT ? sizeof(float) : sizeof(int)) != 0) {
+            char wa[32], ha[32];
+            if (f->type == FIELD_FLOAT) {
+                snprintf(wa, 32, "%g", *(const float *)a);
+                snprintf(ha, 32, "%g", *(const float *)b);
+            } else {
+                snprintf(wa, 32, "%d", *(const int *)a);
+                snprintf(ha, 32, "%d", *(const int *)b);
+            }
+            fail_with_hint(hint, "the checkpoint %s has %s=%s, the command line asks %s", ckpt_path, f->name, ha, wa);
+        }
+    }
+}
+
+// Prepares the output directory for a new run or a resume (refusing a mix-up) and removes the temporary files of a
+// killed checkpoint write. Returns the steps of its checkpoints, newest first, in steps (their count).
+static int prepare_out_dir(const TrainOptions *o, int *steps, int max) {
+    if (o->out_dir == NULL) {
+        if (o->resume) { fail_with_hint("pass -o DIR together with -y", "resume (-y %d) needs an output directory", o->resume); }
+        return 0;
+    }
+    struct stat st;
+    const int exists = stat(o->out_dir, &st) == 0;
+    if (!exists && o->resume == 1) {
+        fail_with_hint("check -o, or pass -y 2 to resume if the run exists and start it otherwise",
+                       "-y 1: there is no directory '%s' to resume from", o->out_dir);
+    }
+    create_dir_if_not_exists(o->out_dir);
+    checkpoint_remove_stale(o->out_dir, o->quiet);
+    int count = checkpoint_list(o->out_dir, steps, max);
+    if (o->resume == 1 && count == 0) {
+        fail_with_hint("check -o, or pass -y 2 to resume if the run has a checkpoint and start it otherwise",
+                       "-y 1: '%s' holds no checkpoint to resume from", o->out_dir);
+    }
+    if (o->resume == 0 && count > 0) {
+        if (!o->overwrite) {
+            fail_with_hint("resume that run with -y 1, overwrite it with -ow 1 (its checkpoints are deleted), or pass "
+                           "another -o", "'%s' holds checkpoints of another run (ckpt_%08d.bin and %d more)",
+                           o->out_dir, steps[0], count - 1);
+        }
+        char path[4096];
+        for (int i = 0; i < count; i++) {
+            checkpoint_path(path, sizeof(path), o->out_dir, steps[i]);
+            remove(path);
+        }
+        snprintf(path, sizeof(path), "%s/main.log", o->out_dir);
+        remove(path);
+        if (!o->quiet) { printf("-ow 1: deleted the %d checkpoints and the log of the earlier run in %s\n", count, o->out_dir); }
+        count = 0;
+    }
+    return o->resume ? count : 0;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the run
+
 // Runs training as the options say. Returns the last step's train loss.
 float train_run(const TrainOptions *o) {
 #ifdef _OPENMP
     if (o->threads > 0) { omp_set_num_threads(o->threads); }
 #endif
+    setvbuf(stdout, NULL, _IOLBF, 0); // progress lines appear as they are written, through a pipe too
     const int tokens_per_micro = o->B * o->T;
     const int total_batch = o->total_batch > 0 ? o->total_batch : tokens_per_micro;
     if (total_batch % tokens_per_micro != 0) {
@@ -192,24 +394,38 @@ float train_run(const TrainOptions *o) {
                        tokens_per_micro);
     }
     const int grad_accum = total_batch / tokens_per_micro;
-    if (o->out_dir != NULL) { create_dir_if_not_exists(o->out_dir); }
+    int steps_in_dir[4096];
+    const int candidates = prepare_out_dir(o, steps_in_dir, 4096);
 
-    // where the model comes from: a checkpoint to resume, a checkpoint file, or a descriptor
+    // where the model comes from: the newest valid checkpoint of the run to resume, a checkpoint file, or a descriptor
     char ckpt_path[4096] = {0};
-    if (o->resume) {
-        if (o->out_dir == NULL) { fail_with_hint("pass -o DIR together with -y 1", "resume (-y 1) needs an output directory"); }
-        int last = checkpoint_find_latest(o->out_dir);
-        if (last >= 0) { checkpoint_path(ckpt_path, sizeof(ckpt_path), o->out_dir, last); }
-        else if (!o->quiet) { printf("no checkpoint in %s: starting from scratch\n", o->out_dir); }
-    } else if (ends_with(o->init, ".bin")) {
-        snprintf(ckpt_path, sizeof(ckpt_path), "%s", o->init);
-    }
     CheckpointHeader ckpt;
     memset(&ckpt, 0, sizeof(ckpt));
     ModelConfig config;
     memset(&config, 0, sizeof(config));
-    if (ckpt_path[0] != '\0') {
+    int first_candidate = 0, skipped = 0;
+    CkptError err;
+    if (o->resume && candidates > 0) {
+        for (; first_candidate < candidates; first_candidate++) { // the newest whose header reads
+            checkpoint_path(ckpt_path, sizeof(ckpt_path), o->out_dir, steps_in_dir[first_candidate]);
+            if (checkpoint_try_read_header(ckpt_path, &ckpt, &err)) { break; }
+            printf("warning: skipping %s: %s\n", ckpt_path, err.why);
+            skipped++;
+        }
+        if (first_candidate == candidates) {
+            fail_with_hint("the run's checkpoints are all damaged; start a new run (-ow 1) or restore a backup",
+                           "no checkpoint in '%s' validates (%d skipped)", o->out_dir, skipped);
+        }
+        check_resume_flags(o, &ckpt.config, ckpt_path);
+    } else if (o->resume == 2 && !o->quiet) {
+        printf("-y 2: no checkpoint in %s, starting a new run\n", o->out_dir);
+    }
+    const int resuming = o->resume && candidates > 0;
+    if (!resuming && ends_with(o->init, ".bin")) {
+        snprintf(ckpt_path, sizeof(ckpt_path), "%s", o->init);
         checkpoint_read_header(ckpt_path, &ckpt);
+    }
+    if (ckpt_path[0] != '\0') {
         if (ckpt.elem_bytes != executor_master_bytes()) {
             fail_with_hint("use a checkpoint written by a build with the same precision",
                            "checkpoint '%s' holds %d-byte numbers, this build uses %d", ckpt_path, ckpt.elem_bytes,
@@ -222,18 +438,18 @@ float train_run(const TrainOptions *o) {
         config.attn.rope = o->use_rope;
         model_config_from_descriptor(&config, o->init);
     }
+    if (resuming && (ckpt.B != o->B || ckpt.T != o->T || ckpt.grad_accum != grad_accum)) {
+        fail_with_hint("resume with the -b, -t and -d the run was started with",
+                       "checkpoint '%s' was trained with B=%d T=%d accumulation %d, this run asks B=%d T=%d "
+                       "accumulation %d", ckpt_path, ckpt.B, ckpt.T, ckpt.grad_accum, o->B, o->T, grad_accum);
+    }
+    if (!o->quiet) { printf("building the model on %s\n", executor_name()); }
     Model *model = model_create(&config);
     const ParamTable *table = model_table(model);
     if (ckpt_path[0] != '\0' && table->num_parameters != ckpt.num_parameters) {
         fail_with_hint("the checkpoint is damaged or from another m2rnn version",
                        "checkpoint '%s' holds %llu parameters, its config implies %zu", ckpt_path,
                        (unsigned long long)ckpt.num_parameters, table->num_parameters);
-    }
-    const int resuming = o->resume && ckpt_path[0] != '\0';
-    if (resuming && (ckpt.B != o->B || ckpt.T != o->T || ckpt.grad_accum != grad_accum)) {
-        fail_with_hint("resume with the -b, -t and -d the run was started with",
-                       "checkpoint '%s' was trained with B=%d T=%d accumulation %d, this run asks B=%d T=%d "
-                       "accumulation %d", ckpt_path, ckpt.B, ckpt.T, ckpt.grad_accum, o->B, o->T, grad_accum);
     }
 
     DataLoader train_loader, val_loader;
@@ -249,7 +465,6 @@ float train_run(const TrainOptions *o) {
     uint64_t rng_state = o->seed;
     if (ckpt_path[0] != '\0') {
         DataLoaderState loader_state;
-        const int restore_optimizer = resuming && ckpt.has_optimizer;
         if (resuming && ckpt.loader_state_bytes != sizeof(DataLoaderState)) {
             fail_with_hint("resume from a checkpoint written by this version of train_m2rnn",
                            "checkpoint '%s' has a %u-byte dataloader state, this build's is %zu", ckpt_path,
@@ -257,10 +472,43 @@ float train_run(const TrainOptions *o) {
         }
         const size_t bytes = table->num_parameters * (size_t)executor_master_bytes();
         void *params = mallocCheck(bytes);
-        void *m = restore_optimizer ? mallocCheck(bytes) : NULL;
-        void *v = restore_optimizer ? mallocCheck(bytes) : NULL;
-        checkpoint_read_payload(ckpt_path, &ckpt, params, m, v, resuming ? &loader_state : NULL);
-        model_write_state(model, params, m, v);
+        void *m = resuming ? mallocCheck(bytes) : NULL;
+        void *v = resuming ? mallocCheck(bytes) : NULL;
+        if (resuming) { // the newest checkpoint whose payload also checks out
+            for (int i = first_candidate; i < candidates; i++) {
+                if (i > first_candidate) {
+                    checkpoint_path(ckpt_path, sizeof(ckpt_path), o->out_dir, steps_in_dir[i]);
+                    CheckpointHeader h;
+                    if (!checkpoint_try_read_header(ckpt_path, &h, &err)) {
+                        printf("warning: skipping %s: %s\n", ckpt_path, err.why);
+                        skipped++;
+                        continue;
+                    }
+                    if (h.num_parameters != ckpt.num_parameters || h.elem_bytes != ckpt.elem_bytes ||
+                        h.B != ckpt.B || h.T != ckpt.T || h.grad_accum != ckpt.grad_accum ||
+                        memcmp(&h.config, &ckpt.config, sizeof(ModelConfig)) != 0) {
+                        printf("warning: skipping %s: another model or training shape than the newest\n", ckpt_path);
+                        skipped++;
+                        continue;
+                    }
+                    ckpt = h;
+                }
+                if (checkpoint_try_read_payload(ckpt_path, &ckpt, params, ckpt.has_optimizer ? m : NULL,
+                                                ckpt.has_optimizer ? v : NULL, &loader_state, &err)) {
+                    break;
+                }
+                printf("warning: skipping %s: %s\n", ckpt_path, err.why);
+                skipped++;
+                ckpt_path[0] = '\0';
+            }
+            if (ckpt_path[0] == '\0') {
+                fail_with_hint("the run's checkpoints are all damaged; start a new run (-ow 1) or restore a backup",
+                               "no checkpoint in '%s' validates (%d skipped)", o->out_dir, skipped);
+            }
+        } else {
+            checkpoint_read_payload(ckpt_path, &ckpt, params, NULL, NULL, NULL);
+        }
+        model_write_state(model, params, resuming && ckpt.has_optimizer ? m : NULL, resuming && ckpt.has_optimizer ? v : NULL);
         free(params); free(m); free(v);
         if (resuming) {
             dataloader_set_state(&train_loader, &loader_state);
@@ -272,10 +520,11 @@ float train_run(const TrainOptions *o) {
     }
 
     const ModelConfig *c = model_config(model);
+    char model_desc[300];
+    describe_model(model_desc, sizeof(model_desc), c);
     if (!o->quiet) {
         printf("+-----------------------+----------------------------------------------------+\n");
-        printf("| model                 | d%d:l%d:%s%s%s\n", c->d_model, c->n_layer, c->pattern,
-               c->ffn_pattern[0] ? ":ffn=" : "", c->ffn_pattern);
+        printf("| model                 | %s\n", model_desc);
         printf("| parameters            | %zu\n", param_table_count(table));
         for (int k = 0; k < NUM_MIXER_KINDS + NUM_FFN_KINDS; k++) { // the sizes of every kind the model has
             const LayerKind *kind = k < NUM_MIXER_KINDS ? &MIXER_KINDS[k] : &FFN_KINDS[k - NUM_MIXER_KINDS];
@@ -297,8 +546,18 @@ float train_run(const TrainOptions *o) {
 #ifdef _OPENMP
         printf("| OpenMP threads        | %d\n", omp_get_max_threads());
 #endif
+        printf("| output                | %s\n", o->out_dir != NULL ? o->out_dir : "none (no -o: nothing is saved)");
         printf("+-----------------------+----------------------------------------------------+\n");
-        if (resuming) { printf("resumed from %s at step %d\n", ckpt_path, start_step); }
+        if (resuming) { printf("resumed from %s at step %d%s\n", ckpt_path, start_step, skipped ? " (newer ones skipped)" : ""); }
+    }
+    {
+        time_t now = time(NULL);
+        char when[64];
+        strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+        log_line(o->out_dir, "# %s %s | %s | commit %s | model %s | %zu parameters | step %d | tokens/step %d | %s\n",
+                 resuming ? "resume" : "run", when, o->cmdline[0] ? o->cmdline : executor_name(), M2RNN_COMMIT,
+                 model_desc, param_table_count(table), start_step, total_batch,
+                 resuming ? ckpt_path : (ckpt_path[0] ? ckpt_path : "new weights"));
     }
 
     Tokenizer tokenizer;
@@ -310,16 +569,27 @@ float train_run(const TrainOptions *o) {
     OptimizerConfig opt = {o->lr, 0.9f, 0.95f, 1e-10f, o->weight_decay, o->grad_clip};
     const double peak_flops = executor_peak_flops(model);
     const double flops_per_step = model_flops_per_token(c, o->T) * total_batch;
-    double time_sum = 0.0;
-    int timed_steps = 0;
-    float last_loss = -1;
+    double time_sum = 0.0, run_start = wall_seconds();
+    int timed_steps = 0, skips_in_a_row = 0, skipped_total = 0, last_saved = resuming ? start_step : -1;
+    float last_loss = -1, last_val = -1;
+    OutlierWindow loss_window, norm_window;
+    memset(&loss_window, 0, sizeof(loss_window));
+    memset(&norm_window, 0, sizeof(norm_window));
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = train_on_signal;
+    sigemptyset(&sa.sa_mask);
+    train_stop_requested = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
     if (o->overfit) { dataloader_next_batch(&train_loader); }
-    for (int step = start_step; step < o->max_steps; step++) {
-        const int last_step = step == o->max_steps - 1;
-        if (have_val && (step % o->val_every == 0 || last_step)) {
-            float val_loss = validation_loss(model, &val_loader, o->val_batches);
-            if (!o->quiet) { printf("step %5d | val loss %.6f\n", step, val_loss); }
-            log_line(o->out_dir, "s:%d tel:%.6f\n", step, val_loss);
+    int step = start_step;
+    for (; step < o->max_steps && !train_stop_requested; step++) {
+        if (have_val && step % o->val_every == 0) {
+            if (step == start_step && !o->quiet) { printf("validating (%d batches) ...\n", o->val_batches); }
+            last_val = validation_loss(model, &val_loader, o->val_batches);
+            if (!o->quiet) { printf("step %5d | val loss %.6f\n", step, last_val); }
+            log_line(o->out_dir, "s:%d tel:%.6f\n", step, last_val);
         }
         if (have_tokenizer && step > start_step && step % o->sample_every == 0) {
             print_sample(model, &tokenizer, o->sample_tokens, &rng_state);
@@ -331,32 +601,77 @@ float train_run(const TrainOptions *o) {
         for (int micro = 0; micro < grad_accum; micro++) {
             if (!o->overfit) { dataloader_next_batch(&train_loader); }
             loss_sum += model_forward(model, train_loader.inputs, train_loader.targets, o->B, o->T);
-            model_backward(model, 1.0f / grad_accum);
+            model_backward(model, test_nan_step(step + 1) ? NAN : 1.0f / grad_accum);
         }
+        const double norm = model_grad_norm(model);
+        last_loss = (float)(loss_sum / grad_accum);
+        // the guard: a non-finite loss or norm, or an outlier by z-score, skips the update
+        const double zl = outlier_zscore(&loss_window, last_loss), zn = outlier_zscore(&norm_window, norm);
+        const char *why = !isfinite(last_loss) ? "the loss is not finite" : !isfinite(norm) ? "the gradient norm is not finite"
+                        : (o->z_loss > 0 && zl > o->z_loss) ? "the loss is an outlier"
+                        : (o->z_norm > 0 && zn > o->z_norm) ? "the gradient norm is an outlier" : NULL;
         opt.lr = lr_at_step(step, o->max_steps, o->lr, o->warmup, o->final_lr_frac);
-        const double norm = model_update(model, &opt, step + 1);
+        if (why == NULL) {
+            model_update(model, &opt, step + 1, norm);
+            outlier_push(&loss_window, last_loss);
+            outlier_push(&norm_window, norm);
+            skips_in_a_row = 0;
+        } else {
+            skips_in_a_row++;
+            skipped_total++;
+            printf("step %5d/%d | update skipped: %s (loss %g, z %.1f; norm %g, z %.1f)\n", step + 1, o->max_steps, why,
+                   last_loss, zl, norm, zn);
+            log_line(o->out_dir, "s:%d skip:1 loss:%g norm:%g\n", step + 1, last_loss, norm);
+        }
         executor_sync(model);
         const double dt = wall_seconds() - t0;
-        last_loss = (float)(loss_sum / grad_accum);
-        if (o->loss_trace != NULL) { o->loss_trace[step] = (float)last_loss; }
+        if (o->loss_trace != NULL) { o->loss_trace[step] = last_loss; }
         if (step > start_step) { time_sum += dt; timed_steps++; } // the first step warms caches: not timed
         const double avg = timed_steps > 0 ? time_sum / timed_steps : dt;
-        if (!o->quiet) {
+        if (!o->quiet && why == NULL) {
             char speed[64];
             if (peak_flops > 0) { snprintf(speed, sizeof(speed), "%.1f%% MFU", 100.0 * flops_per_step / dt / peak_flops); }
             else { snprintf(speed, sizeof(speed), "%.1f GFLOP/s", flops_per_step / dt * 1e-9); }
             printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %s | ETA %.1f min\n",
                    step + 1, o->max_steps, last_loss, norm, opt.lr, 1000.0 * dt, total_batch / dt, speed,
                    avg * (o->max_steps - step - 1) / 60.0);
-            fflush(stdout);
         }
-        log_line(o->out_dir, "s:%d trl:%.6f lr:%.6e norm:%.4f\n", step + 1, last_loss, opt.lr, norm);
-        if (o->out_dir != NULL && ((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) ||
-                                   (o->ckpt_every > 0 && last_step))) {
+        if (why == NULL) { log_line(o->out_dir, "s:%d trl:%.6f lr:%.6e norm:%.4f\n", step + 1, last_loss, opt.lr, norm); }
+        if (skips_in_a_row >= o->max_skips) {
+            if (o->out_dir != NULL) { save_checkpoint(o, model, step + 1, grad_accum, rng_state, &train_loader); }
+            fail_with_hint("lower the learning rate (-l), raise -zl/-zg, or check the data; the checkpoint holds the "
+                           "last good weights", "%d updates in a row were skipped (the last at step %d: %s)",
+                           skips_in_a_row, step + 1, why);
+        }
+        if (o->out_dir != NULL && o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) {
             save_checkpoint(o, model, step + 1, grad_accum, rng_state, &train_loader);
+            last_saved = step + 1;
         }
     }
-    if (!o->quiet && timed_steps > 0) { printf("average step time %.1f ms\n", 1000.0 * time_sum / timed_steps); }
+    if (train_stop_requested && !o->quiet) { printf("stopped by signal %d after step %d\n", (int)train_stop_requested, step); }
+    // the end: the final model's validation loss, its checkpoint and its weights, and a summary
+    if (have_val && step > start_step) {
+        last_val = validation_loss(model, &val_loader, o->val_batches);
+        if (!o->quiet) { printf("step %5d | val loss %.6f (the final model)\n", step, last_val); }
+        log_line(o->out_dir, "s:%d tel:%.6f\n", step, last_val);
+    }
+    if (o->out_dir != NULL && last_saved != step) { save_checkpoint(o, model, step, grad_accum, rng_state, &train_loader); }
+    if (o->out_dir != NULL && o->export_final) { export_final(o, model); }
+    if (!o->quiet) {
+        const double elapsed = wall_seconds() - run_start;
+        printf("done: steps %d to %d (%d updates skipped), %.0f tokens in %.1f s", start_step, step, skipped_total,
+               (double)(step - start_step) * total_batch, elapsed);
+        if (timed_steps > 0) { printf(", %.1f ms a step", 1000.0 * time_sum / timed_steps); }
+        printf("\nfinal train loss %.6f%s", last_loss, have_val && last_val >= 0 ? ", val loss " : "");
+        if (have_val && last_val >= 0) { printf("%.6f", last_val); }
+        printf("\n");
+        if (o->out_dir != NULL) {
+            printf("files: %s/main.log, %s/ckpt_%08d.bin%s\n", o->out_dir, o->out_dir, step,
+                   o->export_final ? ", model.safetensors, config.json" : "");
+        }
+    }
+    sigaction(SIGINT, &old_int, NULL); // (kept until the end: a second signal during the final save aborts at once)
+    sigaction(SIGTERM, &old_term, NULL);
     if (have_tokenizer) { tokenizer_free(&tokenizer); }
     dataloader_free(&train_loader);
     if (have_val) { dataloader_free(&val_loader); }
@@ -369,56 +684,73 @@ float train_run(const TrainOptions *o) {
 
 static void print_usage(void) {
     TrainOptions d = train_options_default();
-    fprintf(stderr, "usage: %s [-flag value]...\n", executor_name());
-    fprintf(stderr, "  -i  train shards glob            (%s)\n", d.train_pattern);
-    fprintf(stderr, "  -j  val shards glob, \"\" = none   (%s)\n", d.val_pattern);
-    fprintf(stderr, "  -e  model descriptor or ckpt.bin (%s)\n", d.init);
-    fprintf(stderr, "      descriptor fields: dNNN width, lNN layers, a pattern of mixer letters (%s),\n",
+    FILE *out = stdout;
+    fprintf(out, "usage: %s [-flag value]...   (%s)\n", program_name, executor_name());
+    fprintf(out, "  -i  train shards glob            (%s)\n", d.train_pattern);
+    fprintf(out, "  -j  val shards glob, \"\" = none   (%s)\n", d.val_pattern);
+    fprintf(out, "  -e  model descriptor or ckpt.bin (%s)\n", d.init);
+    fprintf(out, "      descriptor fields: dNNN width, lNN layers, a pattern of mixer letters (%s),\n",
             mixer_letters_help());
-    fprintf(stderr, "      ffn=X or one letter per layer (%s), and the kinds' sizes:\n", ffn_letters_help());
+    fprintf(out, "      ffn=X or one letter per layer (%s), and the kinds' sizes:\n", ffn_letters_help());
     {
         FieldEntry fields[MAX_CONFIG_FIELDS];
         const int nf = config_fields(fields);
         for (int i = 0; i < nf; i++) {
             const ConfigField *f = fields[i].field;
             if (f->key == NULL || fields[i].num_owners == 0) { continue; }
-            fprintf(stderr, "        %s%s %s\n", f->key, f->type == FIELD_FLAG ? "" : "NN", f->help);
+            fprintf(out, "        %s%s %s\n", f->key, f->type == FIELD_FLAG ? "" : "NN", f->help);
         }
     }
-    fprintf(stderr, "  -vs vocabulary size of a model built from a descriptor (%d = GPT-2)\n", d.vocab_size);
-    fprintf(stderr, "  -ro RoPE in attention, 1 = on (or `rope` in the descriptor); 0 = NoPE (%d)\n", d.use_rope);
-    fprintf(stderr, "  -o  output dir for main.log and checkpoints (none)\n");
-    fprintf(stderr, "  -b  micro-batch size B           (%d)\n", d.B);
-    fprintf(stderr, "  -t  sequence length T            (%d)\n", d.T);
-    fprintf(stderr, "  -d  total batch in tokens, a multiple of B*T; 0 = B*T (%d)\n", d.total_batch);
-    fprintf(stderr, "  -x  optimizer steps              (%d)\n", d.max_steps);
-    fprintf(stderr, "  -l  peak learning rate           (%g)\n", d.lr);
-    fprintf(stderr, "  -u  warmup steps                 (%d)\n", d.warmup);
-    fprintf(stderr, "  -q  final lr as a fraction of -l (%g)\n", d.final_lr_frac);
-    fprintf(stderr, "  -c  weight decay                 (%g)\n", d.weight_decay);
-    fprintf(stderr, "  -gc global grad-norm clip, 0 = off (%g)\n", d.grad_clip);
-    fprintf(stderr, "  -rc M2RNN carried-dH clamp, 0 = off (%g)\n", d.rnn_clamp);
-    fprintf(stderr, "  -v  validate every N steps, 0 = never (%d)\n", d.val_every);
-    fprintf(stderr, "  -m  max validation batches, 0 = all (%d)\n", d.val_batches);
-    fprintf(stderr, "  -n  checkpoint every N steps, 0 = never (%d)\n", d.ckpt_every);
-    fprintf(stderr, "  -nk keep the newest N checkpoints, 0 = all (%d)\n", d.ckpt_keep);
-    fprintf(stderr, "  -nm never delete checkpoints at multiples of N (%d)\n", d.ckpt_major);
-    fprintf(stderr, "  -y  resume from the newest checkpoint in -o (%d)\n", d.resume);
-    fprintf(stderr, "  -a  overfit the first batch      (%d)\n", d.overfit);
-    fprintf(stderr, "  -sg print generated text every N steps, 0 = never (%d)\n", d.sample_every);
-    fprintf(stderr, "  -g  tokens per generated sample  (%d)\n", d.sample_tokens);
-    fprintf(stderr, "  -tk tokenizer file for samples   (%s)\n", d.tokenizer_path);
-    fprintf(stderr, "  -s  seed                         (%llu)\n", (unsigned long long)d.seed);
-    fprintf(stderr, "  -nt OpenMP threads, 0 = default  (%d)\n", d.threads);
-    fprintf(stderr, "  -h  this help\n");
+    fprintf(out, "  -vs vocabulary size of a model built from a descriptor (%d = GPT-2)\n", d.vocab_size);
+    fprintf(out, "  -ro RoPE in attention, 1 = on (or `rope` in the descriptor); 0 = NoPE (%d)\n", d.use_rope);
+    fprintf(out, "  -o  output dir for main.log, checkpoints and the final weights (none)\n");
+    fprintf(out, "  -b  micro-batch size B           (%d)\n", d.B);
+    fprintf(out, "  -t  sequence length T            (%d)\n", d.T);
+    fprintf(out, "  -d  total batch in tokens, a multiple of B*T; 0 = B*T (%d)\n", d.total_batch);
+    fprintf(out, "  -x  optimizer steps              (%d)\n", d.max_steps);
+    fprintf(out, "  -l  peak learning rate           (%g)\n", d.lr);
+    fprintf(out, "  -u  warmup steps                 (%d)\n", d.warmup);
+    fprintf(out, "  -q  final lr as a fraction of -l (%g)\n", d.final_lr_frac);
+    fprintf(out, "  -c  weight decay                 (%g)\n", d.weight_decay);
+    fprintf(out, "  -gc global grad-norm clip, 0 = off (%g)\n", d.grad_clip);
+    fprintf(out, "  -rc M2RNN carried-dH clamp, 0 = off (%g)\n", d.rnn_clamp);
+    fprintf(out, "  -v  validate every N steps, 0 = never (%d); the final model is always validated\n", d.val_every);
+    fprintf(out, "  -m  max validation batches, 0 = all (%d)\n", d.val_batches);
+    fprintf(out, "  -n  checkpoint every N steps, 0 = only at the end (%d); with -o the run always ends saved\n",
+            d.ckpt_every);
+    fprintf(out, "  -nk keep the newest N checkpoints, 0 = all (%d)\n", d.ckpt_keep);
+    fprintf(out, "  -nm never delete checkpoints at multiples of N (%d)\n", d.ckpt_major);
+    fprintf(out, "  -y  1 = resume the run in -o (it must have a checkpoint), 2 = resume it if it has one (%d)\n",
+            d.resume);
+    fprintf(out, "  -ow 1 = a new run may overwrite the run in -o (deletes its checkpoints and log) (%d)\n", d.overwrite);
+    fprintf(out, "  -ex 1 = write model.safetensors + config.json into -o at the end (%d)\n", d.export_final);
+    fprintf(out, "  -zl skip the update when the loss z-score exceeds this, 0 = only NaN/Inf (%g)\n", d.z_loss);
+    fprintf(out, "  -zg skip the update when the grad-norm z-score exceeds this, 0 = only NaN/Inf (%g)\n", d.z_norm);
+    fprintf(out, "  -zk stop after N skipped updates in a row, with a checkpoint of the last good state (%d)\n",
+            d.max_skips);
+    fprintf(out, "  -a  overfit the first batch      (%d)\n", d.overfit);
+    fprintf(out, "  -sg print generated text every N steps, 0 = never (%d)\n", d.sample_every);
+    fprintf(out, "  -g  tokens per generated sample  (%d)\n", d.sample_tokens);
+    fprintf(out, "  -tk tokenizer file for samples   (%s)\n", d.tokenizer_path);
+    fprintf(out, "  -s  seed                         (%llu)\n", (unsigned long long)d.seed);
+    fprintf(out, "  -nt OpenMP threads, 0 = default  (%d)\n", d.threads);
+    fprintf(out, "  -h  this help\n");
+    fprintf(out, "SIGINT/SIGTERM finish the step and save (with -o); a second one aborts.\n");
 }
 
 // Parses argv into o; refuses unknown flags, missing values and malformed numbers with one line and a hint.
 static void parse_args(TrainOptions *o, int argc, char **argv) {
-    const char *hint = "run ./train_m2rnn -h to list every flag and its default";
+    if (argc > 0 && argv[0] != NULL) { program_name = argv[0]; }
+    static char hint[512];
+    snprintf(hint, sizeof(hint), "run %s -h to list every flag and its default", program_name);
+    o->cmdline[0] = '\0';
+    for (int i = 0; i < argc; i++) {
+        const size_t used = strlen(o->cmdline);
+        snprintf(o->cmdline + used, sizeof(o->cmdline) - used, "%s%s", i ? " " : "", argv[i]);
+    }
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i];
-        if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) { print_usage(); exit(EXIT_SUCCESS); }
+        if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) { print_usage(); fflush(stdout); m2rnn_exit(EXIT_SUCCESS); }
         if (flag[0] != '-' || strlen(flag) < 2 || strlen(flag) > 3) {
             fail_with_hint(hint, "expected a flag like -b, got '%s'", flag);
         }
@@ -427,10 +759,10 @@ static void parse_args(TrainOptions *o, int argc, char **argv) {
         const char *f = flag + 1;
         if (strcmp(f, "i") == 0) { o->train_pattern = v; }
         else if (strcmp(f, "j") == 0) { o->val_pattern = v; }
-        else if (strcmp(f, "e") == 0) { o->init = v; }
+        else if (strcmp(f, "e") == 0) { o->init = v; o->given_model |= GIVEN_INIT; }
         else if (strcmp(f, "o") == 0) { o->out_dir = v; }
-        else if (strcmp(f, "ro") == 0) { o->use_rope = (int)parse_int_arg(flag, v, 0, 1); }
-        else if (strcmp(f, "vs") == 0) { o->vocab_size = (int)parse_int_arg(flag, v, 2, 1 << 24); }
+        else if (strcmp(f, "ro") == 0) { o->use_rope = (int)parse_int_arg(flag, v, 0, 1); o->given_model |= GIVEN_ROPE; }
+        else if (strcmp(f, "vs") == 0) { o->vocab_size = (int)parse_int_arg(flag, v, 2, 1 << 24); o->given_model |= GIVEN_VOCAB; }
         else if (strcmp(f, "b") == 0) { o->B = (int)parse_int_arg(flag, v, 1, 1 << 16); }
         else if (strcmp(f, "t") == 0) { o->T = (int)parse_int_arg(flag, v, 1, 1 << 20); }
         else if (strcmp(f, "d") == 0) { o->total_batch = (int)parse_int_arg(flag, v, 0, INT_MAX); }
@@ -440,13 +772,18 @@ static void parse_args(TrainOptions *o, int argc, char **argv) {
         else if (strcmp(f, "q") == 0) { o->final_lr_frac = (float)parse_float_arg(flag, v, 0.0, 1.0); }
         else if (strcmp(f, "c") == 0) { o->weight_decay = (float)parse_float_arg(flag, v, 0.0, 10.0); }
         else if (strcmp(f, "gc") == 0) { o->grad_clip = (float)parse_float_arg(flag, v, 0.0, 1e9); }
-        else if (strcmp(f, "rc") == 0) { o->rnn_clamp = (float)parse_float_arg(flag, v, 0.0, 1e9); }
+        else if (strcmp(f, "rc") == 0) { o->rnn_clamp = (float)parse_float_arg(flag, v, 0.0, 1e9); o->given_model |= GIVEN_CLAMP; }
         else if (strcmp(f, "v") == 0) { o->val_every = (int)parse_int_arg(flag, v, 0, INT_MAX); }
         else if (strcmp(f, "m") == 0) { o->val_batches = (int)parse_int_arg(flag, v, 0, INT_MAX); }
         else if (strcmp(f, "n") == 0) { o->ckpt_every = (int)parse_int_arg(flag, v, 0, INT_MAX); }
         else if (strcmp(f, "nk") == 0) { o->ckpt_keep = (int)parse_int_arg(flag, v, 0, INT_MAX); }
         else if (strcmp(f, "nm") == 0) { o->ckpt_major = (int)parse_int_arg(flag, v, 0, INT_MAX); }
-        else if (strcmp(f, "y") == 0) { o->resume = (int)parse_int_arg(flag, v, 0, 1); }
+        else if (strcmp(f, "y") == 0) { o->resume = (int)parse_int_arg(flag, v, 0, 2); }
+        else if (strcmp(f, "ow") == 0) { o->overwrite = (int)parse_int_arg(flag, v, 0, 1); }
+        else if (strcmp(f, "ex") == 0) { o->export_final = (int)parse_int_arg(flag, v, 0, 1); }
+        else if (strcmp(f, "zl") == 0) { o->z_loss = (float)parse_float_arg(flag, v, 0.0, 1e9); }
+        else if (strcmp(f, "zg") == 0) { o->z_norm = (float)parse_float_arg(flag, v, 0.0, 1e9); }
+        else if (strcmp(f, "zk") == 0) { o->max_skips = (int)parse_int_arg(flag, v, 1, INT_MAX); }
         else if (strcmp(f, "a") == 0) { o->overfit = (int)parse_int_arg(flag, v, 0, 1); }
         else if (strcmp(f, "sg") == 0) { o->sample_every = (int)parse_int_arg(flag, v, 0, INT_MAX); }
         else if (strcmp(f, "g") == 0) { o->sample_tokens = (int)parse_int_arg(flag, v, 1, 1 << 20); }
@@ -458,6 +795,10 @@ static void parse_args(TrainOptions *o, int argc, char **argv) {
     if (o->ckpt_every > 0 && o->out_dir == NULL) {
         fail_with_hint("pass -o DIR to say where checkpoints go", "checkpoints every %d steps (-n) need -o DIR",
                        o->ckpt_every);
+    }
+    if (o->overwrite && o->resume) {
+        fail_with_hint("pass -y to resume the run in -o, or -ow 1 to replace it, not both", "-ow 1 and -y %d contradict",
+                       o->resume);
     }
 }
 

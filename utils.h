@@ -3,6 +3,8 @@ utils.h: the host-side foundation every program and test includes.
 - check macros around every fallible libc call (fopenCheck, freadCheck, ...): on failure they print what failed,
   where, and a hint, then exit(EXIT_FAILURE). Nothing here returns an error code the caller could forget.
 - fail_with_hint(): the one way a user mistake is reported: one "error: ..." line, one "---> HINT: ..." line.
+  Fuzz builds (-DM2RNN_FUZZ) turn every such exit into a longjmp back to the fuzz target (fuzz_escape), so a
+  refusal is an answer, not a crash.
 - a tiny CLI helper in llm.c's "-x value" style that refuses malformed numbers instead of reading them as 0.
 - 64-bit file offsets everywhere (fseeko), so shards and checkpoints past 2 GB work.
 */
@@ -23,9 +25,29 @@ utils.h: the host-side foundation every program and test includes.
 // ----------------------------------------------------------------------------------------------------------------
 // user-facing errors
 
+#ifdef M2RNN_FUZZ
+#include <setjmp.h>
+static jmp_buf *fuzz_escape = NULL; // set by a fuzz target around the code under test
+#endif
+
+// every exit on a refusal or a failed libc call goes through here
+static void m2rnn_exit(int status) __attribute__((noreturn));
+static void m2rnn_exit(int status) {
+#ifdef M2RNN_FUZZ
+    if (fuzz_escape != NULL) { longjmp(*fuzz_escape, 1); }
+#endif
+    exit(status);
+}
+
+// the program's name for hints ("./train_m2rnn_cpu"): main() sets it from argv[0]
+static const char *program_name = "./train_m2rnn";
+
 // prints "error: <what>" and "---> HINT: <hint>" to stderr and exits with status 1
 static void fail_with_hint(const char *hint, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 static void fail_with_hint(const char *hint, const char *fmt, ...) {
+#ifdef M2RNN_FUZZ
+    if (fuzz_escape != NULL) { longjmp(*fuzz_escape, 1); }
+#endif
     va_list args;
     va_start(args, fmt);
     fprintf(stderr, "error: ");
@@ -33,7 +55,7 @@ static void fail_with_hint(const char *hint, const char *fmt, ...) {
     fprintf(stderr, "\n");
     va_end(args);
     if (hint != NULL && hint[0] != '\0') { fprintf(stderr, "---> HINT: %s\n", hint); }
-    exit(EXIT_FAILURE);
+    m2rnn_exit(EXIT_FAILURE);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -45,7 +67,7 @@ static inline FILE *fopen_check(const char *path, const char *mode, const char *
         fprintf(stderr, "error: cannot open '%s' (mode %s): %s  [%s:%d]\n", path, mode, strerror(errno), file, line);
         fprintf(stderr, "---> HINT: check that the path exists and is %s\n",
                 mode[0] == 'r' ? "readable" : "in a writable directory");
-        exit(EXIT_FAILURE);
+        m2rnn_exit(EXIT_FAILURE);
     }
     return fp;
 }
@@ -57,7 +79,7 @@ static inline void fread_check(void *ptr, size_t size, size_t nmemb, FILE *strea
         fprintf(stderr, "error: short read: expected %zu elements of %zu bytes, got %zu (%s)  [%s:%d]\n", nmemb, size,
                 result, feof(stream) ? "end of file" : (ferror(stream) ? "read error" : "unknown"), file, line);
         fprintf(stderr, "---> HINT: the file is truncated or not the kind of file this program expects\n");
-        exit(EXIT_FAILURE);
+        m2rnn_exit(EXIT_FAILURE);
     }
 }
 #define freadCheck(ptr, size, nmemb, stream) fread_check(ptr, size, nmemb, stream, __FILE__, __LINE__)
@@ -68,7 +90,7 @@ static inline void fwrite_check(const void *ptr, size_t size, size_t nmemb, FILE
         fprintf(stderr, "error: short write: %zu of %zu elements: %s  [%s:%d]\n", result, nmemb, strerror(errno), file,
                 line);
         fprintf(stderr, "---> HINT: is the disk full?\n");
-        exit(EXIT_FAILURE);
+        m2rnn_exit(EXIT_FAILURE);
     }
 }
 #define fwriteCheck(ptr, size, nmemb, stream) fwrite_check(ptr, size, nmemb, stream, __FILE__, __LINE__)
@@ -76,7 +98,7 @@ static inline void fwrite_check(const void *ptr, size_t size, size_t nmemb, FILE
 static inline void fclose_check(FILE *fp, const char *file, int line) {
     if (fclose(fp) != 0) {
         fprintf(stderr, "error: fclose failed: %s  [%s:%d]\n", strerror(errno), file, line);
-        exit(EXIT_FAILURE);
+        m2rnn_exit(EXIT_FAILURE);
     }
 }
 #define fcloseCheck(fp) fclose_check(fp, __FILE__, __LINE__)
@@ -84,7 +106,7 @@ static inline void fclose_check(FILE *fp, const char *file, int line) {
 static inline void fseek_check(FILE *fp, int64_t off, int whence, const char *file, int line) {
     if (fseeko(fp, (off_t)off, whence) != 0) {
         fprintf(stderr, "error: fseek to %lld failed: %s  [%s:%d]\n", (long long)off, strerror(errno), file, line);
-        exit(EXIT_FAILURE);
+        m2rnn_exit(EXIT_FAILURE);
     }
 }
 #define fseekCheck(fp, off, whence) fseek_check(fp, off, whence, __FILE__, __LINE__)
@@ -94,7 +116,7 @@ static inline void *malloc_check(size_t size, const char *file, int line) {
     if (ptr == NULL) {
         fprintf(stderr, "error: out of host memory allocating %zu bytes  [%s:%d]\n", size, file, line);
         fprintf(stderr, "---> HINT: reduce the batch size (-b), the sequence length (-t) or the model size\n");
-        exit(EXIT_FAILURE);
+        m2rnn_exit(EXIT_FAILURE);
     }
     return ptr;
 }
@@ -105,7 +127,7 @@ static inline void *calloc_check(size_t nmemb, size_t size, const char *file, in
     if (ptr == NULL) {
         fprintf(stderr, "error: out of host memory allocating %zu x %zu bytes  [%s:%d]\n", nmemb, size, file, line);
         fprintf(stderr, "---> HINT: reduce the batch size (-b), the sequence length (-t) or the model size\n");
-        exit(EXIT_FAILURE);
+        m2rnn_exit(EXIT_FAILURE);
     }
     return ptr;
 }

@@ -231,7 +231,7 @@ static void model_backward(Model *model, float loss_scale) {
 }
 
 // global L2 norm of the gradients, summed in fixed chunks: the same bits whatever the thread count
-static double model_grad_norm(const Model *model) {
+static double model_grad_norm(Model *model) {
     const size_t n = model->table.num_parameters;
     enum { CHUNKS = 64 };
     double partial[CHUNKS];
@@ -247,13 +247,12 @@ static double model_grad_norm(const Model *model) {
     return sqrt(total);
 }
 
-static double model_update(Model *model, const OptimizerConfig *opt, int step) {
+static void model_update(Model *model, const OptimizerConfig *opt, int step, double norm) {
     const size_t n = model->table.num_parameters;
     if (model->m_memory == NULL) {
         model->m_memory = (real *)callocCheck(n, sizeof(real));
         model->v_memory = (real *)callocCheck(n, sizeof(real));
     }
-    const double norm = model_grad_norm(model);
     const float scale = (opt->grad_clip > 0 && norm > opt->grad_clip) ? (float)(opt->grad_clip / norm) : 1.0f;
     for (int i = 0; i < model->table.num_specs; i++) {
         const ParamSpec *s = &model->table.specs[i];
@@ -261,7 +260,6 @@ static double model_update(Model *model, const OptimizerConfig *opt, int step) {
                      model->grads_memory + s->offset, s->numel, opt->lr, opt->beta1, opt->beta2, opt->eps,
                      s->weight_decay ? opt->weight_decay : 0.0f, step, scale);
     }
-    return norm;
 }
 
 static void model_free(Model *model) {

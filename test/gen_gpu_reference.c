@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
         model_zero_grad(mp);
         losses[s] = (float)model_forward(mp, batch, batch + 1, B, T);
         model_backward(mp, 1.0f);
-        model_update(mp, &opt, s + 1);
+        model_update(mp, &opt, s + 1, model_grad_norm(mp));
     }
     snprintf(path, sizeof(path), "%s/gpu_ref_data.bin", argv[1]);
     FILE *fp = fopenCheck(path, "wb");

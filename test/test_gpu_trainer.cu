@@ -178,7 +178,7 @@ static void run_case(const char *label, const char *dir, const Reference *r, int
         model_zero_grad(mp);
         const float l = (float)model_forward(mp, batch, batch + 1, B, T);
         model_backward(mp, 1.0f);
-        model_update(mp, &opt, s + 1);
+        model_update(mp, &opt, s + 1, model_grad_norm(mp));
         worst_step = fmax(worst_step, fabs(l - r->losses[s]) / r->losses[s]);
     }
     snprintf(name, sizeof(name), "%s: 20 training steps track the CPU", label);

@@ -192,6 +192,58 @@ static void test_checkpoint_v1(const char *data_dir, const char *work_dir) {
     model_free(m);
 }
 
+// The weights-only export of a run (-o: model.safetensors + config.json) read back: every tensor's bytes, by its name
+// in the safetensors header, equal the final checkpoint's parameters (the real vocabulary rows of the embeddings).
+static void test_export_roundtrip(const char *data_dir, const char *work_dir) {
+    char tg[512], vg[512], dir[600], path[700];
+    snprintf(dir, sizeof(dir), "%s/export_run", work_dir);
+    make_dir(dir);
+    TrainOptions o = tiny_options(data_dir, tg, vg);
+    o.init = "d32:MRUA:n4:k16:v8:h2:f64:rh2:rv4"; o.max_steps = 3; o.out_dir = dir; o.val_every = 0;
+    train_run(&o);
+    CheckpointHeader h;
+    snprintf(path, sizeof(path), "%s/ckpt_%08d.bin", dir, 3);
+    checkpoint_read_header(path, &h);
+    ModelConfig c = h.config;
+    model_config_fill_defaults(&c);
+    ParamTable *t = (ParamTable *)mallocCheck(sizeof(ParamTable));
+    param_table_build(t, &c);
+    float *params = (float *)mallocCheck(h.num_parameters * sizeof(float));
+    checkpoint_read_payload(path, &h, params, NULL, NULL, NULL);
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    FILE *fp = fopenCheck(path, "rb");
+    uint64_t hlen = 0;
+    freadCheck(&hlen, 8, 1, fp);
+    char *json = (char *)callocCheck(hlen + 1, 1);
+    freadCheck(json, 1, hlen, fp);
+    const int64_t data_start = 8 + (int64_t)hlen;
+    int ok = hlen % 8 == 0 && json[0] == '{', found = 0;
+    for (int i = 0; i < t->num_specs && ok; i++) {
+        const ParamSpec *s = &t->specs[i];
+        char key[80];
+        snprintf(key, sizeof(key), "\"%s\":{\"dtype\":\"F32\"", s->name);
+        const char *at = strstr(json, key);
+        size_t b = 0, e = 0;
+        const char *offs = at ? strstr(at, "\"data_offsets\":[") : NULL;
+        ok = offs != NULL && sscanf(offs, "\"data_offsets\":[%zu,%zu]", &b, &e) == 2;
+        const size_t rows = s->zero_rows_from < s->shape[0] ? s->zero_rows_from : s->shape[0];
+        const size_t count = rows * (s->numel / s->shape[0]);
+        ok = ok && e - b == count * sizeof(float);
+        float *got = (float *)mallocCheck(count * sizeof(float) + 1);
+        if (ok) {
+            fseekCheck(fp, data_start + (int64_t)b, SEEK_SET);
+            freadCheck(got, sizeof(float), count, fp);
+            ok = memcmp(got, params + s->offset, count * sizeof(float)) == 0;
+        }
+        free(got);
+        found += ok;
+    }
+    fcloseCheck(fp);
+    test_result(ok && found == t->num_specs, "the run's weights-only export reads back (safetensors, every tensor)",
+                "%d of %d tensors equal the final checkpoint", found, t->num_specs);
+    free(json); free(params); free(t);
+}
+
 int main(int argc, char **argv) {
 #ifdef _OPENMP
     omp_set_num_threads(2);
@@ -212,6 +264,7 @@ int main(int argc, char **argv) {
     write_fixture_data(work);
     test_checkpoint_roundtrip(work);
     test_checkpoint_v1(work, work);
+    test_export_roundtrip(work, work);
     test_overfit(work);
     test_resume(work, work);
     return test_summary("test_train");

@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
         cudaCheck(cudaEventRecord(ev[1], stream));
         model_backward(model, 1.0f);
         cudaCheck(cudaEventRecord(ev[2], stream));
-        model_update(model, &opt, s + warmup + 1);
+        model_update(model, &opt, s + warmup + 1, model_grad_norm(model));
         cudaCheck(cudaEventRecord(ev[3], stream));
         cudaCheck(cudaEventSynchronize(ev[3]));
         if (s >= 0) {
