@@ -341,6 +341,7 @@ __global__ void rmsnorm_backward_kernel(floatX *dinp, float *dweight_partial, co
     const int warps = blockDim.x / WARP_SIZE, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     float *my_dw = dw_shared + (long)warp * C;
     for (int i = lane; i < C; i += WARP_SIZE) { my_dw[i] = 0.0f; }
+    __syncwarp(); // the vectorized loop below updates elements another lane zeroed (racecheck found this hazard)
     const int vec = C % (WARP_SIZE * PACK) == 0;
     const int row0 = blockIdx.x * RMSNORM_BWD_ROWS;
     for (int r = warp; r < RMSNORM_BWD_ROWS; r += warps) {
