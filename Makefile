@@ -191,8 +191,8 @@ bench-tokenizer: tokenize $(GPT2_TOKENIZER) $(CL100K_TOKENIZER)
 # ---------------------------------------------------------------------------------------------------------------
 # CUDA programs, tests and benchmarks (built only where nvcc exists)
 
-CUDA_PROGRAMS = build/bench_m2rnn
-CUDA_TESTS = build/test_m2rnn_gpu
+CUDA_PROGRAMS = build/bench_m2rnn build/bench_attention
+CUDA_TESTS = build/test_m2rnn_gpu build/test_attention_gpu
 
 M2RNN_GPU_HEADERS = m2rnn_kernels.cuh tiles.cuh cuda_common.h utils.h
 
@@ -201,6 +201,16 @@ build/test_m2rnn_gpu: test/test_m2rnn_gpu.cu $(M2RNN_GPU_HEADERS) test/test_comm
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
 
 build/bench_m2rnn: dev/bench/bench_m2rnn.cu $(M2RNN_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -lineinfo -o $@ $< $(NVCC_LDLIBS)
+
+ATTENTION_GPU_HEADERS = attention_kernels.cuh tiles.cuh cuda_common.h utils.h
+
+build/test_attention_gpu: test/test_attention_gpu.cu $(ATTENTION_GPU_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+
+build/bench_attention: dev/bench/bench_attention.cu $(ATTENTION_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -lineinfo -o $@ $< $(NVCC_LDLIBS)
 

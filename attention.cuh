@@ -1,57 +1,231 @@
 /*
-attention.cuh: causal multi-head softmax attention (the A row of layers.h) on the GPU, mirroring ref/attention.h
-(same names): the mixer is the qkv projection → attention_core → the output projection, behind the KindOps
-interface of common.cuh, plus the single-token decode step against a KV cache.
-The core: qkv (B,T,3·NH·HS) → permute to q, k, v (B,NH,T,HS) (RoPE applied to q and k on the way when on, the
-"rotate half" pairs (i, i+HS/2), θ = 10000) → scores q kᵀ (cuBLASLt, batched over B·NH) → causal softmax with scale
-1/sqrt(HS) → y = att v → un-permute to (B,T,NH·HS). The backward runs the same chain in reverse.
-This version materializes the (B,NH,T,T) probabilities: it is the cuBLAS baseline; the flash kernel is its own issue.
-The decode step is a plain correct kernel (one block per sequence and head, an online softmax per warp).
+attention.cuh: causal softmax attention (the A row of layers.h) on the GPU, mirroring ref/attention.h (same names):
+the mixer is the qkv projection → RoPE → attention_core → the output projection, behind the KindOps interface of
+common.cuh, plus the single-token decode step against a KV cache. GQA: query head h reads kv head h / (NH / NKV).
+
+bf16 build (the trainer): the core is the flash kernels of attention_kernels.cuh, reading q, k, v in place as the
+column blocks of the projection's (B,T,(NH+2·NKV)·HS) rows and writing the (B,T,NH·HS) output the projection reads:
+no permute, no T×T matrix; the backward keeps the projection (after RoPE), the output and the log-sum-exp. RoPE
+rotates q and k in place (and un-rotates dq, dk in place: a rotation's adjoint is its inverse). The decode step
+appends the token's rotated k, v to the cache and runs the split-context decode kernel. Head dims 32, 64 or 128.
+
+fp32 build (make PRECISION=FP32, the verification build held to the CPU reference at 1e-4): the same function by
+cuBLASLt and a materialized (B,NH,T,T) softmax, any head dim; k and v are expanded to the query heads for GQA and
+their gradients summed back over each group in a fixed order.
+
+RoPE: the "rotate half" pairs (i, i+HS/2), angle t·θ^(−2i/HS) and its cos, sin in double as ref/attention.h (a
+(T, HS/2) table per call; the pairs then move in 16-byte packs: a pass at memory speed).
 */
 #ifndef M2RNN_ATTENTION_CUH
 #define M2RNN_ATTENTION_CUH
 
 #include "common.cuh"
+#if !FLOATX_IS_FP32
+#include "attention_kernels.cuh"
+#endif
 
-// qkv (B,T,3,NH,HS) → q, k, v (B,NH,T,HS), rotating q and k when rope != 0. The backward direction (inverse = 1)
-// takes dq, dk, dv (B,NH,T,HS) back to dqkv (B,T,3,NH,HS), un-rotating dq and dk (a rotation's adjoint).
-__global__ void attention_permute_kernel(floatX *q, floatX *k, floatX *v, floatX *qkv, int B, int T, int NH, int HS,
-                                         int rope, float theta, int inverse) {
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x; // over (B, NH, T, HS/2) pairs, plus v
+// ----------------------------------------------------------------------------------------------------------------
+// RoPE and the cache append (both builds)
+
+// the (cos, sin) table of positions 0..T−1, (T, HS/2) float2, in double precision as ref/attention.h computes it
+__global__ void rope_table_kernel(float2 *tab, int T, int HS, float theta) {
     const int half = HS / 2;
-    const long pairs = (long)B * NH * T * half;
-    if (i >= pairs) { return; }
-    const int j = (int)(i % half);
-    const int t = (int)((i / half) % T);
-    const int h = (int)((i / ((long)half * T)) % NH);
-    const int b = (int)(i / ((long)half * T * NH));
-    const long inner = (long)NH * HS;
-    const long src = ((long)b * T + t) * 3 * inner + (long)h * HS; // q part of (b, t, h)
-    const long dst = (((long)b * NH + h) * T + t) * HS;
-    float cs = 1.0f, sn = 0.0f;
-    if (rope) {
-        const float angle = (float)t * powf(theta, -2.0f * j / HS);
-        sincosf(angle, &sn, &cs);
-        if (inverse) { sn = -sn; }
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)T * half) { return; }
+    const int t = (int)(i / half), j = (int)(i % half);
+    const double angle = t * pow((double)theta, -2.0 * j / HS);
+    tab[i] = make_float2((float)cos(angle), (float)sin(angle));
+}
+
+// Rotates (inverse = 1: un-rotates) the q and k heads of `rows` token rows of W = (NH+2·NKV)·HS elements in place:
+// the NH q heads then the NKV k heads, contiguous at the row's start. Row r is at position r % T, its angles read
+// from tab; or, in the decode step, at pos[r] (tab NULL), its angles computed. A thread takes PACK pairs (16-byte
+// loads) where HS/2 is a multiple of PACK, else one.
+__global__ void attention_rope_kernel(floatX *qkv, long rows, int T, const float2 *tab, const int *pos, int NH,
+                                      int NKV, int HS, float theta, int inverse) {
+    const int half = HS / 2, heads = NH + NKV, per = half % PACK == 0 ? PACK : 1, chunks = half / per;
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * heads * chunks) { return; }
+    const int c = (int)(i % chunks), h = (int)((i / chunks) % heads);
+    const long r = i / ((long)chunks * heads);
+    const int t = pos != NULL ? pos[r] : (int)(r % T);
+    floatX *x = qkv + r * (long)(NH + 2 * NKV) * HS + (long)h * HS + c * per;
+    Pack lo, hi;
+    if (per == PACK) {
+        lo = *(const Pack *)x;
+        hi = *(const Pack *)(x + half);
+    } else {
+        lo.v[0] = x[0];
+        hi.v[0] = x[half];
     }
-    floatX *heads[3] = {q, k, v};
-    for (int part = 0; part < 3; part++) {
-        const float c = part < 2 ? cs : 1.0f, s = part < 2 ? sn : 0.0f;
-        floatX *hp = heads[part] + dst;
-        floatX *rp = qkv + src + (long)part * inner;
-        if (!inverse) {
-            const float x1 = to_float(rp[j]), x2 = to_float(rp[j + half]);
-            hp[j] = (floatX)(x1 * c - x2 * s);
-            hp[j + half] = (floatX)(x1 * s + x2 * c);
+    for (int k = 0; k < per; k++) {
+        const int j = c * per + k;
+        float2 cs;
+        if (tab != NULL) {
+            cs = tab[(long)t * half + j];
         } else {
-            const float x1 = to_float(hp[j]), x2 = to_float(hp[j + half]);
-            rp[j] = (floatX)(x1 * c - x2 * s);
-            rp[j + half] = (floatX)(x1 * s + x2 * c);
+            const double angle = t * pow((double)theta, -2.0 * j / HS);
+            cs = make_float2((float)cos(angle), (float)sin(angle));
         }
+        const float sn = inverse ? -cs.y : cs.y, x1 = to_float(lo.v[k]), x2 = to_float(hi.v[k]);
+        lo.v[k] = (floatX)(x1 * cs.x - x2 * sn);
+        hi.v[k] = (floatX)(x1 * sn + x2 * cs.x);
+    }
+    if (per == PACK) {
+        *(Pack *)x = lo;
+        *(Pack *)(x + half) = hi;
+    } else {
+        x[0] = lo.v[0];
+        x[half] = hi.v[0];
     }
 }
 
-// y (B,NH,T,HS) → out (B,T,NH·HS), or back with inverse = 1
+// rows of qkv rotated at positions r % T (tab: a (T, HS/2) float2 scratch the table is written to) or pos[r]
+static void attention_rope(floatX *qkv, long rows, int T, float2 *tab, const int *pos, const ModelConfig *c,
+                           int inverse, cudaStream_t stream) {
+    const int HS = c->attn.head_dim, half = HS / 2, per = half % PACK == 0 ? PACK : 1;
+    if (pos == NULL) {
+        rope_table_kernel<<<(unsigned)CEIL_DIV((long)T * half, 256L), 256, 0, stream>>>(tab, T, HS, c->attn.rope_theta);
+        cudaCheck(cudaGetLastError());
+    }
+    const long n = rows * (c->attn.heads + c->attn.kv_heads) * (half / per);
+    attention_rope_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(qkv, rows, T, pos == NULL ? tab : NULL, pos,
+                                                                          c->attn.heads, c->attn.kv_heads, HS,
+                                                                          c->attn.rope_theta, inverse);
+    cudaCheck(cudaGetLastError());
+}
+
+// the decode step's token (qkv (B, W) rows, already rotated) appended to each sequence's cache at pos[b]: keys
+// (context, NKV·HS) then values at b·seq_stride elements
+__global__ void attention_append_kernel(floatX *cache, long seq_stride, const floatX *qkv, const int *pos, int B,
+                                        int NH, int NKV, int HS, int context) {
+    const int kv = NKV * HS;
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)B * kv) { return; }
+    const int b = (int)(i / kv), e = (int)(i % kv);
+    const floatX *row = qkv + (long)b * (NH * HS + 2 * kv) + NH * HS;
+    floatX *kc = cache + (long)b * seq_stride + (long)pos[b] * kv;
+    kc[e] = row[e];
+    kc[(long)context * kv + e] = row[kv + e];
+}
+
+#if !FLOATX_IS_FP32
+// ----------------------------------------------------------------------------------------------------------------
+// the core, bf16: flash attention over the projection's rows
+
+static AttnDims attention_dims(const ModelConfig *c, int B, int T) {
+    AttnDims d;
+    memset(&d, 0, sizeof(d));
+    const int NH = c->attn.heads, NKV = c->attn.kv_heads, HS = c->attn.head_dim;
+    const long W = (long)(NH + 2 * NKV) * HS, inner = (long)NH * HS;
+    d.B = B; d.Lq = d.Lk = T; d.NH = NH; d.NKV = NKV; d.HS = HS; d.causal = 1;
+    d.scale = 1.0f / sqrtf((float)HS);
+    d.q_row = d.k_row = d.v_row = W; d.o_row = inner;
+    d.q_seq = d.k_seq = d.v_seq = (long)T * W; d.o_seq = (long)T * inner;
+    return d;
+}
+
+// refuses, at model setup, what the flash kernels cannot run
+static void attention_gpu_check(const ModelConfig *c) {
+    const int HS = c->attn.head_dim;
+    if (HS != 32 && HS != 64 && HS != 128) {
+        fail_with_hint("use an attention head dim of 32, 64 or 128 (heads h = d_model / head dim), or the fp32 build "
+                       "(make PRECISION=FP32) or the CPU trainer for other sizes",
+                       "attention head dim %d: the GPU's flash kernels take 32, 64 or 128", HS);
+    }
+}
+
+typedef struct {
+    floatX *qkv;    // (B,T,(NH+2·NKV)·HS) the projection, q and k after RoPE
+    floatX *attn_y; // (B,T,NH·HS) the attention output, before the output projection
+    float *lse;     // (B·T, NH) log-sum-exp of each query's scores
+} AttnActs;
+
+static size_t attention_acts_layout(AttnActs *a, void *base, const ModelConfig *c, int B, int T) {
+    const size_t BT = (size_t)B * T, NH = c->attn.heads, HS = c->attn.head_dim, W = (NH + 2 * c->attn.kv_heads) * HS;
+    DeviceArena ar = {(char *)base, 0};
+    a->qkv = TAKE_X(&ar, BT * W);
+    a->attn_y = TAKE_X(&ar, BT * NH * HS);
+    a->lse = TAKE_F(&ar, BT * NH);
+    return ar.used;
+}
+
+typedef struct {
+    floatX *d_attn_y; // (B,T,NH·HS)
+    floatX *d_qkv;    // (B,T,(NH+2·NKV)·HS)
+    float *D;         // (B·T, NH) Σ dO·O
+    float2 *rope_tab; // (T, HS/2) RoPE's (cos, sin)
+} AttnScratch;
+
+static size_t attention_scratch_layout(AttnScratch *s, void *base, const ModelConfig *c, int B, int T) {
+    const size_t BT = (size_t)B * T, NH = c->attn.heads, HS = c->attn.head_dim, W = (NH + 2 * c->attn.kv_heads) * HS;
+    DeviceArena ar = {(char *)base, 0};
+    s->d_attn_y = TAKE_X(&ar, BT * NH * HS);
+    s->d_qkv = TAKE_X(&ar, BT * W);
+    s->D = TAKE_F(&ar, BT * NH);
+    s->rope_tab = (float2 *)TAKE_F(&ar, (size_t)T * HS);
+    return ar.used;
+}
+
+// attn_y (B,T,NH·HS) = attention of the rotated qkv; lse saved
+static void attention_core_forward(AttnActs *a, const ModelConfig *c, int B, int T, const Runtime *rt) {
+    const AttnDims d = attention_dims(c, B, T);
+    const long inner = (long)c->attn.heads * c->attn.head_dim, kv = (long)c->attn.kv_heads * c->attn.head_dim;
+    flash_attention_forward(a->attn_y, a->lse, a->qkv, a->qkv + inner, a->qkv + inner + kv, &d, rt->stream);
+}
+
+// s->d_qkv (all of it written) from s->d_attn_y
+static void attention_core_backward(AttnScratch *s, const AttnActs *a, const ModelConfig *c, int B, int T,
+                                    const Runtime *rt) {
+    const AttnDims d = attention_dims(c, B, T);
+    const long inner = (long)c->attn.heads * c->attn.head_dim, kv = (long)c->attn.kv_heads * c->attn.head_dim;
+    flash_attention_backward(s->d_qkv, s->d_qkv + inner, s->d_qkv + inner + kv, s->D, s->d_attn_y, a->qkv,
+                             a->qkv + inner, a->qkv + inner + kv, a->attn_y, a->lse, (long)B * T, &d, rt->stream);
+}
+
+#else
+// ----------------------------------------------------------------------------------------------------------------
+// the core, fp32 build: cuBLASLt over (B,NH,T,HS) copies and a materialized softmax
+
+static void attention_gpu_check(const ModelConfig *c) {}
+
+// the rotated qkv (B,T,W) → q, k, v (B,NH,T,HS), k and v repeated over each kv head's G query heads
+__global__ void attention_expand_kernel(floatX *q, floatX *k, floatX *v, const floatX *qkv, int B, int T, int NH,
+                                        int NKV, int HS) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x; // over (B, NH, T, HS)
+    if (i >= (long)B * NH * T * HS) { return; }
+    const int e = (int)(i % HS), t = (int)((i / HS) % T), h = (int)((i / ((long)HS * T)) % NH);
+    const int b = (int)(i / ((long)HS * T * NH)), kvh = h / (NH / NKV);
+    const long inner = (long)NH * HS, kv = (long)NKV * HS;
+    const floatX *row = qkv + ((long)b * T + t) * (inner + 2 * kv);
+    q[i] = row[(long)h * HS + e];
+    k[i] = row[inner + (long)kvh * HS + e];
+    v[i] = row[inner + kv + (long)kvh * HS + e];
+}
+
+// dq, dk, dv (B,NH,T,HS) → dqkv (B,T,W): dq copied, dk and dv summed over each group's heads in order
+__global__ void attention_gather_kernel(floatX *dqkv, const floatX *dq, const floatX *dk, const floatX *dv, int B,
+                                        int T, int NH, int NKV, int HS) {
+    const long inner = (long)NH * HS, kv = (long)NKV * HS, W = inner + 2 * kv;
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x; // over (B, T, W)
+    if (i >= (long)B * T * W) { return; }
+    const long bt = i / W, col = i % W;
+    const int b = (int)(bt / T), t = (int)(bt % T), G = NH / NKV;
+    float sum = 0.0f;
+    if (col < inner) {
+        const int h = (int)(col / HS), e = (int)(col % HS);
+        sum = to_float(dq[(((long)b * NH + h) * T + t) * HS + e]);
+    } else {
+        const int part = col < inner + kv ? 0 : 1;
+        const long cc = col - inner - part * kv;
+        const int kvh = (int)(cc / HS), e = (int)(cc % HS);
+        const floatX *src = part == 0 ? dk : dv;
+        for (int g = 0; g < G; g++) { sum += to_float(src[(((long)b * NH + kvh * G + g) * T + t) * HS + e]); }
+    }
+    dqkv[i] = (floatX)sum;
+}
+
+// (B,NH,T,HS) → (B,T,NH·HS), or back with inverse = 1
 __global__ void attention_unpermute_kernel(floatX *out, floatX *y, int B, int T, int NH, int HS, int inverse) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)B * NH * T * HS) { return; }
@@ -94,98 +268,107 @@ __global__ void causal_softmax_backward_kernel(floatX *datt_to_dpreatt, const fl
 }
 
 typedef struct {
-    floatX *q, *k, *v; // (B,NH,T,HS) after RoPE
-    floatX *att;       // (B,NH,T,T) probabilities
-    floatX *y;         // (B,NH,T,HS)
-} AttnSaved;
+    floatX *qkv;        // (B,T,(NH+2·NKV)·HS) the projection, q and k after RoPE
+    floatX *attn_y;     // (B,T,NH·HS) before the output projection
+    floatX *q, *k, *v;  // (B,NH,T,HS), k and v expanded over the groups
+    floatX *att;        // (B,NH,T,T) probabilities
+    floatX *y;          // (B,NH,T,HS)
+} AttnActs;
 
-// out (B,T,NH·HS) = attention of qkv (B,T,3·NH·HS); s holds what the backward needs; preatt: (B,NH,T,T) scratch
-static void attention_core_forward(floatX *out, AttnSaved *s, floatX *preatt, floatX *qkv, int B, int T, int NH,
-                                   int HS, int rope, float theta, const Runtime *rt) {
+static size_t attention_acts_layout(AttnActs *a, void *base, const ModelConfig *c, int B, int T) {
+    const size_t BT = (size_t)B * T, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
+    DeviceArena ar = {(char *)base, 0};
+    a->qkv = TAKE_X(&ar, BT * (NH + 2 * c->attn.kv_heads) * HS);
+    a->attn_y = TAKE_X(&ar, BT * inner);
+    a->q = TAKE_X(&ar, BT * inner);
+    a->k = TAKE_X(&ar, BT * inner);
+    a->v = TAKE_X(&ar, BT * inner);
+    a->y = TAKE_X(&ar, BT * inner);
+    a->att = TAKE_X(&ar, (size_t)B * NH * T * T);
+    return ar.used;
+}
+
+typedef struct {
+    floatX *d_attn_y, *d_qkv;          // (B,T,NH·HS), (B,T,(NH+2·NKV)·HS)
+    floatX *att;                       // (B,NH,T,T) the scores in the forward, their gradient in the backward
+    floatX *d_q, *d_k, *d_v, *d_ay;    // (B,NH,T,HS)
+    float2 *rope_tab;                  // (T, HS/2) RoPE's (cos, sin)
+} AttnScratch;
+
+static size_t attention_scratch_layout(AttnScratch *s, void *base, const ModelConfig *c, int B, int T) {
+    const size_t BT = (size_t)B * T, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
+    DeviceArena ar = {(char *)base, 0};
+    s->d_attn_y = TAKE_X(&ar, BT * inner);
+    s->d_qkv = TAKE_X(&ar, BT * (NH + 2 * c->attn.kv_heads) * HS);
+    s->att = TAKE_X(&ar, (size_t)B * NH * T * T);
+    s->d_q = TAKE_X(&ar, BT * inner);
+    s->d_k = TAKE_X(&ar, BT * inner);
+    s->d_v = TAKE_X(&ar, BT * inner);
+    s->d_ay = TAKE_X(&ar, BT * inner);
+    s->rope_tab = (float2 *)TAKE_F(&ar, (size_t)T * HS);
+    return ar.used;
+}
+
+static void attention_core_forward(AttnActs *a, const ModelConfig *c, int B, int T, const Runtime *rt, floatX *preatt) {
     cudaStream_t stream = rt->stream;
-    const long pairs = (long)B * NH * T * (HS / 2);
-    attention_permute_kernel<<<(unsigned)CEIL_DIV(pairs, 256L), 256, 0, stream>>>(s->q, s->k, s->v, qkv, B, T, NH, HS,
-                                                                                   rope, theta, 0);
+    const int NH = c->attn.heads, HS = c->attn.head_dim, batch = B * NH;
+    const long n = (long)B * NH * T * HS;
+    attention_expand_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(a->q, a->k, a->v, a->qkv, B, T, NH,
+                                                                             c->attn.kv_heads, HS);
     cudaCheck(cudaGetLastError());
-    const int batch = B * NH;
-    // preatt (T_q, T_k) row-major = q kᵀ: column-major preattᵀ (T_k × T_q) = kᵀ... i.e. D(m=T,n=T) = Kᵀ·Q with K, Q
-    // viewed column-major as (HS × T)
-    matmul_cublaslt(preatt, 0, s->k, s->q, T, T, HS, 1, 0, 1.0f, 0.0f, batch, (long long)T * HS, (long long)T * HS,
+    // preatt (T_q, T_k) row-major = q kᵀ: column-major preattᵀ (T_k × T_q) = Kᵀ·Q with K, Q column-major (HS × T)
+    matmul_cublaslt(preatt, 0, a->k, a->q, T, T, HS, 1, 0, 1.0f, 0.0f, batch, (long long)T * HS, (long long)T * HS,
                     (long long)T * T, rt);
-    const int rows = batch * T;
-    causal_softmax_kernel<<<CEIL_DIV(rows, 8), 256, 0, stream>>>(s->att, preatt, rows, T, 1.0f / sqrtf((float)HS));
+    causal_softmax_kernel<<<CEIL_DIV(batch * T, 8), 256, 0, stream>>>(a->att, preatt, batch * T, T, 1.0f / sqrtf((float)HS));
     cudaCheck(cudaGetLastError());
     // y (T, HS) row-major = att (T,T) · v (T,HS): column-major yᵀ (HS × T) = vᵀ(HS × T_k) · attᵀ(T_k × T_q)
-    matmul_cublaslt(s->y, 0, s->v, s->att, HS, T, T, 0, 0, 1.0f, 0.0f, batch, (long long)T * HS, (long long)T * T,
+    matmul_cublaslt(a->y, 0, a->v, a->att, HS, T, T, 0, 0, 1.0f, 0.0f, batch, (long long)T * HS, (long long)T * T,
                     (long long)T * HS, rt);
-    attention_unpermute_kernel<<<(unsigned)CEIL_DIV((long)B * NH * T * HS, 256L), 256, 0, stream>>>(out, s->y, B, T, NH,
-                                                                                                     HS, 0);
+    attention_unpermute_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(a->attn_y, a->y, B, T, NH, HS, 0);
     cudaCheck(cudaGetLastError());
 }
 
-// dqkv (B,T,3·NH·HS) from dout (B,T,NH·HS). Scratch: dy, dq, dk, dv (B,NH,T,HS) each, datt (B,NH,T,T).
-static void attention_core_backward(floatX *dqkv, floatX *dout, const AttnSaved *s, floatX *dy, floatX *dq,
-                                    floatX *dk, floatX *dv, floatX *datt, int B, int T, int NH, int HS, int rope,
-                                    float theta, const Runtime *rt) {
+static void attention_core_backward(AttnScratch *s, const AttnActs *a, const ModelConfig *c, int B, int T,
+                                    const Runtime *rt) {
     cudaStream_t stream = rt->stream;
-    const int batch = B * NH;
+    const int NH = c->attn.heads, HS = c->attn.head_dim, batch = B * NH;
     const long long sTH = (long long)T * HS, sTT = (long long)T * T;
-    attention_unpermute_kernel<<<(unsigned)CEIL_DIV((long)B * NH * T * HS, 256L), 256, 0, stream>>>(dout, dy, B, T, NH,
-                                                                                                     HS, 1);
+    const long n = (long)B * NH * T * HS;
+    attention_unpermute_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(s->d_attn_y, s->d_ay, B, T, NH, HS, 1);
     cudaCheck(cudaGetLastError());
-    // datt (T_q, T_k) = dy (T_q, HS) · vᵀ: column-major dattᵀ (T_k × T_q) = vᵀ-view... D(m=T_k, n=T_q) = Vᵀᵀ... :
-    // with V and dY column-major (HS × T): D = op(V)=Vᵀ (T_k × HS) · dY (HS × T_q)
-    matmul_cublaslt(datt, 0, s->v, dy, T, T, HS, 1, 0, 1.0f, 0.0f, batch, sTH, sTH, sTT, rt);
-    // dv (T_k, HS) = attᵀ · dy: column-major dvᵀ (HS × T_k) = dYᵀ-view: D(m=HS, n=T_k) = dY (HS × T_q) · op(attᵀ)
-    // att row-major (T_q, T_k) = column-major (T_k × T_q); op T gives (T_q × T_k)
-    matmul_cublaslt(dv, 0, dy, s->att, HS, T, T, 0, 1, 1.0f, 0.0f, batch, sTH, sTT, sTH, rt);
-    const int rows = batch * T;
-    causal_softmax_backward_kernel<<<CEIL_DIV(rows, 8), 256, 0, stream>>>(datt, s->att, rows, T, 1.0f / sqrtf((float)HS));
+    // datt (T_q, T_k) = dy · vᵀ: column-major D (T_k × T_q) = Vᵀ (T_k × HS) · dY (HS × T_q)
+    matmul_cublaslt(s->att, 0, a->v, s->d_ay, T, T, HS, 1, 0, 1.0f, 0.0f, batch, sTH, sTH, sTT, rt);
+    // dv (T_k, HS) = attᵀ · dy: column-major D (HS × T_k) = dY (HS × T_q) · op(att col-major (T_k × T_q))ᵀ
+    matmul_cublaslt(s->d_v, 0, s->d_ay, a->att, HS, T, T, 0, 1, 1.0f, 0.0f, batch, sTH, sTT, sTH, rt);
+    causal_softmax_backward_kernel<<<CEIL_DIV(batch * T, 8), 256, 0, stream>>>(s->att, a->att, batch * T, T,
+                                                                               1.0f / sqrtf((float)HS));
     cudaCheck(cudaGetLastError());
-    // dq (T_q, HS) = dpre (T_q, T_k) · k: column-major dqᵀ (HS × T_q) = K (HS × T_k) · dpreᵀ-view (T_k × T_q)
-    matmul_cublaslt(dq, 0, s->k, datt, HS, T, T, 0, 0, 1.0f, 0.0f, batch, sTH, sTT, sTH, rt);
-    // dk (T_k, HS) = dpreᵀ · q: column-major dkᵀ (HS × T_k) = Q (HS × T_q) · op(dpre col-major (T_k × T_q))ᵀ
-    matmul_cublaslt(dk, 0, s->q, datt, HS, T, T, 0, 1, 1.0f, 0.0f, batch, sTH, sTT, sTH, rt);
-    const long pairs = (long)B * NH * T * (HS / 2);
-    attention_permute_kernel<<<(unsigned)CEIL_DIV(pairs, 256L), 256, 0, stream>>>(dq, dk, dv, dqkv, B, T, NH, HS, rope,
-                                                                                   theta, 1);
+    // dq (T_q, HS) = dpre · k: column-major D (HS × T_q) = K (HS × T_k) · dpreᵀ-view (T_k × T_q)
+    matmul_cublaslt(s->d_q, 0, a->k, s->att, HS, T, T, 0, 0, 1.0f, 0.0f, batch, sTH, sTT, sTH, rt);
+    // dk (T_k, HS) = dpreᵀ · q: column-major D (HS × T_k) = Q (HS × T_q) · op(dpre col-major (T_k × T_q))ᵀ
+    matmul_cublaslt(s->d_k, 0, a->q, s->att, HS, T, T, 0, 1, 1.0f, 0.0f, batch, sTH, sTT, sTH, rt);
+    const long W = (long)(NH + 2 * c->attn.kv_heads) * HS;
+    attention_gather_kernel<<<(unsigned)CEIL_DIV((long)B * T * W, 256L), 256, 0, stream>>>(
+        s->d_qkv, s->d_q, s->d_k, s->d_v, B, T, NH, c->attn.kv_heads, HS);
     cudaCheck(cudaGetLastError());
 }
 
-// ----------------------------------------------------------------------------------------------------------------
-// the decode step's kernel
-
-// One query token of sequence b, head h (grid (NH, B), 4 warps): the token's q, k, v are read from qkv (B,3·NH·HS)
-// and rotated at pos[b] as the forward's permute does (rounded to floatX as it stores them); k and v go into the
-// sequence's cache at pos[b]; then the query attends over positions 0..pos[b], each warp an online softmax over
-// every 4th position, the four partial results combined at the end. cache: sequence b's keys (context, NH·HS) then
-// values (context, NH·HS) at b·seq_stride elements. y (B, NH·HS).
+// the decode step's attention, fp32 build: one block per (head, sequence), 4 warps each an online softmax over every
+// 4th position of 0..pos[b], combined at the end. q: the rotated qkv rows (B, W); cache as attention_append_kernel.
 #define DECODE_MAX_HS 256
-__global__ void attention_decode_kernel(floatX *y, floatX *cache, long seq_stride, const floatX *qkv, const int *pos,
-                                        int NH, int HS, int context, int rope, float theta, float scale) {
+__global__ void attention_decode_kernel(floatX *y, const floatX *cache, long seq_stride, const floatX *qkv,
+                                        const int *pos, int NH, int NKV, int HS, int context, float scale) {
     __shared__ float sq[DECODE_MAX_HS];
     __shared__ float part_m[4], part_l[4], part_acc[4][DECODE_MAX_HS];
     const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int inner = NH * HS, half = HS / 2, p = pos[b];
-    const floatX *row = qkv + (long)b * 3 * inner + (long)h * HS;
-    floatX *kc = cache + (long)b * seq_stride, *vc = kc + (long)context * inner;
-    for (int j = threadIdx.x; j < half; j += blockDim.x) {
-        float cs = 1.0f, sn = 0.0f;
-        if (rope) { sincosf((float)p * powf(theta, -2.0f * j / HS), &sn, &cs); }
-        const float q1 = to_float(row[j]), q2 = to_float(row[j + half]);
-        const float k1 = to_float(row[inner + j]), k2 = to_float(row[inner + j + half]);
-        sq[j] = to_float((floatX)(q1 * cs - q2 * sn));
-        sq[j + half] = to_float((floatX)(q1 * sn + q2 * cs));
-        kc[(long)p * inner + h * HS + j] = (floatX)(k1 * cs - k2 * sn);
-        kc[(long)p * inner + h * HS + j + half] = (floatX)(k1 * sn + k2 * cs);
-        vc[(long)p * inner + h * HS + j] = row[2 * inner + j];
-        vc[(long)p * inner + h * HS + j + half] = row[2 * inner + j + half];
-    }
+    const int kv = NKV * HS, p = pos[b], kvo = (h / (NH / NKV)) * HS;
+    const floatX *kc = cache + (long)b * seq_stride + kvo, *vc = kc + (long)context * kv;
+    for (int j = threadIdx.x; j < HS; j += blockDim.x) { sq[j] = to_float(qkv[(long)b * (NH * HS + 2 * kv) + h * HS + j]); }
     __syncthreads();
     float m = -INFINITY, l = 0.0f, acc[DECODE_MAX_HS / WARP_SIZE];
     for (int e = 0; e < DECODE_MAX_HS / WARP_SIZE; e++) { acc[e] = 0.0f; }
     for (int u = warp; u <= p; u += 4) {
-        const floatX *ku = kc + (long)u * inner + h * HS, *vu = vc + (long)u * inner + h * HS;
+        const floatX *ku = kc + (long)u * kv, *vu = vc + (long)u * kv;
         float s = 0.0f;
         for (int i = lane; i < HS; i += WARP_SIZE) { s += sq[i] * to_float(ku[i]); }
         s = warp_reduce_sum(s) * scale;
@@ -205,10 +388,11 @@ __global__ void attention_decode_kernel(floatX *y, floatX *cache, long seq_strid
         for (int i = lane; i < HS; i += WARP_SIZE) {
             float sum = 0.0f;
             for (int w = 0; w < 4; w++) { sum += part_m[w] == -INFINITY ? 0.0f : part_acc[w][i] * expf(part_m[w] - M); }
-            y[(long)b * inner + h * HS + i] = (floatX)(sum / L);
+            y[(long)b * NH * HS + h * HS + i] = (floatX)(sum / L);
         }
     }
 }
+#endif
 
 // ----------------------------------------------------------------------------------------------------------------
 // the mixer
@@ -216,45 +400,8 @@ __global__ void attention_decode_kernel(floatX *y, floatX *cache, long seq_strid
 typedef struct { ATTENTION_PARAMS(VIEW_FIELD) } AttentionParams;      // the layer's tensors, in the layers.h row's order
 typedef struct { ATTENTION_PARAMS(VIEW_FIELD_32) } AttentionParams32; // their gradients
 
-typedef struct {
-    floatX *attn_y; // (B,T,NH·HS) before the output projection
-    AttnSaved s;    // q, k, v, y (B,NH,T,HS) and the probabilities (B,NH,T,T)
-} AttnActs;
-
-static size_t attention_acts_layout(AttnActs *a, void *base, const ModelConfig *c, int B, int T) {
-    const size_t BT = (size_t)B * T, NH = c->attn.heads, inner = NH * c->attn.head_dim;
-    DeviceArena ar = {(char *)base, 0};
-    a->attn_y = TAKE_X(&ar, BT * inner);
-    a->s.q = TAKE_X(&ar, BT * inner);
-    a->s.k = TAKE_X(&ar, BT * inner);
-    a->s.v = TAKE_X(&ar, BT * inner);
-    a->s.y = TAKE_X(&ar, BT * inner);
-    a->s.att = TAKE_X(&ar, (size_t)B * NH * T * T);
-    return ar.used;
-}
-
-typedef struct {
-    floatX *qkv;                    // (B,T,3·NH·HS) the projection (forward)
-    floatX *att;                    // (B,NH,T,T) the scores in the forward, their gradient in the backward
-    floatX *d_qkv, *d_attn_y;       // (B,T,3·NH·HS), (B,T,NH·HS)
-    floatX *d_q, *d_k, *d_v, *d_ay; // (B,NH,T,HS)
-} AttnScratch;
-
-static size_t attention_scratch_layout(AttnScratch *s, void *base, const ModelConfig *c, int B, int T) {
-    const size_t BT = (size_t)B * T, NH = c->attn.heads, inner = NH * c->attn.head_dim;
-    DeviceArena ar = {(char *)base, 0};
-    s->qkv = TAKE_X(&ar, BT * 3 * inner);
-    s->att = TAKE_X(&ar, (size_t)B * NH * T * T);
-    s->d_qkv = TAKE_X(&ar, BT * 3 * inner);
-    s->d_attn_y = TAKE_X(&ar, BT * inner);
-    s->d_q = TAKE_X(&ar, BT * inner);
-    s->d_k = TAKE_X(&ar, BT * inner);
-    s->d_v = TAKE_X(&ar, BT * inner);
-    s->d_ay = TAKE_X(&ar, BT * inner);
-    return ar.used;
-}
-
 static size_t attention_mixer_acts_bytes(const ModelConfig *c, int B, int T, const Runtime *rt) {
+    attention_gpu_check(c);
     AttnActs a;
     return attention_acts_layout(&a, NULL, c, B, T);
 }
@@ -271,8 +418,14 @@ static void attention_mixer_forward(floatX *out, void *acts, void *scratch, cons
     AttnScratch s;
     attention_scratch_layout(&s, scratch, c, B, T);
     const int BT = B * T, C = c->d_model, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
-    matmul_forward(s.qkv, inp, w->qkv_w, BT, C, 3 * inner, rt);
-    attention_core_forward(a.attn_y, &a.s, s.att, s.qkv, B, T, NH, HS, c->attn.rope, c->attn.rope_theta, rt);
+    const int W = (NH + 2 * c->attn.kv_heads) * HS;
+    matmul_forward(a.qkv, inp, w->qkv_w, BT, C, W, rt);
+    if (c->attn.rope) { attention_rope(a.qkv, BT, T, s.rope_tab, NULL, c, 0, rt->stream); }
+#if !FLOATX_IS_FP32
+    attention_core_forward(&a, c, B, T, rt);
+#else
+    attention_core_forward(&a, c, B, T, rt, s.att);
+#endif
     matmul_forward(out, a.attn_y, w->out_w, BT, inner, C, rt);
 }
 
@@ -286,34 +439,54 @@ static void attention_mixer_backward(floatX *dinp, void *scratch, const floatX *
     AttnScratch s;
     attention_scratch_layout(&s, scratch, c, B, T);
     const int BT = B * T, C = c->d_model, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
+    const int W = (NH + 2 * c->attn.kv_heads) * HS;
     matmul_backward(s.d_attn_y, g->out_w, dout, a.attn_y, w->out_w, BT, inner, C, 0, rt);
-    attention_core_backward(s.d_qkv, s.d_attn_y, &a.s, s.d_ay, s.d_q, s.d_k, s.d_v, s.att, B, T, NH, HS, c->attn.rope,
-                            c->attn.rope_theta, rt);
-    matmul_backward(dinp, g->qkv_w, s.d_qkv, inp, w->qkv_w, BT, C, 3 * inner, 0, rt);
+    attention_core_backward(&s, &a, c, B, T, rt);
+    if (c->attn.rope) { attention_rope(s.d_qkv, BT, T, s.rope_tab, NULL, c, 1, rt->stream); } // a rotation's adjoint
+    matmul_backward(dinp, g->qkv_w, s.d_qkv, inp, w->qkv_w, BT, C, W, 0, rt);
 }
 
-// a sequence's decode state: its KV cache, keys then values, (context, NH·HS) floatX each
+// a sequence's decode state: its KV cache, keys then values, (context, NKV·HS) floatX each; in the bf16 build then
+// the decode kernel's per-sequence workspace (the split's partial results)
+static size_t attention_cache_elems(const ModelConfig *c, int context) { return attention_decode_state(c, context); }
 static size_t attention_mixer_state_bytes(const ModelConfig *c, int context) {
-    return attention_decode_state(c, context) * sizeof(floatX);
+    attention_gpu_check(c);
+    size_t bytes = attention_cache_elems(c, context) * sizeof(floatX);
+#if !FLOATX_IS_FP32
+    bytes += flash_decode_workspace_floats(1, c->attn.heads, c->attn.head_dim, context) * sizeof(float);
+#endif
+    return bytes;
 }
 
 static void attention_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
                                  const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
     const AttentionParams *w = (const AttentionParams *)t->w;
     AttnActs a;
-    const size_t acts_bytes = attention_acts_layout(&a, work, c, B, 1);
-    AttnScratch s;
-    attention_scratch_layout(&s, (char *)work + acts_bytes, c, B, 1);
-    const int C = c->d_model, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
+    attention_acts_layout(&a, work, c, B, 1); // qkv and attn_y for the B tokens
+    const int C = c->d_model, NH = c->attn.heads, NKV = c->attn.kv_heads, HS = c->attn.head_dim, inner = NH * HS;
+    const int W = (NH + 2 * NKV) * HS;
+    const long seq = (long)(attention_mixer_state_bytes(c, context) / sizeof(floatX)); // elements a sequence
+    floatX *cache = (floatX *)state;
+    matmul_forward(a.qkv, inp, w->qkv_w, B, C, W, rt);
+    if (c->attn.rope) { attention_rope(a.qkv, B, 1, NULL, pos, c, 0, rt->stream); }
+    const long n = (long)B * NKV * HS;
+    attention_append_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, rt->stream>>>(cache, seq, a.qkv, pos, B, NH, NKV,
+                                                                                 HS, context);
+    cudaCheck(cudaGetLastError());
+    const float scale = 1.0f / sqrtf((float)HS);
+#if !FLOATX_IS_FP32
+    // sequence b's split workspace follows its cache (seq elements, i.e. seq / 2 floats, apart)
+    flash_attention_decode(a.attn_y, inner, (float *)(cache + attention_cache_elems(c, context)), seq / 2, a.qkv, W,
+                           cache, cache + (size_t)context * NKV * HS, seq, pos, 1, B, NH, NKV, HS, context, scale,
+                           rt->stream);
+#else
     if (HS > DECODE_MAX_HS) {
         fail_with_hint("use a head dim of at most 256", "attention decode: head dim %d > %d", HS, DECODE_MAX_HS);
     }
-    matmul_forward(s.qkv, inp, w->qkv_w, B, C, 3 * inner, rt);
-    attention_decode_kernel<<<dim3(NH, B), 128, 0, rt->stream>>>(a.attn_y, (floatX *)state,
-                                                                 (long)attention_decode_state(c, context), s.qkv, pos,
-                                                                 NH, HS, context, c->attn.rope, c->attn.rope_theta,
-                                                                 1.0f / sqrtf((float)HS));
+    attention_decode_kernel<<<dim3(NH, B), 128, 0, rt->stream>>>(a.attn_y, cache, seq, a.qkv, pos, NH, NKV, HS, context,
+                                                                 scale);
     cudaCheck(cudaGetLastError());
+#endif
     matmul_forward(out, a.attn_y, w->out_w, B, inner, C, rt);
 }
 

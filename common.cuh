@@ -302,18 +302,49 @@ static void embedding_backward(float *dwte, const floatX *dout, const int *token
 // RMSNorm (one warp per row), with the residual add fused in front
 
 // if residual_out != NULL: residual_out = a + b and the norm runs over it; else over a (b unused)
+#define RMSNORM_FWD_PACKS 8 // 16-byte packs a lane keeps in registers (rows up to 32·8·PACK: 2048 in bf16)
 __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, floatX *residual_out, const floatX *a,
                                        const floatX *b, const floatX *weight, int M, int C) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     if (row >= M) { return; }
     const floatX *xa = a + (long)row * C;
-    float ss = 0.0f;
+    const int packs = C / (WARP_SIZE * PACK);
+    if (C % (WARP_SIZE * PACK) == 0 && packs <= RMSNORM_FWD_PACKS) { // rows 16-byte aligned: the row in registers
+        Pack xs[RMSNORM_FWD_PACKS];
+        float ss = 0.0f;
+#pragma unroll
+        for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
+            if (p >= packs) { break; }
+            const int i = (p * WARP_SIZE + lane) * PACK;
+            xs[p] = *(const Pack *)(xa + i);
+            if (residual_out != NULL) {
+                const Pack bp = *(const Pack *)(b + (long)row * C + i);
+                for (int k = 0; k < PACK; k++) { xs[p].v[k] = (floatX)(to_float(xs[p].v[k]) + to_float(bp.v[k])); }
+                *(Pack *)(residual_out + (long)row * C + i) = xs[p]; // normalize exactly what the residual holds
+            }
+            for (int k = 0; k < PACK; k++) { ss += to_float(xs[p].v[k]) * to_float(xs[p].v[k]); }
+        }
+        ss = warp_reduce_sum(ss);
+        const float s = rsqrtf(ss / C + 1e-5f);
+        if (lane == 0) { rstd[row] = s; }
+#pragma unroll
+        for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
+            if (p >= packs) { break; }
+            const int i = (p * WARP_SIZE + lane) * PACK;
+            const Pack wp = *(const Pack *)(weight + i);
+            Pack o;
+            for (int k = 0; k < PACK; k++) { o.v[k] = (floatX)(to_float(xs[p].v[k]) * s * to_float(wp.v[k])); }
+            *(Pack *)(out + (long)row * C + i) = o;
+        }
+        return;
+    }
+    float ss = 0.0f; // any C: element by element, the second pass re-reads the row
     for (int i = lane; i < C; i += WARP_SIZE) {
         float x = to_float(xa[i]);
         if (residual_out != NULL) {
             const floatX sum = (floatX)(x + to_float(b[(long)row * C + i]));
             residual_out[(long)row * C + i] = sum;
-            x = to_float(sum); // normalize exactly what the residual stream holds
+            x = to_float(sum);
         }
         ss += x * x;
     }
@@ -435,24 +466,24 @@ static void rmsnorm_backward(floatX *dinp, float *dweight, float *scratch, const
 // ----------------------------------------------------------------------------------------------------------------
 // classifier: the forward keeps only each row's log-sum-exp; the backward turns the logits into dlogits in place
 
-// One block per row; rows are Vp (a multiple of 128) apart, so 16-byte aligned. Two passes over the row (max, then the
-// sum of exponentials): the second reads it from L2.
+// One block per row; rows are Vp (a multiple of 128) apart, so 16-byte aligned. One pass over the row: each thread
+// keeps a running max and the sum of exponentials relative to it (rescaled when the max grows), then the block merges
+// the (max, sum) pairs. (Two passes, max then sum, read a 100K-vocabulary row twice from device memory: the rows in
+// flight exceed L2.)
 __global__ void crossentropy_forward_kernel(float *losses, float *lse, const floatX *logits, const int *targets, int V,
                                             int Vp) {
     const long row = blockIdx.x;
     const floatX *x = logits + row * Vp;
-    float maxv = -INFINITY;
+    float m = -INFINITY, sum = 0.0f;
     for (int i = threadIdx.x * PACK; i < V; i += blockDim.x * PACK) {
         const Pack p = *(const Pack *)(x + i);
-        for (int k = 0; k < PACK; k++) { if (i + k < V) { maxv = fmaxf(maxv, to_float(p.v[k])); } }
+        float pm = -INFINITY;
+        for (int k = 0; k < PACK; k++) { if (i + k < V) { pm = fmaxf(pm, to_float(p.v[k])); } }
+        if (pm > m) { sum *= expf(m - pm); m = pm; }
+        for (int k = 0; k < PACK; k++) { if (i + k < V) { sum += expf(to_float(p.v[k]) - m); } }
     }
-    maxv = block_reduce_max(maxv);
-    float sum = 0.0f;
-    for (int i = threadIdx.x * PACK; i < V; i += blockDim.x * PACK) {
-        const Pack p = *(const Pack *)(x + i);
-        for (int k = 0; k < PACK; k++) { if (i + k < V) { sum += expf(to_float(p.v[k]) - maxv); } }
-    }
-    sum = block_reduce_sum(sum);
+    const float maxv = block_reduce_max(m);
+    sum = block_reduce_sum(m == -INFINITY ? 0.0f : sum * expf(m - maxv));
     if (threadIdx.x == 0) {
         const float l = maxv + logf(sum);
         lse[row] = l;

@@ -53,6 +53,7 @@ typedef struct {
 
 typedef struct {
     int heads, head_dim;
+    int kv_heads;     // key/value heads: = heads (MHA, the default), or a divisor of it (GQA; 1 = MQA)
     int rope;         // 0 = NoPE (the paper's hybrids), 1 = RoPE
     float rope_theta;
 } AttentionConfig;
@@ -249,15 +250,17 @@ static size_t m2rnn_decode_state(const ModelConfig *c, int context) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// A: causal softmax attention (NoPE, or RoPE with `rope`)
+// A: causal softmax attention (NoPE, or RoPE with `rope`); GQA when kv_heads (NKV) < heads (NH): query head h
+// reads kv head h / (NH / NKV)
 
 #define ATTENTION_PARAMS(X)                                                                                      \
-    X(qkv_w) /* (3·NH·HS, C) rows q | k | v, heads contiguous inside each */                                    \
+    X(qkv_w) /* ((NH + 2·NKV)·HS, C) rows q (NH·HS) | k (NKV·HS) | v (NKV·HS), heads contiguous inside each */  \
     X(out_w) /* (C, NH·HS) */
 
 static const ConfigField ATTENTION_FIELDS[] = {
     CFG_FIELD("attn.heads", "h", FIELD_INT, attn.heads, "attention heads"),
     CFG_FIELD("attn.head_dim", NULL, FIELD_INT, attn.head_dim, "attention head dim"),
+    CFG_FIELD("attn.kv_heads", "hk", FIELD_INT, attn.kv_heads, "attention key/value heads (GQA; default: the heads)"),
     CFG_FIELD("attn.rope", "rope", FIELD_FLAG, attn.rope, "RoPE in attention"),
     CFG_FIELD("attn.rope_theta", NULL, FIELD_FLOAT, attn.rope_theta, "RoPE base"),
 };
@@ -266,6 +269,7 @@ static void attention_fill_defaults(ModelConfig *c) {
     AttentionConfig *a = &c->attn;
     if (a->head_dim <= 0) { a->head_dim = c->d_model >= 64 ? 64 : (c->d_model > 0 ? c->d_model : 1); }
     if (a->heads <= 0) { a->heads = c->d_model / a->head_dim > 0 ? c->d_model / a->head_dim : 1; }
+    if (a->kv_heads <= 0) { a->kv_heads = a->heads; }
     if (a->rope_theta <= 0) { a->rope_theta = 10000.0f; }
 }
 
@@ -273,6 +277,10 @@ static void attention_validate(const ModelConfig *c) {
     if (c->attn.heads <= 0 || c->attn.head_dim <= 0 || (double)c->attn.heads * c->attn.head_dim > (1 << 24)) {
         fail_with_hint("check the attention sizes", "attention needs heads > 0 and head dim > 0, and not %d x %d",
                        c->attn.heads, c->attn.head_dim);
+    }
+    if (c->attn.kv_heads <= 0 || c->attn.heads % c->attn.kv_heads != 0) {
+        fail_with_hint("use kv heads (hk) that divide the heads (h): e.g. h16 with hk 1, 2, 4, 8 or 16",
+                       "attention: %d kv heads do not divide %d heads", c->attn.kv_heads, c->attn.heads);
     }
     if (c->attn.head_dim % 2 != 0) { // RoPE rotates pairs (i, i + HS/2); the GPU kernels move heads in such pairs
         fail_with_hint("use an even attention head dim", "attention head dim must be even, got %d", c->attn.head_dim);
@@ -282,8 +290,9 @@ static void attention_validate(const ModelConfig *c) {
 static int attention_params(const ModelConfig *c, ParamDef *p) {
     enum { ATTENTION_PARAMS(KIND_PARAM_ENUM) NUM };
     const size_t C = (size_t)c->d_model, inner = (size_t)c->attn.heads * c->attn.head_dim;
-    PDEF(qkv_w, 2, 3 * inner, C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
-    param_segments(&p[P_qkv_w], 3, inner, inner, inner);
+    const size_t kv = (size_t)c->attn.kv_heads * c->attn.head_dim;
+    PDEF(qkv_w, 2, inner + 2 * kv, C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_qkv_w], 3, inner, kv, kv);
     PDEF(out_w, 2, C, inner, 0, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_ROW);
     return NUM;
 }
@@ -291,12 +300,13 @@ static int attention_params(const ModelConfig *c, ParamDef *p) {
 // projections, and q kᵀ and att·v over the causal past: 4·T·inner / 2 per token on average
 static double attention_flops(const ModelConfig *c, int T) {
     const double C = c->d_model, inner = (double)c->attn.heads * c->attn.head_dim;
-    return 2.0 * C * 3.0 * inner + 2.0 * inner * C + 2.0 * inner * (double)T;
+    const double kv = (double)c->attn.kv_heads * c->attn.head_dim;
+    return 2.0 * C * (inner + 2.0 * kv) + 2.0 * inner * C + 2.0 * inner * (double)T;
 }
 
-// the K and V cache: grows with the context
+// the K and V cache, (context, NKV·HS) each: grows with the context
 static size_t attention_decode_state(const ModelConfig *c, int context) {
-    return 2 * (size_t)context * c->attn.heads * c->attn.head_dim;
+    return 2 * (size_t)context * c->attn.kv_heads * c->attn.head_dim;
 }
 
 // ----------------------------------------------------------------------------------------------------------------

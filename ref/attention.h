@@ -1,8 +1,9 @@
 /*
 ref/attention.h: the CPU reference of causal multi-head softmax attention (the A row of layers.h), forward and
 hand-written backward, and the single-token step of decoding against a KV cache.
-qkv = x W_qkvᵀ (rows q|k|v, heads contiguous inside each), optional RoPE on q and k, softmax(q kᵀ / sqrt(HS)) over
-the causal past, output projection; no biases. NoPE is the default (the paper's hybrids); RoPE (θ = 10000) rotates
+qkv = x W_qkvᵀ (rows q (NH·HS) | k (NKV·HS) | v (NKV·HS), heads contiguous inside each), optional RoPE on q and k,
+softmax(q kᵀ / sqrt(HS)) over the causal past, output projection; no biases. GQA: query head h attends with kv head
+h / (NH / NKV) (NKV = NH: multi-head attention; NKV = 1: multi-query). NoPE is the default (the paper's hybrids); RoPE (θ = 10000) rotates
 the pairs (i, i + HS/2), the "rotate half" convention of GPT-NeoX and Llama.
 The mixer is projection → attention_core → projection; the core keeps the probabilities (B,NH,T,T) for the
 backward: this is a reference, not the flash kernel. GPU twin: attention.cuh (same names).
@@ -14,28 +15,28 @@ backward: this is a reference, not the flash kernel. GPU twin: attention.cuh (sa
 
 typedef struct { ATTENTION_PARAMS(VIEW_FIELD) } AttentionParams; // the layer's tensors, in the layers.h row's order
 
-// rotates (or, with inverse = 1, un-rotates) the q and k heads of one token row (3·NH·HS: q | k | v) at position pos
-static void rope_row(real *row, int NH, int HS, int pos, float theta, int inverse) {
-    const int inner = NH * HS, half = HS / 2;
+// rotates (or, with inverse = 1, un-rotates) the q and k heads of one token row ((NH + 2·NKV)·HS: q | k | v) at
+// position pos: the NH q heads then the NKV k heads, contiguous
+static void rope_row(real *row, int NH, int NKV, int HS, int pos, float theta, int inverse) {
+    const int half = HS / 2;
     for (int i = 0; i < half; i++) {
         const double angle = pos * pow((double)theta, -2.0 * i / HS);
         const real cs = (real)cos(angle), sn = (real)(inverse ? -sin(angle) : sin(angle));
-        for (int part = 0; part < 2; part++) { // q, then k
-            for (int h = 0; h < NH; h++) {
-                real *x = row + (size_t)part * inner + (size_t)h * HS;
-                const real x1 = x[i], x2 = x[i + half];
-                x[i] = x1 * cs - x2 * sn;
-                x[i + half] = x1 * sn + x2 * cs;
-            }
+        for (int h = 0; h < NH + NKV; h++) {
+            real *x = row + (size_t)h * HS;
+            const real x1 = x[i], x2 = x[i + half];
+            x[i] = x1 * cs - x2 * sn;
+            x[i + half] = x1 * sn + x2 * cs;
         }
     }
 }
 
-// qkv (B,T,3·NH·HS): every token row rotated at its position t
-static void rope_apply(real *qkv, int B, int T, int NH, int HS, float theta, int inverse) {
+// qkv (B,T,(NH+2·NKV)·HS): every token row rotated at its position t
+static void rope_apply(real *qkv, int B, int T, int NH, int NKV, int HS, float theta, int inverse) {
+    const size_t W = (size_t)(NH + 2 * NKV) * HS;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) { rope_row(qkv + ((size_t)b * T + t) * 3 * NH * HS, NH, HS, t, theta, inverse); }
+        for (int t = 0; t < T; t++) { rope_row(qkv + ((size_t)b * T + t) * W, NH, NKV, HS, t, theta, inverse); }
     }
 }
 
@@ -62,54 +63,58 @@ static void attention_row(real *y, real *p, const real *q, const real *k, const 
     }
 }
 
-// y (B,T,NH·HS) = causal attention of qkv (B,T,3·NH·HS) (after RoPE); att (B,NH,T,T) the probabilities
-static void attention_core_forward(real *y, real *att, const real *qkv, int B, int T, int NH, int HS) {
-    const int inner = NH * HS;
+// y (B,T,NH·HS) = causal attention of qkv (B,T,(NH+2·NKV)·HS) (after RoPE); att (B,NH,T,T) the probabilities
+static void attention_core_forward(real *y, real *att, const real *qkv, int B, int T, int NH, int NKV, int HS) {
+    const size_t inner = (size_t)NH * HS, kv = (size_t)NKV * HS, W = inner + 2 * kv;
     const real scale = (real)(1.0 / sqrt((double)HS));
 #pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             for (int t = 0; t < T; t++) {
-                const real *base = qkv + (size_t)b * T * 3 * inner + (size_t)h * HS;
+                const real *seq = qkv + (size_t)b * T * W, *kh = seq + inner + (size_t)(h / (NH / NKV)) * HS;
                 attention_row(y + ((size_t)b * T + t) * inner + (size_t)h * HS, att + (((size_t)b * NH + h) * T + t) * T,
-                              base + (size_t)t * 3 * inner, base + inner, base + 2 * inner, (size_t)3 * inner, t, HS,
-                              scale);
+                              seq + (size_t)t * W + (size_t)h * HS, kh, kh + kv, W, t, HS, scale);
             }
         }
     }
 }
 
-// dqkv (B,T,3·NH·HS) += from dy (B,T,NH·HS); datt (B,NH,T,T) zeroed scratch
+// dqkv (B,T,(NH+2·NKV)·HS) += from dy (B,T,NH·HS); datt (B,NH,T,T) zeroed scratch
 static void attention_core_backward(real *dqkv, real *datt, const real *dy, const real *qkv, const real *att, int B,
-                                    int T, int NH, int HS) {
-    const int inner = NH * HS;
+                                    int T, int NH, int NKV, int HS) {
+    const size_t inner = (size_t)NH * HS, kv = (size_t)NKV * HS, W = inner + 2 * kv;
+    const int G = NH / NKV;
     const real scale = (real)(1.0 / sqrt((double)HS));
-    // one (b, h) owns its rows of dq, dk, dv: no two threads write the same element
+    // one (b, kv head) owns its rows of dk, dv and the dq rows of its G query heads: no two threads write the same
+    // element, and the sums over a group's heads run in a fixed order
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int t = T - 1; t >= 0; t--) {
-                const size_t rowt = ((size_t)b * T + t) * 3 * inner + (size_t)h * HS;
-                const real *p = att + (((size_t)b * NH + h) * T + t) * T;
-                real *dp = datt + (((size_t)b * NH + h) * T + t) * T;
-                const real *dyt = dy + ((size_t)b * T + t) * inner + (size_t)h * HS;
-                real dot = 0;
-                for (int u = 0; u <= t; u++) {
-                    const size_t rowu = ((size_t)b * T + u) * 3 * inner + (size_t)h * HS;
-                    real s = 0;
-                    for (int i = 0; i < HS; i++) {
-                        s += dyt[i] * qkv[rowu + 2 * inner + i];
-                        dqkv[rowu + 2 * inner + i] += p[u] * dyt[i];
+        for (int kvh = 0; kvh < NKV; kvh++) {
+            const size_t ko = inner + (size_t)kvh * HS, vo = inner + kv + (size_t)kvh * HS; // k, v in a row
+            for (int h = kvh * G; h < (kvh + 1) * G; h++) {
+                for (int t = T - 1; t >= 0; t--) {
+                    const size_t rowt = ((size_t)b * T + t) * W;
+                    const real *p = att + (((size_t)b * NH + h) * T + t) * T;
+                    real *dp = datt + (((size_t)b * NH + h) * T + t) * T;
+                    const real *dyt = dy + ((size_t)b * T + t) * inner + (size_t)h * HS;
+                    real dot = 0;
+                    for (int u = 0; u <= t; u++) {
+                        const size_t rowu = ((size_t)b * T + u) * W;
+                        real s = 0;
+                        for (int i = 0; i < HS; i++) {
+                            s += dyt[i] * qkv[rowu + vo + i];
+                            dqkv[rowu + vo + i] += p[u] * dyt[i];
+                        }
+                        dp[u] = s;
+                        dot += p[u] * s;
                     }
-                    dp[u] = s;
-                    dot += p[u] * s;
-                }
-                for (int u = 0; u <= t; u++) {
-                    const size_t rowu = ((size_t)b * T + u) * 3 * inner + (size_t)h * HS;
-                    const real ds = p[u] * (dp[u] - dot) * scale;
-                    for (int i = 0; i < HS; i++) {
-                        dqkv[rowt + i] += ds * qkv[rowu + inner + i];
-                        dqkv[rowu + inner + i] += ds * qkv[rowt + i];
+                    for (int u = 0; u <= t; u++) {
+                        const size_t rowu = ((size_t)b * T + u) * W;
+                        const real ds = p[u] * (dp[u] - dot) * scale;
+                        for (int i = 0; i < HS; i++) {
+                            dqkv[rowt + (size_t)h * HS + i] += ds * qkv[rowu + ko + i];
+                            dqkv[rowu + ko + i] += ds * qkv[rowt + (size_t)h * HS + i];
+                        }
                     }
                 }
             }
@@ -118,15 +123,16 @@ static void attention_core_backward(real *dqkv, real *datt, const real *dy, cons
 }
 
 typedef struct {
-    real *qkv; // (B,T,3*NH*HS) q and k after RoPE
+    real *qkv; // (B,T,(NH+2·NKV)·HS) q and k after RoPE
     real *att; // (B,NH,T,T) softmax probabilities (upper triangle unused)
     real *y;   // (B,T,NH*HS) attention output before the output projection
 } AttnActs;
 
 static size_t attention_acts_layout(AttnActs *a, real *base, const ModelConfig *c, int B, int T) {
     const size_t BT = (size_t)B * T, inner = (size_t)c->attn.heads * c->attn.head_dim;
+    const size_t W = inner + 2 * (size_t)c->attn.kv_heads * c->attn.head_dim;
     Arena ar = {base, 0};
-    a->qkv = arena_take(&ar, BT * 3 * inner);
+    a->qkv = arena_take(&ar, BT * W);
     a->att = arena_take(&ar, (size_t)B * c->attn.heads * T * T);
     a->y = arena_take(&ar, BT * inner);
     return ar.used;
@@ -141,10 +147,10 @@ static void attention_mixer_forward(real *out, real *acts, const real *inp, cons
     const AttentionParams *w = (const AttentionParams *)t->w;
     AttnActs a;
     attention_acts_layout(&a, acts, c, B, T);
-    const int C = c->d_model, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
-    matmul_forward(a.qkv, inp, w->qkv_w, B * T, C, 3 * inner);
-    if (c->attn.rope) { rope_apply(a.qkv, B, T, NH, HS, c->attn.rope_theta, 0); }
-    attention_core_forward(a.y, a.att, a.qkv, B, T, NH, HS);
+    const int C = c->d_model, NH = c->attn.heads, NKV = c->attn.kv_heads, HS = c->attn.head_dim, inner = NH * HS;
+    matmul_forward(a.qkv, inp, w->qkv_w, B * T, C, (NH + 2 * NKV) * HS);
+    if (c->attn.rope) { rope_apply(a.qkv, B, T, NH, NKV, HS, c->attn.rope_theta, 0); }
+    attention_core_forward(a.y, a.att, a.qkv, B, T, NH, NKV, HS);
     matmul_forward(out, a.y, w->out_w, B * T, inner, C);
 }
 
@@ -155,33 +161,34 @@ static void attention_mixer_backward(real *dinp, real *scratch, const real *dout
     AttnActs a, g;
     attention_acts_layout(&a, (real *)acts, c, B, T);
     attention_acts_layout(&g, scratch, c, B, T);
-    const int C = c->d_model, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
+    const int C = c->d_model, NH = c->attn.heads, NKV = c->attn.kv_heads, HS = c->attn.head_dim, inner = NH * HS;
     matmul_backward(g.y, gw->out_w, dout, a.y, w->out_w, B * T, inner, C);
-    attention_core_backward(g.qkv, g.att, g.y, a.qkv, a.att, B, T, NH, HS);
-    if (c->attn.rope) { rope_apply(g.qkv, B, T, NH, HS, c->attn.rope_theta, 1); } // a rotation's adjoint inverts it
-    matmul_backward(dinp, gw->qkv_w, g.qkv, inp, w->qkv_w, B * T, C, 3 * inner);
+    attention_core_backward(g.qkv, g.att, g.y, a.qkv, a.att, B, T, NH, NKV, HS);
+    if (c->attn.rope) { rope_apply(g.qkv, B, T, NH, NKV, HS, c->attn.rope_theta, 1); } // a rotation's adjoint inverts it
+    matmul_backward(dinp, gw->qkv_w, g.qkv, inp, w->qkv_w, B * T, C, (NH + 2 * NKV) * HS);
 }
 
-// One token of B sequences. A sequence's state is its KV cache: keys then values, (context, NH·HS) each; the token at
-// pos is appended and attends to positions 0..pos.
+// One token of B sequences. A sequence's state is its KV cache: keys then values, (context, NKV·HS) each; the token
+// at pos is appended and attends to positions 0..pos.
 static void attention_mixer_step(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c,
                                  int B, const int *pos, int context) {
     const AttentionParams *w = (const AttentionParams *)t->w;
-    const int C = c->d_model, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
-    const size_t S = attention_decode_state(c, context);
+    const int C = c->d_model, NH = c->attn.heads, NKV = c->attn.kv_heads, HS = c->attn.head_dim, inner = NH * HS;
+    const size_t S = attention_decode_state(c, context), kv = (size_t)NKV * HS, W = inner + 2 * kv;
     const real scale = (real)(1.0 / sqrt((double)HS));
-    real *qkv = (real *)mallocCheck((size_t)B * 3 * inner * sizeof(real));
+    real *qkv = (real *)mallocCheck((size_t)B * W * sizeof(real));
     real *y = (real *)mallocCheck((size_t)B * inner * sizeof(real));
     real *p = (real *)mallocCheck((size_t)context * sizeof(real));
-    matmul_forward(qkv, inp, w->qkv_w, B, C, 3 * inner);
+    matmul_forward(qkv, inp, w->qkv_w, B, C, (int)W);
     for (int b = 0; b < B; b++) {
-        real *row = qkv + (size_t)b * 3 * inner, *kc = state + b * S, *vc = kc + (size_t)context * inner;
-        if (c->attn.rope) { rope_row(row, NH, HS, pos[b], c->attn.rope_theta, 0); }
-        memcpy(kc + (size_t)pos[b] * inner, row + inner, (size_t)inner * sizeof(real));
-        memcpy(vc + (size_t)pos[b] * inner, row + 2 * inner, (size_t)inner * sizeof(real));
+        real *row = qkv + (size_t)b * W, *kc = state + b * S, *vc = kc + (size_t)context * kv;
+        if (c->attn.rope) { rope_row(row, NH, NKV, HS, pos[b], c->attn.rope_theta, 0); }
+        memcpy(kc + (size_t)pos[b] * kv, row + inner, kv * sizeof(real));
+        memcpy(vc + (size_t)pos[b] * kv, row + inner + kv, kv * sizeof(real));
         for (int h = 0; h < NH; h++) {
-            attention_row(y + (size_t)b * inner + (size_t)h * HS, p, row + (size_t)h * HS, kc + (size_t)h * HS,
-                          vc + (size_t)h * HS, (size_t)inner, pos[b], HS, scale);
+            const size_t kvo = (size_t)(h / (NH / NKV)) * HS;
+            attention_row(y + (size_t)b * inner + (size_t)h * HS, p, row + (size_t)h * HS, kc + kvo, vc + kvo, kv,
+                          pos[b], HS, scale);
         }
     }
     matmul_forward(out, y, w->out_w, B, inner, C);

@@ -6,9 +6,11 @@ and loss of the first batch, every parameter gradient of that batch, and the los
 logits, loss and gradients once more with the weights rounded to bf16 as the bf16 GPU build holds them (all but A_log
 and dt_bias, which the GPU reads from its fp32 master). The bf16 build is compared with the latter: some gradients
 (A_log, dt_bias and W of a layer) move by 3-5e-2 from that rounding alone, in exact fp32 arithmetic, which no kernel
-can undo. Two models: MMAM (M²RNN, six value heads sharing one q/k head, RoPE attention) and RUAR (the RNN and GRU
-baselines with RoPE attention).
-usage: build/gen_gpu_reference OUT_DIR PATTERN   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/gpu_ref_data.bin
+can undo. Two models: MMAM (M²RNN, six value heads sharing one q/k head, RoPE attention of 4 query heads over 2 kv
+heads: GQA) and RUAR (the RNN and GRU baselines with RoPE attention, 2 heads). (RUAR with 4 attention heads is a
+chaotic trainer: on an H100 the fp32 GPU build tracks the CPU for 4 steps, then the gap grows about 2× a step to 1e-2
+at step 20, with or without GQA, while its first-step gradients agree at 2e-6: rounding amplified, not a wrong op.)
+usage: build/gen_gpu_reference OUT_DIR PATTERN [HEADS KV_HEADS]   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/gpu_ref_data.bin
 */
 #define TESTING
 #include "train_m2rnn.c"
@@ -17,7 +19,9 @@ usage: build/gen_gpu_reference OUT_DIR PATTERN   → OUT_DIR/gpu_ref_ckpt.bin, O
 #define GPU_REF_STEPS 20
 
 int main(int argc, char **argv) {
-    if (argc != 3) { fail_with_hint("pass an output directory and MMAM or RUAR", "usage: gen_gpu_reference OUT_DIR PATTERN"); }
+    if (argc != 3 && argc != 5) {
+        fail_with_hint("pass an output directory and MMAM or RUAR", "usage: gen_gpu_reference OUT_DIR PATTERN [HEADS KV_HEADS]");
+    }
     create_dir_if_not_exists(argv[1]);
 #ifdef _OPENMP
     omp_set_num_threads(2);
@@ -31,6 +35,8 @@ int main(int argc, char **argv) {
     if (strcmp(argv[2], "MMAM") != 0 && strcmp(argv[2], "RUAR") != 0) {
         fail_with_hint("the references are MMAM and RUAR", "unknown reference pattern '%s'", argv[2]);
     }
+    if (strcmp(argv[2], "MMAM") == 0) { config.attn.heads = 4; config.attn.kv_heads = 2; } // GQA: 2 q heads a kv head
+    if (argc == 5) { config.attn.heads = atoi(argv[3]); config.attn.kv_heads = atoi(argv[4]); } // other attention shapes
     snprintf(config.pattern, sizeof(config.pattern), "%s", argv[2]);
     Model *mp = model_create(&config);
     model_init_weights(mp, 42);

@@ -12,11 +12,11 @@ the bound is 1e-5 relative (normwise per position) in fp32, where a wrong state 
 
 static Rng rng = {2024};
 
-static void decode_case(const char *pattern, int rope) {
+static void decode_case(const char *pattern, int rope, int kv_heads) {
     ModelConfig c;
     memset(&c, 0, sizeof(c));
     c.vocab_size = 53; c.d_model = 24; c.m2rnn.heads = 4; c.m2rnn.qk_heads = 1; c.m2rnn.k = 8; c.m2rnn.v = 4;
-    c.attn.heads = 2; c.attn.head_dim = 8; c.attn.rope = rope; c.swiglu.hidden = 32; c.vrnn.heads = 3;
+    c.attn.heads = 4; c.attn.head_dim = 8; c.attn.kv_heads = kv_heads; c.attn.rope = rope; c.swiglu.hidden = 32; c.vrnn.heads = 3;
     c.vrnn.head_dim = 4; c.m2rnn.grad_clamp = 1;
     snprintf(c.pattern, sizeof(c.pattern), "%s", pattern);
     Model *m = model_create(&c);
@@ -52,7 +52,8 @@ static void decode_case(const char *pattern, int rope) {
         }
     }
     char name[96];
-    snprintf(name, sizeof(name), "decode = forward at every position: %s%s", pattern, rope ? " (RoPE)" : "");
+    snprintf(name, sizeof(name), "decode = forward at every position: %s%s%s", pattern, rope ? " (RoPE)" : "",
+             kv_heads == 2 ? " (GQA 4/2)" : kv_heads == 1 ? " (MQA)" : "");
     test_result(worst < 1e-5, name, "worst rel err %.2e over %d positions x %d sequences, state %zu numbers/seq",
                 worst, T, B, model_decode_state_numbers(&m->config, T));
     free(ref); free(got);
@@ -63,11 +64,13 @@ int main(void) {
 #ifdef _OPENMP
     omp_set_num_threads(2);
 #endif
-    decode_case("M", 0);
-    decode_case("A", 0);
-    decode_case("A", 1);
-    decode_case("R", 0);
-    decode_case("U", 0);
-    decode_case("MRAUMA", 1);
+    decode_case("M", 0, 0);
+    decode_case("A", 0, 0);
+    decode_case("A", 1, 0);
+    decode_case("A", 1, 2);
+    decode_case("A", 0, 1);
+    decode_case("R", 0, 0);
+    decode_case("U", 0, 0);
+    decode_case("MRAUMA", 1, 2);
     return test_summary("test_decode");
 }

@@ -470,6 +470,13 @@ int main(void) {
     test_block("M2RNN mixer Nq=N: dx and every tensor", tiny_config("M", 3, 0), 0);
     test_block("attention NoPE: dx and every tensor", tiny_config("A", 1, 0), 0);
     test_block("attention RoPE: dx and every tensor", tiny_config("A", 1, 1), 0);
+    {
+        ModelConfig gqa = tiny_config("A", 1, 1);
+        gqa.attn.heads = 4; gqa.attn.kv_heads = 2;
+        test_block("attention GQA (4 q heads, 2 kv heads), RoPE: dx and every tensor", gqa, 0);
+        gqa.attn.kv_heads = 1;
+        test_block("attention MQA (4 q heads, 1 kv head): dx and every tensor", gqa, 0);
+    }
     test_block("RNN mixer: dx and every tensor", tiny_config("R", 1, 0), 0);
     test_block("GRU mixer: dx and every tensor", tiny_config("U", 1, 0), 0);
     test_block("SwiGLU feed-forward: dx and every tensor", tiny_config("M", 1, 0), 1);
