@@ -19,7 +19,10 @@ static const KindOps *kind_ops(char letter) {
     for (size_t i = 0; i < sizeof(GPU_KINDS) / sizeof(GPU_KINDS[0]); i++) {
         if (GPU_KINDS[i]->letter == letter) { return GPU_KINDS[i]; }
     }
-    fail_with_hint("add the kind's file to kinds.cuh", "layer kind '%c' has no GPU implementation", letter);
+    const LayerKind *row = mixer_kind(letter) != NULL ? mixer_kind(letter) : ffn_kind(letter);
+    fail_with_hint("train this model with ./train_m2rnn_cpu (the CPU reference has every kind), or use the kinds the GPU "
+                   "has: M, A, R, U, s",
+                   "layer kind '%c' (%s) has no GPU implementation yet", letter, row != NULL ? row->name : "unknown");
 }
 
 #endif // M2RNN_KINDS_CUH

@@ -63,6 +63,21 @@ typedef struct {      // the vector-valued baselines R (RNN) and U (GRU)
     int conv;         // R: depthwise causal conv taps on u (U has no conv)
 } VecRNNConfig;
 
+typedef struct {      // G: Gated DeltaNet
+    int heads, k, v;  // H heads, each with a K×V state
+    int conv;         // depthwise causal conv taps on q|k|v
+    int neg;          // 1: GDN[−1,1], β = 2·sigmoid (eigenvalues of the transition in [−1, 1]); 0: β = sigmoid
+} GDNConfig;
+
+typedef struct {      // S: Mamba-2
+    int expand;       // d_inner = expand · d, unless inner is given
+    int inner;        // d_inner (derived from expand when 0; the paper's 410M baseline has 1216 = 64 heads of 19)
+    int head_dim;     // P: d_inner / P heads
+    int state;        // N: state size (columns of each head's P×N state)
+    int groups;       // G: B and C groups (heads h uses group h / (H / G))
+    int conv;         // depthwise causal conv taps on x|B|C (with a bias)
+} Mamba2Config;
+
 typedef struct {
     int hidden;       // F
 } SwiGLUConfig;
@@ -77,6 +92,8 @@ typedef struct {
     M2RNNConfig m2rnn;
     AttentionConfig attn;
     VecRNNConfig vrnn;
+    GDNConfig gdn;
+    Mamba2Config mamba2;
     SwiGLUConfig swiglu;
 } ModelConfig;
 
@@ -95,7 +112,9 @@ typedef struct {
 } ConfigField;
 #define CFG_FIELD(name, key, type, member, help) {name, key, type, offsetof(ModelConfig, member), help}
 
-typedef enum { INIT_ZERO, INIT_NORMAL, INIT_ONES, INIT_IDENTITY, INIT_A_LOG, INIT_DT_BIAS } InitRule;
+// INIT_A_LOG: A ~ U(0, 16] (M²RNN, as the authors' code); INIT_A_LOG_1_16: A ~ U(1, 16) (Mamba-2's A_init_range,
+// used by GDN and Mamba-2); A_log = log A. INIT_DT_BIAS: softplus⁻¹ of dt ~ logU[1e-3, 1e-1].
+typedef enum { INIT_ZERO, INIT_NORMAL, INIT_ONES, INIT_IDENTITY, INIT_A_LOG, INIT_DT_BIAS, INIT_A_LOG_1_16 } InitRule;
 
 // how a tensor is cut for tensor parallelism (Megatron's names; our weights are (out, in)):
 //   REPLICATED   every rank holds all of it (norm weights of the residual stream)
@@ -411,6 +430,170 @@ static double gru_flops(const ModelConfig *c, int T) {
 static size_t gru_decode_state(const ModelConfig *c, int context) { return (size_t)c->vrnn.heads * c->vrnn.head_dim; }
 
 // ----------------------------------------------------------------------------------------------------------------
+// G: Gated DeltaNet (spec other_mixers.md; fla's GatedDeltaNet layer without its short-conv biases)
+//   proj = x W_inᵀ, rows q (H·K) | k (H·K) | v (H·V) | g (H·V) | b (H) | a (H); q, k, v = SiLU(conv4(·));
+//   q, k L2-normalised per head (eps 1e-6); β = sigmoid(b) (GDN[−1,1]: 2·sigmoid(b));
+//   α = exp(−exp(A_log)·softplus(a + dt_bias)); per head S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,
+//   o_t = S_tᵀ q_t / sqrt(K); o ← RMSNorm over each head's V channels (one weight of V shared by the heads, as fla's
+//   FusedRMSNormGated) ⊙ SiLU(g); out = o W_outᵀ. A_log, dt_bias as Mamba-2 (A ~ U(1, 16)).
+
+#define GDN_PARAMS(X)                                                                                            \
+    X(in_w)    /* (2·H·K + 2·H·V + 2·H, C) rows q | k | v | g | b | a */                                         \
+    X(conv_w)  /* (2·H·K + H·V, W) depthwise causal conv over q|k|v */                                           \
+    X(A_log)   /* (H) */                                                                                         \
+    X(dt_bias) /* (H) */                                                                                         \
+    X(norm_w)  /* (V) per-head RMSNorm weight, shared by the heads */                                            \
+    X(out_w)   /* (C, H·V) */
+
+static const ConfigField GDN_FIELDS[] = {
+    CFG_FIELD("gdn.heads", "gh", FIELD_INT, gdn.heads, "GDN heads"),
+    CFG_FIELD("gdn.k", "gk", FIELD_INT, gdn.k, "GDN key dim K"),
+    CFG_FIELD("gdn.v", "gv", FIELD_INT, gdn.v, "GDN value dim V"),
+    CFG_FIELD("gdn.conv", NULL, FIELD_INT, gdn.conv, "GDN conv taps"),
+    CFG_FIELD("gdn.neg", "gneg", FIELD_FLAG, gdn.neg, "GDN[-1,1]: beta = 2 sigmoid"),
+};
+
+static inline int gdn_proj_rows(const ModelConfig *c) {
+    return 2 * c->gdn.heads * c->gdn.k + 2 * c->gdn.heads * c->gdn.v + 2 * c->gdn.heads;
+}
+static inline int gdn_conv_dim(const ModelConfig *c) { return 2 * c->gdn.heads * c->gdn.k + c->gdn.heads * c->gdn.v; }
+
+// the paper's 410M layer at d = 1024: 2 heads, K = d/4 = 256, V = 2K = 512
+static void gdn_fill_defaults(ModelConfig *c) {
+    GDNConfig *g = &c->gdn;
+    if (g->heads <= 0) { g->heads = 2; }
+    if (g->k <= 0) { g->k = c->d_model >= 32 ? round_up(c->d_model / 4, 8) : 8; }
+    if (g->v <= 0) { g->v = 2 * g->k; }
+    if (g->conv <= 0) { g->conv = 4; }
+}
+
+static void gdn_validate(const ModelConfig *c) {
+    const GDNConfig *g = &c->gdn;
+    if (g->heads <= 0 || g->k <= 0 || g->v <= 0 || (double)g->heads * g->k * g->v > (1 << 26) || g->conv <= 0 ||
+        g->conv > 16) {
+        fail_with_hint("check the GDN sizes (ghNN heads, gkNN, gvNN)", "GDN sizes out of range (heads=%d K=%d V=%d "
+                       "conv=%d)", g->heads, g->k, g->v, g->conv);
+    }
+}
+
+static int gdn_params(const ModelConfig *c, ParamDef *p) {
+    enum { GDN_PARAMS(KIND_PARAM_ENUM) NUM };
+    const size_t C = (size_t)c->d_model, H = (size_t)c->gdn.heads, HK = H * c->gdn.k, HV = H * c->gdn.v;
+    PDEF(in_w, 2, (size_t)gdn_proj_rows(c), C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_in_w], 6, HK, HK, HV, HV, H, H);
+    PDEF(conv_w, 2, (size_t)gdn_conv_dim(c), (size_t)c->gdn.conv, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_conv_w], 3, HK, HK, HV);
+    PDEF(A_log, 1, H, 0, 0, INIT_A_LOG_1_16, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(dt_bias, 1, H, 0, 0, INIT_DT_BIAS, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(norm_w, 1, (size_t)c->gdn.v, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_REPLICATED);
+    PDEF(out_w, 2, C, HV, 0, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_ROW);
+    return NUM;
+}
+
+// projections, conv, and the delta rule per token and head: decay, Sᵀk, the rank-1 update, Sᵀq (≈ 8·K·V)
+static double gdn_flops(const ModelConfig *c, int T) {
+    const double C = c->d_model, H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v;
+    return 2.0 * C * gdn_proj_rows(c) + 2.0 * H * V * C + 2.0 * c->gdn.conv * gdn_conv_dim(c) + H * 8.0 * K * V;
+}
+
+// the conv's last W−1 inputs and each head's K×V state
+static size_t gdn_decode_state(const ModelConfig *c, int context) {
+    return (size_t)(c->gdn.conv - 1) * gdn_conv_dim(c) + (size_t)c->gdn.heads * c->gdn.k * c->gdn.v;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// S: Mamba-2 (spec other_mixers.md; mamba_ssm's Mamba2 layer, one RMSNormGated group per B/C group)
+//   DI = expand·d (or `inner`), H = DI / P; proj rows z (DI) | x (DI) | B (G·N) | C (G·N) | dt (H); x|B|C = SiLU(conv4(·) + bias);
+//   dt = softplus(dt_raw + dt_bias), A = −exp(A_log); per head h ∈ R^{P×N}: h_t = exp(dt_t A) h_{t−1} + dt_t x_t B_tᵀ,
+//   y_t = h_t C_t + D x_t (head h reads group h / (H/G) of B and C); y ← RMSNorm(y ⊙ SiLU(z)) over DI (gate before
+//   the norm); out = y W_outᵀ. A ~ U(1, 16), dt_bias as Mamba-2, D = 1; the conv bias starts at zero (our choice:
+//   mamba_ssm keeps PyTorch's default uniform init there).
+
+#define MAMBA2_PARAMS(X)                                                                                         \
+    X(in_w)    /* (2·DI + 2·G·N + H, C) rows z | x | B | C | dt */                                               \
+    X(conv_w)  /* (DI + 2·G·N, W) depthwise causal conv over x|B|C */                                            \
+    X(conv_b)  /* (DI + 2·G·N) its bias */                                                                        \
+    X(A_log)   /* (H) */                                                                                         \
+    X(dt_bias) /* (H) */                                                                                         \
+    X(D)       /* (H) skip y += D x */                                                                           \
+    X(norm_w)  /* (DI) */                                                                                        \
+    X(out_w)   /* (C, DI) */
+
+static const ConfigField MAMBA2_FIELDS[] = {
+    CFG_FIELD("mamba2.expand", "se", FIELD_INT, mamba2.expand, "Mamba-2 expand (d_inner = expand d)"),
+    CFG_FIELD("mamba2.inner", "si", FIELD_INT, mamba2.inner, "Mamba-2 d_inner (overrides expand)"),
+    CFG_FIELD("mamba2.head_dim", "sp", FIELD_INT, mamba2.head_dim, "Mamba-2 head dim P"),
+    CFG_FIELD("mamba2.state", "sn", FIELD_INT, mamba2.state, "Mamba-2 state size N"),
+    CFG_FIELD("mamba2.groups", "sg", FIELD_INT, mamba2.groups, "Mamba-2 B/C groups G"),
+    CFG_FIELD("mamba2.conv", NULL, FIELD_INT, mamba2.conv, "Mamba-2 conv taps"),
+};
+
+static inline int mamba2_inner(const ModelConfig *c) { return c->mamba2.inner; }
+static inline int mamba2_heads(const ModelConfig *c) { return mamba2_inner(c) / c->mamba2.head_dim; }
+static inline int mamba2_conv_dim(const ModelConfig *c) {
+    return mamba2_inner(c) + 2 * c->mamba2.groups * c->mamba2.state;
+}
+static inline int mamba2_proj_rows(const ModelConfig *c) {
+    return mamba2_inner(c) + mamba2_conv_dim(c) + mamba2_heads(c);
+}
+
+// mamba_ssm's defaults: expand 2, head dim 64, state 128, one group
+static void mamba2_fill_defaults(ModelConfig *c) {
+    Mamba2Config *m = &c->mamba2;
+    if (m->expand <= 0) { m->expand = 2; }
+    if (m->inner <= 0) { m->inner = m->expand * c->d_model; }
+    if (m->head_dim <= 0) { m->head_dim = m->inner % 64 == 0 ? 64 : m->inner; }
+    if (m->state <= 0) { m->state = c->d_model >= 128 ? 128 : 8; }
+    if (m->groups <= 0) { m->groups = 1; }
+    if (m->conv <= 0) { m->conv = 4; }
+}
+
+static void mamba2_validate(const ModelConfig *c) {
+    const Mamba2Config *m = &c->mamba2;
+    if (m->expand <= 0 || m->expand > 16 || m->inner <= 0 || m->inner > (1 << 20) || m->head_dim <= 0 ||
+        m->state <= 0 || m->state > 4096 || m->groups <= 0 || m->conv <= 0 || m->conv > 16) {
+        fail_with_hint("check the Mamba-2 sizes (seNN expand or siNN inner, spNN head dim, snNN state, sgNN groups)",
+                       "Mamba-2 sizes out of range (inner=%d P=%d N=%d G=%d conv=%d)", m->inner, m->head_dim,
+                       m->state, m->groups, m->conv);
+    }
+    const int di = mamba2_inner(c);
+    if (di % m->head_dim != 0 || (di / m->head_dim) % m->groups != 0) {
+        fail_with_hint("pick a head dim (sp) dividing d_inner and groups (sg) dividing the heads",
+                       "Mamba-2: d_inner %d, head dim %d, groups %d do not divide", di, m->head_dim, m->groups);
+    }
+}
+
+static int mamba2_params(const ModelConfig *c, ParamDef *p) {
+    enum { MAMBA2_PARAMS(KIND_PARAM_ENUM) NUM };
+    const size_t C = (size_t)c->d_model, DI = (size_t)mamba2_inner(c), H = (size_t)mamba2_heads(c);
+    const size_t GN = (size_t)c->mamba2.groups * c->mamba2.state;
+    PDEF(in_w, 2, (size_t)mamba2_proj_rows(c), C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_in_w], 5, DI, DI, GN, GN, H);
+    PDEF(conv_w, 2, (size_t)mamba2_conv_dim(c), (size_t)c->mamba2.conv, 0, INIT_NORMAL, STD_IN, DECAY,
+         SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_conv_w], 3, DI, GN, GN);
+    PDEF(conv_b, 1, (size_t)mamba2_conv_dim(c), 0, 0, INIT_ZERO, 0, NO_DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_conv_b], 3, DI, GN, GN);
+    PDEF(A_log, 1, H, 0, 0, INIT_A_LOG_1_16, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(dt_bias, 1, H, 0, 0, INIT_DT_BIAS, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(D, 1, H, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(norm_w, 1, DI, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_COLUMN);
+    PDEF(out_w, 2, C, DI, 0, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_ROW);
+    return NUM;
+}
+
+// projections, conv, and per token and head the decay, dt·x Bᵀ and h C over the P×N state (≈ 6·P·N)
+static double mamba2_flops(const ModelConfig *c, int T) {
+    const double C = c->d_model, DI = mamba2_inner(c), N = c->mamba2.state;
+    return 2.0 * C * mamba2_proj_rows(c) + 2.0 * DI * C + 2.0 * c->mamba2.conv * mamba2_conv_dim(c) + 6.0 * DI * N;
+}
+
+// the conv's last W−1 inputs and each head's P×N state
+static size_t mamba2_decode_state(const ModelConfig *c, int context) {
+    return (size_t)(c->mamba2.conv - 1) * mamba2_conv_dim(c) + (size_t)mamba2_inner(c) * c->mamba2.state;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // s: SwiGLU feed-forward: up = x W_upᵀ (rows gate | up), h = SiLU(gate) ⊙ up, out = h W_downᵀ
 
 #define SWIGLU_PARAMS(X)                                                                                         \
@@ -459,6 +642,10 @@ static const LayerKind MIXER_KINDS[] = {
      vecrnn_fill_defaults, vecrnn_validate, rnn_params, rnn_flops, rnn_decode_state},
     {'U', "GRU", "GRU per head (baseline)", VECRNN_FIELDS, NFIELDS(VECRNN_FIELDS), vecrnn_fill_defaults,
      vecrnn_validate, gru_params, gru_flops, gru_decode_state},
+    {'G', "GDN", "Gated DeltaNet: the delta rule with a decay gate, K×V state per head", GDN_FIELDS,
+     NFIELDS(GDN_FIELDS), gdn_fill_defaults, gdn_validate, gdn_params, gdn_flops, gdn_decode_state},
+    {'S', "Mamba2", "Mamba-2 (SSD): P×N state per head", MAMBA2_FIELDS, NFIELDS(MAMBA2_FIELDS), mamba2_fill_defaults,
+     mamba2_validate, mamba2_params, mamba2_flops, mamba2_decode_state},
 };
 
 static const LayerKind FFN_KINDS[] = {

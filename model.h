@@ -476,6 +476,7 @@ static void model_init_parameters(float *params, const ParamTable *t, uint64_t s
                     break;
                 }
                 case INIT_A_LOG: v = (float)log(16.0 * rng_uniform(&rng)); break; // A ~ U(0, 16]
+                case INIT_A_LOG_1_16: v = (float)log(1.0 + 15.0 * rng_uniform(&rng)); break; // A ~ U(1, 16)
                 case INIT_DT_BIAS: { // dt = exp(U(log 1e-3, log 1e-1)) clamped >= 1e-4; bias = softplus^-1(dt)
                     double dt = exp(log(1e-3) + rng_uniform(&rng) * (log(1e-1) - log(1e-3)));
                     if (dt < 1e-4) { dt = 1e-4; }

@@ -7,13 +7,16 @@ without an implementation, so no letter can run another kind's code. A new kind 
 #define M2RNN_REF_KINDS_H
 
 #include "ref/common.h"
-#include "ref/attention.h" // A: causal softmax attention (NoPE / RoPE)
+#include "ref/attention.h" // A: causal softmax attention (NoPE / RoPE / GQA)
+#include "ref/gdn.h"       // G: Gated DeltaNet
 #include "ref/gru.h"       // U: GRU baseline
 #include "ref/m2rnn.h"     // M: M²RNN
+#include "ref/mamba2.h"    // S: Mamba-2
 #include "ref/rnn.h"       // R: RNN baseline
 #include "ref/swiglu.h"    // s: SwiGLU feed-forward
 
-static const KindOps *const REF_KINDS[] = {&M2RNN_OPS, &ATTENTION_OPS, &RNN_OPS, &GRU_OPS, &SWIGLU_OPS};
+static const KindOps *const REF_KINDS[] = {&M2RNN_OPS, &ATTENTION_OPS, &RNN_OPS, &GRU_OPS, &GDN_OPS, &MAMBA2_OPS,
+                                           &SWIGLU_OPS};
 
 static const KindOps *kind_ops(char letter) {
     for (size_t i = 0; i < sizeof(REF_KINDS) / sizeof(REF_KINDS[0]); i++) {

@@ -263,7 +263,7 @@ static void m2rnn_mixer_forward(real *out, real *acts, const real *inp, const Ki
     const int N = c->m2rnn.heads, Nq = c->m2rnn.qk_heads, K = c->m2rnn.k, Vh = c->m2rnn.v, NV = N * Vh;
     const int off_v = 2 * Nq * K, off_f = CD, off_g = CD + N;
     matmul_forward(a.proj, inp, w->in_w, BT, C, R);
-    conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj, w->conv_w, B, T, CD, c->m2rnn.conv, R);
+    conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj, w->conv_w, NULL, B, T, CD, c->m2rnn.conv, R);
     decay_gate_forward(a.f, a.proj + off_f, w->A_log, w->dt_bias, BT, N, R);
     const real *q = a.conv_act, *k = a.conv_act + Nq * K, *v = a.conv_act + off_v;
     m2rnn_recurrence_forward(a.y, a.h, a.z, NULL, q, k, v, CD, a.f, w->W, NULL, B, T, N, Nq, K, Vh);
@@ -298,7 +298,7 @@ static void m2rnn_mixer_backward(real *dinp, real *scratch, const real *dout, co
                               c->m2rnn.grad_clamp, B, T, N, Nq, K, Vh);
     // the gate, then SiLU and the conv
     decay_gate_backward(g.proj + off_f, gw->A_log, gw->dt_bias, g.f, a.f, a.proj + off_f, w->A_log, w->dt_bias, BT, N, R);
-    conv1d_silu_backward(g.proj, gw->conv_w, g.conv_act, a.conv_pre, a.proj, w->conv_w, B, T, CD, c->m2rnn.conv, R);
+    conv1d_silu_backward(g.proj, gw->conv_w, NULL, g.conv_act, a.conv_pre, a.proj, w->conv_w, B, T, CD, c->m2rnn.conv, R);
     // proj = inp W_inᵀ
     matmul_backward(dinp, gw->in_w, g.proj, inp, w->in_w, BT, C, R);
 }
@@ -318,7 +318,7 @@ static void m2rnn_mixer_step(real *out, real *state, const real *inp, const Kind
     real *z = rstd + B;
     matmul_forward(proj, inp, w->in_w, B, C, R);
     for (int b = 0; b < B; b++) {
-        conv1d_silu_step(act + (size_t)b * CD, state + b * S, proj + (size_t)b * R, w->conv_w, 1, CD, W, R);
+        conv1d_silu_step(act + (size_t)b * CD, state + b * S, proj + (size_t)b * R, w->conv_w, NULL, 1, CD, W, R);
     }
     decay_gate_forward(f, proj + off_f, w->A_log, w->dt_bias, B, N, R);
     for (int b = 0; b < B; b++) {

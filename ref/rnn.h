@@ -158,7 +158,7 @@ static void rnn_mixer_forward(real *out, real *acts, const real *inp, const Kind
     rnn_acts_layout(&a, acts, c, B, T);
     const int BT = B * T, C = c->d_model, R = rnn_proj_rows(c), N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V;
     matmul_forward(a.proj, inp, w->in_w, BT, C, R);
-    conv1d_silu_forward(a.conv_pre, a.u, a.proj, w->conv_w, B, T, NV, c->vrnn.conv, R);
+    conv1d_silu_forward(a.conv_pre, a.u, a.proj, w->conv_w, NULL, B, T, NV, c->vrnn.conv, R);
     decay_gate_forward(a.f, a.proj + NV, w->A_log, w->dt_bias, BT, N, R);
     rnn_recurrence_forward(a.h, a.z, NULL, a.u, NV, a.f, w->W, NULL, B, T, N, V);
     memcpy(a.y, a.h, (size_t)BT * NV * sizeof(real));
@@ -182,7 +182,7 @@ static void rnn_mixer_backward(real *dinp, real *scratch, const real *dout, cons
     // y = h + ...: the recurrence gets dy as the gradient of every h_t
     rnn_recurrence_backward(g.u, g.f, gw->W, NULL, g.y, NULL, NV, a.f, w->W, NULL, a.h, a.z, B, T, N, V);
     decay_gate_backward(g.proj + NV, gw->A_log, gw->dt_bias, g.f, a.f, a.proj + NV, w->A_log, w->dt_bias, BT, N, R);
-    conv1d_silu_backward(g.proj, gw->conv_w, g.u, a.conv_pre, a.proj, w->conv_w, B, T, NV, c->vrnn.conv, R);
+    conv1d_silu_backward(g.proj, gw->conv_w, NULL, g.u, a.conv_pre, a.proj, w->conv_w, B, T, NV, c->vrnn.conv, R);
     matmul_backward(dinp, gw->in_w, g.proj, inp, w->in_w, BT, C, R);
 }
 
@@ -199,7 +199,7 @@ static void rnn_mixer_step(real *out, real *state, const real *inp, const KindTe
     real *rstd = normed + (size_t)B * NV;
     matmul_forward(proj, inp, w->in_w, B, C, R);
     for (int b = 0; b < B; b++) {
-        conv1d_silu_step(u + (size_t)b * NV, state + b * S, proj + (size_t)b * R, w->conv_w, 1, NV, Wc, R);
+        conv1d_silu_step(u + (size_t)b * NV, state + b * S, proj + (size_t)b * R, w->conv_w, NULL, 1, NV, Wc, R);
     }
     decay_gate_forward(f, proj + NV, w->A_log, w->dt_bias, B, N, R);
     for (int b = 0; b < B; b++) { // one step of the recurrence from the stored h, written back

@@ -2,7 +2,7 @@
 test_decode.c: recurrent decoding on the CPU against the training forward, for every mixer kind. A tiny model with
 random non-trivial weights runs the full forward over B sequences of T tokens; then the same tokens are fed one at a
 time through model_decode_step (each kind's single-token step with its decode state: the conv window and recurrent
-state of M, R, U, the KV cache of A); the logits at every position must match the forward's. The two paths run the same
+state of M, R, U, G, S, the KV cache of A); the logits at every position must match the forward's. The two paths run the same
 arithmetic in the same order (observed: bitwise equal), but nothing promises the compiler contracts both alike, so
 the bound is 1e-5 relative (normwise per position) in fp32, where a wrong state or a missed update is O(1).
 */
@@ -18,6 +18,8 @@ static void decode_case(const char *pattern, int rope, int kv_heads) {
     c.vocab_size = 53; c.d_model = 24; c.m2rnn.heads = 4; c.m2rnn.qk_heads = 1; c.m2rnn.k = 8; c.m2rnn.v = 4;
     c.attn.heads = 4; c.attn.head_dim = 8; c.attn.kv_heads = kv_heads; c.attn.rope = rope; c.swiglu.hidden = 32; c.vrnn.heads = 3;
     c.vrnn.head_dim = 4; c.m2rnn.grad_clamp = 1;
+    c.gdn.heads = 2; c.gdn.k = 4; c.gdn.v = 6; c.gdn.neg = rope; // (rope doubles as GDN[-1,1] here: one flag less)
+    c.mamba2.head_dim = 8; c.mamba2.state = 6; c.mamba2.groups = 2;
     snprintf(c.pattern, sizeof(c.pattern), "%s", pattern);
     Model *m = model_create(&c);
     for (size_t i = 0; i < m->table.num_parameters; i++) { m->params_memory[i] = (real)(0.3 * (2 * rng_uniform(&rng) - 1)); }
@@ -52,7 +54,8 @@ static void decode_case(const char *pattern, int rope, int kv_heads) {
         }
     }
     char name[96];
-    snprintf(name, sizeof(name), "decode = forward at every position: %s%s%s", pattern, rope ? " (RoPE)" : "",
+    snprintf(name, sizeof(name), "decode = forward at every position: %s%s%s%s", pattern,
+             rope && strchr(pattern, 'A') ? " (RoPE)" : "", rope && strchr(pattern, 'G') ? " (GDN[-1,1])" : "",
              kv_heads == 2 ? " (GQA 4/2)" : kv_heads == 1 ? " (MQA)" : "");
     test_result(worst < 1e-5, name, "worst rel err %.2e over %d positions x %d sequences, state %zu numbers/seq",
                 worst, T, B, model_decode_state_numbers(&m->config, T));
@@ -71,6 +74,10 @@ int main(void) {
     decode_case("A", 0, 1);
     decode_case("R", 0, 0);
     decode_case("U", 0, 0);
+    decode_case("G", 0, 0);
+    decode_case("G", 1, 0);
+    decode_case("S", 0, 0);
     decode_case("MRAUMA", 1, 2);
+    decode_case("MGSAGS", 1, 2);
     return test_summary("test_decode");
 }

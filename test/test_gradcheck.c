@@ -16,7 +16,9 @@ Reported: ‖analytic − numeric‖ / ‖numeric‖ over the sampled coordinate
 #include "train_m2rnn.c"
 #include "test/test_common.h"
 
-#define FD_STEP 3e-3
+// the stencil's truncation error grows as h⁴: at 3e-3 it reached 5e-6 on GDN's conv weights (the L2 norm of a short
+// q/k head is strongly curved); at 1e-3 6e-8, with round-off near 1e-13
+#define FD_STEP 1e-3
 #define FD_TOL 1e-6
 #define FD_SAMPLES 24 // coordinates checked per tensor
 
@@ -174,22 +176,28 @@ static void test_crossentropy(void) {
     free(c.logits); free(c.losses); free(d);
 }
 
-typedef struct { real *pre, *act, *inp, *w, *R; int B, T, CD, W, stride; } ConvCase;
+typedef struct { real *pre, *act, *inp, *w, *bias, *R; int B, T, CD, W, stride; } ConvCase;
 static double conv_loss(void *p) {
     ConvCase *c = (ConvCase *)p;
-    conv1d_silu_forward(c->pre, c->act, c->inp, c->w, c->B, c->T, c->CD, c->W, c->stride);
+    conv1d_silu_forward(c->pre, c->act, c->inp, c->w, c->bias, c->B, c->T, c->CD, c->W, c->stride);
     return dot(c->act, c->R, (size_t)c->B * c->T * c->CD);
 }
 static void test_conv(void) {
-    ConvCase c = {NULL, NULL, NULL, NULL, NULL, 2, 9, 5, 4, 8}; // a view of 5 channels inside rows of 8
+    ConvCase c = {NULL, NULL, NULL, NULL, NULL, NULL, 2, 9, 5, 4, 8}; // a view of 5 channels inside rows of 8
     c.pre = zero_tensor(2 * 9 * 5); c.act = zero_tensor(2 * 9 * 5); c.inp = random_tensor(2 * 9 * 8, 1);
     c.w = random_tensor(5 * 4, 1); c.R = random_tensor(2 * 9 * 5, 1);
-    real *dinp = zero_tensor(2 * 9 * 8), *dw = zero_tensor(20);
-    conv_loss(&c);
-    conv1d_silu_backward(dinp, dw, c.R, c.pre, c.inp, c.w, c.B, c.T, c.CD, c.W, c.stride);
-    double e = fd_check("inp", c.inp, dinp, 2 * 9 * 8, conv_loss, &c), e2 = fd_check("w", c.w, dw, 20, conv_loss, &c);
-    report("causal conv1d + SiLU (strided view): dx, dw", e > e2 ? e : e2);
-    free(c.pre); free(c.act); free(c.inp); free(c.w); free(c.R); free(dinp); free(dw);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        c.bias = with_bias ? random_tensor(5, 1) : NULL;
+        real *dinp = zero_tensor(2 * 9 * 8), *dw = zero_tensor(20), *dbias = with_bias ? zero_tensor(5) : NULL;
+        conv_loss(&c);
+        conv1d_silu_backward(dinp, dw, dbias, c.R, c.pre, c.inp, c.w, c.B, c.T, c.CD, c.W, c.stride);
+        double e = fd_check("inp", c.inp, dinp, 2 * 9 * 8, conv_loss, &c), e2 = fd_check("w", c.w, dw, 20, conv_loss, &c);
+        if (with_bias) { e2 = fmax(e2, fd_check("bias", c.bias, dbias, 5, conv_loss, &c)); }
+        report(with_bias ? "causal conv1d + bias + SiLU (strided view): dx, dw, dbias"
+                         : "causal conv1d + SiLU (strided view): dx, dw", e > e2 ? e : e2);
+        free(dinp); free(dw); free(dbias); free(c.bias);
+    }
+    free(c.pre); free(c.act); free(c.inp); free(c.w); free(c.R);
 }
 
 typedef struct { real *f, *f_raw, *A_log, *dt_bias, *R; int BT, N, stride; } GateCase;
@@ -308,6 +316,130 @@ static void test_rnn_recurrence(void) {
     free(du); free(df); free(dW); free(dh0);
 }
 
+// the Gated DeltaNet recurrence alone (T = 150 crosses the backward's checkpoint chunks of 64), with S0 and a
+// final-state cotangent; and its forward against a naive loop of the matrix form S_t = α(I − β k kᵀ)S + β k vᵀ
+typedef struct { real *o, *S_final, *q, *k, *v, *alpha, *beta, *S0, *Ro, *Rs; int B, T, H, K, V, vs; } GdnRecCase;
+static double gdn_rec_loss(void *p) {
+    GdnRecCase *c = (GdnRecCase *)p;
+    gdn_recurrence_forward(c->o, c->S_final, c->q, c->k, c->v, c->vs, c->alpha, c->beta, c->S0, c->B, c->T, c->H, c->K,
+                           c->V);
+    return dot(c->o, c->Ro, (size_t)c->B * c->T * c->H * c->V) +
+           dot(c->S_final, c->Rs, (size_t)c->B * c->H * c->K * c->V);
+}
+static void test_gdn_recurrence(void) {
+    GdnRecCase c;
+    c.B = 2; c.T = 150; c.H = 2; c.K = 3; c.V = 4; c.vs = c.H * c.V + 3;
+    const size_t BT = (size_t)c.B * c.T, KV = (size_t)c.K * c.V, BH = (size_t)c.B * c.H;
+    c.o = zero_tensor(BT * c.H * c.V); c.S_final = zero_tensor(BH * KV);
+    c.q = random_tensor(BT * c.H * c.K, 0.6); c.k = random_tensor(BT * c.H * c.K, 0.6); c.v = random_tensor(BT * c.vs, 1);
+    c.alpha = random_tensor(BT * c.H, 1); c.beta = random_tensor(BT * c.H, 1);
+    for (size_t i = 0; i < BT * c.H; i++) { c.alpha[i] = (real)(0.8 + 0.18 * c.alpha[i]); c.beta[i] = (real)(1 + 0.9 * c.beta[i]); }
+    c.S0 = random_tensor(BH * KV, 0.7); c.Ro = random_tensor(BT * c.H * c.V, 1); c.Rs = random_tensor(BH * KV, 1);
+    gdn_rec_loss(&c);
+    // the naive matrix form, in double
+    double worst = 0, ref2 = 0;
+    for (int b = 0; b < c.B; b++) {
+        for (int h = 0; h < c.H; h++) {
+            double S[3][4], Sn[3][4];
+            for (int i = 0; i < c.K; i++) { for (int j = 0; j < c.V; j++) { S[i][j] = c.S0[((size_t)b * c.H + h) * KV + i * c.V + j]; } }
+            for (int t = 0; t < c.T; t++) {
+                const size_t r = ((size_t)b * c.T + t) * c.H + h;
+                const real *q = c.q + r * c.K, *k = c.k + r * c.K, *v = c.v + ((size_t)b * c.T + t) * c.vs + h * c.V;
+                const double a = c.alpha[r], be = c.beta[r];
+                for (int i = 0; i < c.K; i++) {
+                    for (int j = 0; j < c.V; j++) {
+                        double m = 0; // ((I − β k kᵀ) S)[i][j]
+                        for (int l = 0; l < c.K; l++) { m += ((i == l ? 1.0 : 0.0) - be * k[i] * k[l]) * S[l][j]; }
+                        Sn[i][j] = a * m + be * k[i] * v[j];
+                    }
+                }
+                memcpy(S, Sn, sizeof(S));
+                for (int j = 0; j < c.V; j++) {
+                    double o = 0;
+                    for (int i = 0; i < c.K; i++) { o += S[i][j] * q[i]; }
+                    o /= sqrt((double)c.K);
+                    worst = fmax(worst, fabs(o - c.o[r * c.V + j]));
+                    ref2 += o * o;
+                }
+            }
+        }
+    }
+    const double rel = worst / sqrt(ref2 / ((double)BT * c.H * c.V));
+    test_result(rel < 1e-10, "GDN recurrence vs the naive matrix form (T=150)", "max err %.2e of rms", rel);
+    real *dq = zero_tensor(BT * c.H * c.K), *dk = zero_tensor(BT * c.H * c.K), *dv = zero_tensor(BT * c.vs);
+    real *da = zero_tensor(BT * c.H), *db = zero_tensor(BT * c.H), *dS0 = zero_tensor(BH * KV);
+    gdn_recurrence_backward(dq, dk, dv, da, db, dS0, c.Ro, c.Rs, c.q, c.k, c.v, c.vs, c.alpha, c.beta, c.S0, c.B, c.T,
+                            c.H, c.K, c.V);
+    double e = fd_check("q", c.q, dq, BT * c.H * c.K, gdn_rec_loss, &c);
+    e = fmax(e, fd_check("k", c.k, dk, BT * c.H * c.K, gdn_rec_loss, &c));
+    e = fmax(e, fd_check("v", c.v, dv, BT * c.vs, gdn_rec_loss, &c));
+    e = fmax(e, fd_check("alpha", c.alpha, da, BT * c.H, gdn_rec_loss, &c));
+    e = fmax(e, fd_check("beta", c.beta, db, BT * c.H, gdn_rec_loss, &c));
+    e = fmax(e, fd_check("S0", c.S0, dS0, BH * KV, gdn_rec_loss, &c));
+    report("GDN recurrence (T=150, S0, dS_final): dq dk dv dalpha dbeta dS0", e);
+    free(c.o); free(c.S_final); free(c.q); free(c.k); free(c.v); free(c.alpha); free(c.beta); free(c.S0); free(c.Ro);
+    free(c.Rs); free(dq); free(dk); free(dv); free(da); free(db); free(dS0);
+}
+
+// the Mamba-2 recurrence alone (T = 150, 4 heads in 2 groups), with h0 and a final-state cotangent; and its forward
+// against a naive loop
+typedef struct { real *y, *h_final, *xbc, *dt, *A_log, *D, *h0, *Ry, *Rh; int B, T, H, P, N, G, stride; } SsdRecCase;
+static double ssd_rec_loss(void *p) {
+    SsdRecCase *c = (SsdRecCase *)p;
+    const int HP = c->H * c->P, GN = c->G * c->N;
+    mamba2_recurrence_forward(c->y, c->h_final, c->xbc, c->xbc + HP, c->xbc + HP + GN, c->stride, c->dt, c->A_log, c->D,
+                              c->h0, c->B, c->T, c->H, c->P, c->N, c->G);
+    return dot(c->y, c->Ry, (size_t)c->B * c->T * HP) + dot(c->h_final, c->Rh, (size_t)c->B * c->H * c->P * c->N);
+}
+static void test_mamba2_recurrence(void) {
+    SsdRecCase c;
+    c.B = 2; c.T = 150; c.H = 4; c.P = 3; c.N = 2; c.G = 2;
+    const int HP = c.H * c.P, GN = c.G * c.N;
+    c.stride = HP + 2 * GN + 1;
+    const size_t BT = (size_t)c.B * c.T, PN = (size_t)c.P * c.N, BH = (size_t)c.B * c.H;
+    c.y = zero_tensor(BT * HP); c.h_final = zero_tensor(BH * PN); c.xbc = random_tensor(BT * c.stride, 1);
+    c.dt = random_tensor(BT * c.H, 1);
+    for (size_t i = 0; i < BT * c.H; i++) { c.dt[i] = (real)(0.06 + 0.05 * c.dt[i]); }
+    c.A_log = random_tensor(c.H, 1); c.D = random_tensor(c.H, 1); c.h0 = random_tensor(BH * PN, 0.7);
+    c.Ry = random_tensor(BT * HP, 1); c.Rh = random_tensor(BH * PN, 1);
+    ssd_rec_loss(&c);
+    double worst = 0, ref2 = 0;
+    for (int b = 0; b < c.B; b++) {
+        for (int h = 0; h < c.H; h++) {
+            const int gr = h / (c.H / c.G);
+            double hs[3][2];
+            for (int p = 0; p < c.P; p++) { for (int n = 0; n < c.N; n++) { hs[p][n] = c.h0[((size_t)b * c.H + h) * PN + p * c.N + n]; } }
+            for (int t = 0; t < c.T; t++) {
+                const real *row = c.xbc + ((size_t)b * c.T + t) * c.stride;
+                const double dt = c.dt[((size_t)b * c.T + t) * c.H + h], a = exp(-exp((double)c.A_log[h]) * dt);
+                for (int p = 0; p < c.P; p++) {
+                    double y = c.D[h] * row[h * c.P + p];
+                    for (int n = 0; n < c.N; n++) {
+                        hs[p][n] = a * hs[p][n] + dt * row[h * c.P + p] * row[HP + gr * c.N + n];
+                        y += hs[p][n] * row[HP + GN + gr * c.N + n];
+                    }
+                    worst = fmax(worst, fabs(y - c.y[((size_t)b * c.T + t) * HP + h * c.P + p]));
+                    ref2 += y * y;
+                }
+            }
+        }
+    }
+    const double rel = worst / sqrt(ref2 / ((double)BT * HP));
+    test_result(rel < 1e-10, "Mamba-2 recurrence vs a naive loop (T=150, 2 groups)", "max err %.2e of rms", rel);
+    real *dxbc = zero_tensor(BT * c.stride), *ddt = zero_tensor(BT * c.H), *dA = zero_tensor(c.H), *dD = zero_tensor(c.H);
+    real *dh0 = zero_tensor(BH * PN);
+    mamba2_recurrence_backward(dxbc, dxbc + HP, dxbc + HP + GN, ddt, dA, dD, dh0, c.Ry, c.Rh, c.xbc, c.xbc + HP,
+                               c.xbc + HP + GN, c.stride, c.dt, c.A_log, c.D, c.h0, c.B, c.T, c.H, c.P, c.N, c.G);
+    double e = fd_check("xBC", c.xbc, dxbc, BT * c.stride, ssd_rec_loss, &c);
+    e = fmax(e, fd_check("dt", c.dt, ddt, BT * c.H, ssd_rec_loss, &c));
+    e = fmax(e, fd_check("A_log", c.A_log, dA, c.H, ssd_rec_loss, &c));
+    e = fmax(e, fd_check("D", c.D, dD, c.H, ssd_rec_loss, &c));
+    e = fmax(e, fd_check("h0", c.h0, dh0, BH * PN, ssd_rec_loss, &c));
+    report("Mamba-2 recurrence (T=150, h0, dh_final): dx dB dC ddt dA_log dD dh0", e);
+    free(c.y); free(c.h_final); free(c.xbc); free(c.dt); free(c.A_log); free(c.D); free(c.h0); free(c.Ry); free(c.Rh);
+    free(dxbc); free(ddt); free(dA); free(dD); free(dh0);
+}
+
 // the GRU recurrence alone, with h0 and a final-state cotangent
 typedef struct { GRUSaved s; real *h_final, *x, *Ur, *Uz, *Un, *h0, *Rh, *Rf; int B, T, N, V, stride; } GruRecCase;
 static double gru_rec_loss(void *p) {
@@ -347,6 +479,8 @@ static ModelConfig tiny_config(const char *pattern, int qk_heads, int rope) {
     c.vocab_size = 37; c.d_model = 12; c.m2rnn.heads = 3; c.m2rnn.qk_heads = qk_heads; c.m2rnn.k = 8; c.m2rnn.v = 4;
     c.attn.heads = 2; c.attn.head_dim = 6; c.attn.rope = rope; c.swiglu.hidden = 20; c.m2rnn.grad_clamp = 0;
     c.vrnn.heads = 3; c.vrnn.head_dim = 5;
+    c.gdn.heads = 2; c.gdn.k = 4; c.gdn.v = 6;
+    c.mamba2.expand = 2; c.mamba2.head_dim = 6; c.mamba2.state = 5; c.mamba2.groups = 1; // d_inner 24: 4 heads
     snprintf(c.pattern, sizeof(c.pattern), "%s", pattern);
     return c;
 }
@@ -466,6 +600,8 @@ int main(void) {
     test_recurrence(3);
     test_rnn_recurrence();
     test_gru_recurrence();
+    test_gdn_recurrence();
+    test_mamba2_recurrence();
     test_block("M2RNN mixer Nq=1: dx and every tensor", tiny_config("M", 1, 0), 0);
     test_block("M2RNN mixer Nq=N: dx and every tensor", tiny_config("M", 3, 0), 0);
     test_block("attention NoPE: dx and every tensor", tiny_config("A", 1, 0), 0);
@@ -479,9 +615,20 @@ int main(void) {
     }
     test_block("RNN mixer: dx and every tensor", tiny_config("R", 1, 0), 0);
     test_block("GRU mixer: dx and every tensor", tiny_config("U", 1, 0), 0);
+    test_block("GDN mixer: dx and every tensor", tiny_config("G", 1, 0), 0);
+    {
+        ModelConfig neg = tiny_config("G", 1, 0);
+        neg.gdn.neg = 1;
+        test_block("GDN[-1,1] mixer (beta = 2 sigmoid): dx and every tensor", neg, 0);
+        ModelConfig ssd = tiny_config("S", 1, 0);
+        test_block("Mamba-2 mixer (1 group): dx and every tensor", ssd, 0);
+        ssd.mamba2.groups = 2;
+        test_block("Mamba-2 mixer (2 groups): dx and every tensor", ssd, 0);
+    }
     test_block("SwiGLU feed-forward: dx and every tensor", tiny_config("M", 1, 0), 1);
     test_whole_model("whole model MAM (Nq=1): every parameter", tiny_config("MAM", 1, 0));
     test_whole_model("whole model AMM (Nq=N, RoPE): every parameter", tiny_config("AMM", 3, 1));
     test_whole_model("whole model RUA (RNN, GRU, RoPE): every parameter", tiny_config("RUA", 1, 1));
+    test_whole_model("whole model MGSA (M2RNN, GDN, Mamba-2): every parameter", tiny_config("MGSA", 1, 0));
     return test_summary("test_gradcheck");
 }

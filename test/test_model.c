@@ -103,7 +103,7 @@ static void test_defaults_and_descriptor(void) {
 
 // A checkpoint stores the config as text: every kind's fields by name. Round trip a config with every kind.
 static void test_config_text(void) {
-    ModelConfig c = config_of("d96:MARUMA:n8:q8:k32:v16:h3:rope:rh4:rv8:f160", 1000);
+    ModelConfig c = config_of("d96:MARUMAGS:n8:q8:k32:v16:h3:hk1:rope:rh4:rv8:gh2:gk16:gv24:gneg:sp16:sn8:sg2:f160", 1000);
     c.m2rnn.grad_clamp = 0.37f;
     c.attn.rope_theta = 12345.678f;
     char text[4000];
@@ -115,10 +115,60 @@ static void test_config_text(void) {
     test_result(n > 0 && err == NULL && memcmp(&back, &c, sizeof(c)) == 0, "config text round trip (every kind)",
                 "%d bytes%s%s", n, err ? ": " : "", err ? err : "");
     char bad[4100];
-    snprintf(bad, sizeof(bad), "%sgdn.heads=4\n", text);
+    snprintf(bad, sizeof(bad), "%sxlstm.heads=4\n", text);
     err = model_config_from_text(&back, bad, why, sizeof(why));
-    test_result(err != NULL && strstr(err, "gdn.heads") != NULL, "config text: an unknown field is refused", "%s",
+    test_result(err != NULL && strstr(err, "xlstm.heads") != NULL, "config text: an unknown field is refused", "%s",
                 err ? err : "accepted");
+}
+
+// the GDN and Mamba-2 layers at the paper's 410M shapes, and its hybrid patterns through the descriptor
+static void test_gdn_mamba2_counts(void) {
+    ModelConfig g = config_of("d1024:GGGGAGGGGGGGAGGGGGGGAGGG", 100352);
+    ParamTable tg;
+    param_table_build(&tg, &g);
+    // (512 + 512 + 1024 + 1024 + 2 + 2)·1024 + 2048·4 + 2 + 2 + 512 + 1024·1024: fla's GatedDeltaNet at hidden 1024,
+    // 2 heads, head_k 256, expand_v 2, without its conv biases
+    const size_t gl = layer_kind_params(&tg, 0, 'G');
+    test_result(g.gdn.heads == 2 && g.gdn.k == 256 && g.gdn.v == 512 && gl == 4207108,
+                "GDN 410M layer: 2 heads, K 256, V 512 (the paper's)", "H=%d K=%d V=%d, %zu parameters, state %zu",
+                g.gdn.heads, g.gdn.k, g.gdn.v, gl, (size_t)g.gdn.heads * g.gdn.k * g.gdn.v);
+    ModelConfig s = config_of("d1024:SSSSSSSSSSSSSSSSSSSSSSSS:si1216:sp19:sn216", 100352);
+    ParamTable ts;
+    param_table_build(&ts, &s);
+    // the paper's Mamba-2 baseline: inner 1216 = 64 heads of 19, state 216: proj (1216 + 1648 + 64)·1024, conv
+    // 1648·4 + 1648 bias, A_log, dt_bias, D 64 each, norm 1216, out 1024·1216
+    const size_t sl = layer_kind_params(&ts, 0, 'S');
+    test_result(mamba2_heads(&s) == 64 && sl == 4253104, "Mamba-2 410M layer: 64 heads of 19, state 216",
+                "H=%d, %zu parameters", mamba2_heads(&s), sl);
+    // their inits: A ~ U(1, 16) as Mamba-2 (M2RNN's reaches down to 0), conv bias zero, D and norms one; no decay on them
+    ModelConfig small = config_of("d64:GS", 300);
+    ParamTable tsm;
+    param_table_build(&tsm, &small);
+    float *p = (float *)mallocCheck(tsm.num_parameters * sizeof(float));
+    model_init_parameters(p, &tsm, 3);
+    int ok = 1;
+    for (int i = 0; i < tsm.num_specs; i++) {
+        const ParamSpec *sp = &tsm.specs[i];
+        for (size_t j = 0; j < sp->numel; j++) {
+            const float v = p[sp->offset + j];
+            if (ends_with(sp->name, ".A_log")) { ok &= exp(v) >= 1.0 - 1e-5 && exp(v) <= 16.0 + 1e-4; }
+            if (ends_with(sp->name, ".conv_b")) { ok &= v == 0.0f; }
+            if (ends_with(sp->name, ".D") || ends_with(sp->name, ".norm_w")) { ok &= v == 1.0f; }
+        }
+        const int nd = ends_with(sp->name, ".A_log") || ends_with(sp->name, ".dt_bias") || ends_with(sp->name, ".D") ||
+                       ends_with(sp->name, ".norm_w") || ends_with(sp->name, ".conv_b") || (ends_with(sp->name, "_w") &&
+                       strstr(sp->name, "ln") != NULL);
+        ok &= sp->weight_decay == !nd;
+    }
+    test_result(ok, "GDN, Mamba-2 init: A in [1,16], conv bias 0, D and norms 1, their no-decay set", "%d tensors",
+                tsm.num_specs);
+    free(p);
+    ModelConfig h1 = config_of("d1024:MGGGAGGGGGGGAGGGGGGGAGGG:n84", 100352);
+    ModelConfig h3 = config_of("d1024:GGGMAGGGGGGMAGGGGGGMAGGG:n84", 100352);
+    ModelConfig hs = config_of("d1024:MSSSASSSSSSSASSSSSSSASSS:n84", 100352);
+    test_result(h1.n_layer == 24 && h3.n_layer == 24 && hs.n_layer == 24 && h1.pattern[0] == 'M' && h3.pattern[3] == 'M',
+                "the paper's hybrids parse: GDN + M2RNN-1, GDN + M2RNN-3, Mamba-2 + M2RNN-1", "%s %s %s", h1.pattern,
+                h3.pattern, hs.pattern);
 }
 
 static void test_init_rules(void) {
@@ -239,6 +289,7 @@ static void test_kind_table(void) {
 
 int main(void) {
     test_paper_parameter_counts();
+    test_gdn_mamba2_counts();
     test_defaults_and_descriptor();
     test_config_text();
     test_init_rules();
