@@ -29,12 +29,12 @@ NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wno-unused-function -DM2RNN_COMMIT='"$(COMMIT)"'
 NVCC_LDLIBS = -lcublas -lcublasLt
 
-.PHONY: all cpu cuda test train clean
+.PHONY: all cpu cuda test train generate clean
 
 # ---------------------------------------------------------------------------------------------------------------
 # CPU reference trainer and its tests
 
-CPU_PROGRAMS = train_m2rnn_cpu export_m2rnn
+CPU_PROGRAMS = train_m2rnn_cpu export_m2rnn infer_m2rnn_cpu
 CPU_TESTS = build/test_model build/test_gradcheck build/test_m2rnn_ref build/test_decode build/test_train test/test_cli.sh \
             test/test_run_safety.sh
 
@@ -51,6 +51,9 @@ train_m2rnn_cpu: train_m2rnn.c $(REF_HEADERS)
 export_m2rnn: export_m2rnn.c $(REF_HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
+infer_m2rnn_cpu: infer_m2rnn.c $(REF_HEADERS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
 # the tests #include train_m2rnn.c (its main() sits inside #ifndef TESTING)
 build/test_%: test/test_%.c train_m2rnn.c $(REF_HEADERS) test/test_common.h
 	@mkdir -p build
@@ -59,6 +62,7 @@ build/test_%: test/test_%.c train_m2rnn.c $(REF_HEADERS) test/test_common.h
 # the bad-input CLI test and the run-safety test drive the real binary and the fixtures test_train writes
 test/test_cli.sh: train_m2rnn_cpu build/test_train
 test/test_run_safety.sh: train_m2rnn_cpu export_m2rnn build/test_train
+test/test_infer.sh: infer_m2rnn_cpu train_m2rnn_cpu build/test_train $(GPT2_TOKENIZER) $(CL100K_TOKENIZER)
 
 build/bench_cpu_step: dev/bench/bench_cpu_step.c train_m2rnn.c $(REF_HEADERS)
 	@mkdir -p build
@@ -83,11 +87,25 @@ train: train_m2rnn_cpu data
 	./train_m2rnn_cpu $(TRAIN_DATA) $(TRAIN_FLAGS_CPU) $(TRAIN_FLAGS)
 endif
 
+# text from the newest checkpoint of the default run, on the GPU where there is one: make generate PROMPT="..."
+PROMPT ?= It was a dark and stormy night
+GEN_FLAGS ?= -n 200 -temp 0.8 -topk 50
+GEN_CKPT = $$(ls log_default/ckpt_*.bin 2>/dev/null | tail -n 1)
+ifeq ($(HAVE_GPU)$(if $(NVCC),1,),11)
+generate: infer_m2rnn tokenizers
+	@ckpt=$(GEN_CKPT); [ -n "$$ckpt" ] || { echo "no checkpoint in log_default/: run make train first"; exit 1; }; \
+	./infer_m2rnn -e $$ckpt -p "$(PROMPT)" $(GEN_FLAGS)
+else
+generate: infer_m2rnn_cpu tokenizers
+	@ckpt=$(GEN_CKPT); [ -n "$$ckpt" ] || { echo "no checkpoint in log_default/: run make train first"; exit 1; }; \
+	./infer_m2rnn_cpu -e $$ckpt -p "$(PROMPT)" $(GEN_FLAGS)
+endif
+
 # ---------------------------------------------------------------------------------------------------------------
 # tokenizer and data pipeline (tokenizer.h, dataloader.h, dev/data/)
 
 DATA_PROGRAMS = tokenize
-DATA_TESTS = build/test_dataloader build/test_tokenizer test/test_data_pipeline.sh
+DATA_TESTS = build/test_dataloader build/test_tokenizer test/test_data_pipeline.sh test/test_infer.sh
 
 NODE_TOOLS = dev/data/node_tools
 NPM_STAMP = dev/data/.npm-stamp
@@ -219,13 +237,15 @@ build/bench_attention: dev/bench/bench_attention.cu $(ATTENTION_GPU_HEADERS)
 
 # every .cuh (a new layer kind's file needs no edit here)
 TRAINER_GPU_HEADERS = $(REF_HEADERS) $(wildcard *.cuh)
-TRAINER_PROGRAMS = train_m2rnn
+TRAINER_PROGRAMS = train_m2rnn infer_m2rnn
 TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32
 ifeq ($(PRECISION),FP32)
   TRAINER_PRECISION = -DENABLE_FP32
 endif
 
 train_m2rnn: train_m2rnn.cu $(TRAINER_GPU_HEADERS)
+	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
+infer_m2rnn: infer_m2rnn.cu $(TRAINER_GPU_HEADERS)
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
 
 # the CPU reference writes what the GPU test compares against
@@ -247,7 +267,11 @@ build/bench_train_step: dev/bench/bench_train_step.cu train_m2rnn.cu $(TRAINER_G
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
 
-CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step
+build/bench_infer: dev/bench/bench_infer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
+
+CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_infer
 CUDA_TESTS += $(TRAINER_TESTS)
 
 # ---------------------------------------------------------------------------------------------------------------

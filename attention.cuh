@@ -39,7 +39,7 @@ __global__ void rope_table_kernel(float2 *tab, int T, int HS, float theta) {
 
 // Rotates (inverse = 1: un-rotates) the q and k heads of `rows` token rows of W = (NH+2·NKV)·HS elements in place:
 // the NH q heads then the NKV k heads, contiguous at the row's start. Row r is at position r % T, its angles read
-// from tab; or, in the decode step, at pos[r] (tab NULL), its angles computed. A thread takes PACK pairs (16-byte
+// from tab; or, decoding (tab NULL, angles computed), at pos[r / T] + r % T: sequence r / T's T new tokens. A thread takes PACK pairs (16-byte
 // loads) where HS/2 is a multiple of PACK, else one.
 __global__ void attention_rope_kernel(floatX *qkv, long rows, int T, const float2 *tab, const int *pos, int NH,
                                       int NKV, int HS, float theta, int inverse) {
@@ -48,7 +48,7 @@ __global__ void attention_rope_kernel(floatX *qkv, long rows, int T, const float
     if (i >= rows * heads * chunks) { return; }
     const int c = (int)(i % chunks), h = (int)((i / chunks) % heads);
     const long r = i / ((long)chunks * heads);
-    const int t = pos != NULL ? pos[r] : (int)(r % T);
+    const int t = pos != NULL ? pos[r / T] + (int)(r % T) : (int)(r % T);
     floatX *x = qkv + r * (long)(NH + 2 * NKV) * HS + (long)h * HS + c * per;
     Pack lo, hi;
     if (per == PACK) {
@@ -80,7 +80,8 @@ __global__ void attention_rope_kernel(floatX *qkv, long rows, int T, const float
     }
 }
 
-// rows of qkv rotated at positions r % T (tab: a (T, HS/2) float2 scratch the table is written to) or pos[r]
+// rows of qkv rotated at positions r % T (tab: a (T, HS/2) float2 scratch the table is written to) or, decoding,
+// pos[r / T] + r % T
 static void attention_rope(floatX *qkv, long rows, int T, float2 *tab, const int *pos, const ModelConfig *c,
                            int inverse, cudaStream_t stream) {
     const int HS = c->attn.head_dim, half = HS / 2, per = half % PACK == 0 ? PACK : 1;
@@ -95,18 +96,28 @@ static void attention_rope(floatX *qkv, long rows, int T, float2 *tab, const int
     cudaCheck(cudaGetLastError());
 }
 
-// the decode step's token (qkv (B, W) rows, already rotated) appended to each sequence's cache at pos[b]: keys
-// (context, NKV·HS) then values at b·seq_stride elements
-__global__ void attention_append_kernel(floatX *cache, long seq_stride, const floatX *qkv, const int *pos, int B,
+// decoding: the new tokens (qkv (B·T, W) rows, already rotated; T a sequence) appended to each sequence's cache at
+// positions pos[b] .. pos[b] + T − 1: keys (context, NKV·HS) then values at b·seq_stride elements
+__global__ void attention_append_kernel(floatX *cache, long seq_stride, const floatX *qkv, const int *pos, int B, int T,
                                         int NH, int NKV, int HS, int context) {
     const int kv = NKV * HS;
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)B * kv) { return; }
-    const int b = (int)(i / kv), e = (int)(i % kv);
-    const floatX *row = qkv + (long)b * (NH * HS + 2 * kv) + NH * HS;
-    floatX *kc = cache + (long)b * seq_stride + (long)pos[b] * kv;
+    if (i >= (long)B * T * kv) { return; }
+    const long r = i / kv;
+    const int e = (int)(i % kv), b = (int)(r / T), t = (int)(r % T);
+    const floatX *row = qkv + r * (NH * HS + 2 * kv) + NH * HS;
+    floatX *kc = cache + (long)b * seq_stride + (long)(pos[b] + t) * kv;
     kc[e] = row[e];
     kc[(long)context * kv + e] = row[kv + e];
+}
+
+static void attention_append(floatX *cache, long seq_stride, const floatX *qkv, const int *pos, int B, int T,
+                             const ModelConfig *c, int context, cudaStream_t stream) {
+    const long n = (long)B * T * c->attn.kv_heads * c->attn.head_dim;
+    attention_append_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(cache, seq_stride, qkv, pos, B, T,
+                                                                             c->attn.heads, c->attn.kv_heads,
+                                                                             c->attn.head_dim, context);
+    cudaCheck(cudaGetLastError());
 }
 
 #if !FLOATX_IS_FP32
@@ -353,6 +364,13 @@ static void attention_core_backward(AttnScratch *s, const AttnActs *a, const Mod
     cudaCheck(cudaGetLastError());
 }
 
+// p1[b] = pos[b] + i: the positions of the i-th new token of each sequence
+__global__ void attention_offset_pos_kernel(int *p1, const int *pos, int B, int i) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b < B) { p1[b] = pos[b] + i; }
+}
+static inline size_t round_up_size(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
 // the decode step's attention, fp32 build: one block per (head, sequence), 4 warps each an online softmax over every
 // 4th position of 0..pos[b], combined at the end. q: the rotated qkv rows (B, W); cache as attention_append_kernel.
 #define DECODE_MAX_HS 256
@@ -469,10 +487,7 @@ static void attention_mixer_step(floatX *out, void *state, void *work, const flo
     floatX *cache = (floatX *)state;
     matmul_forward(a.qkv, inp, w->qkv_w, B, C, W, rt);
     if (c->attn.rope) { attention_rope(a.qkv, B, 1, NULL, pos, c, 0, rt->stream); }
-    const long n = (long)B * NKV * HS;
-    attention_append_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, rt->stream>>>(cache, seq, a.qkv, pos, B, NH, NKV,
-                                                                                 HS, context);
-    cudaCheck(cudaGetLastError());
+    attention_append(cache, seq, a.qkv, pos, B, 1, c, context, rt->stream);
     const float scale = 1.0f / sqrtf((float)HS);
 #if !FLOATX_IS_FP32
     // sequence b's split workspace follows its cache (seq elements, i.e. seq / 2 floats, apart)
@@ -490,8 +505,64 @@ static void attention_mixer_step(floatX *out, void *state, void *work, const flo
     matmul_forward(out, a.attn_y, w->out_w, B, inner, C, rt);
 }
 
+#if !FLOATX_IS_FP32
+// sequence b's key count after an advance: lens[b] = pos[b] + T
+__global__ void attention_lens_kernel(int *lens, const int *pos, int B, int T) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b < B) { lens[b] = pos[b] + T; }
+}
+#endif
+
+// B sequences advance by T tokens (a prefill chunk): the projection of the T tokens, RoPE at their positions, their k
+// and v appended to the caches; in the bf16 build the flash forward of the T queries against each cache (causal with
+// the shift pos[b]: the queries are the last T of pos[b] + T keys), in the fp32 build T steps
+static void attention_mixer_advance(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+                                    const ModelConfig *c, int B, int T, const int *pos, int context,
+                                    const Runtime *rt) {
+#if !FLOATX_IS_FP32
+    const int NH = c->attn.heads, NKV = c->attn.kv_heads, HS = c->attn.head_dim;
+    const long seq = (long)(attention_mixer_state_bytes(c, context) / sizeof(floatX)), kv = (long)NKV * HS;
+    floatX *cache = (floatX *)state;
+    const AttentionParams *w = (const AttentionParams *)t->w;
+    const int BT = B * T, C = c->d_model, inner = NH * HS, W = (NH + 2 * NKV) * HS;
+    AttnActs a;
+    const size_t acts_bytes = attention_acts_layout(&a, work, c, B, T);
+    AttnScratch s;
+    attention_scratch_layout(&s, (char *)work + acts_bytes, c, B, T);
+    int *lens = (int *)s.D; // B ints in the D scratch (B·T·NH floats)
+    matmul_forward(a.qkv, inp, w->qkv_w, BT, C, W, rt);
+    if (c->attn.rope) { attention_rope(a.qkv, BT, T, NULL, pos, c, 0, rt->stream); }
+    attention_append(cache, seq, a.qkv, pos, B, T, c, context, rt->stream);
+    attention_lens_kernel<<<CEIL_DIV(B, 128), 128, 0, rt->stream>>>(lens, pos, B, T);
+    cudaCheck(cudaGetLastError());
+    AttnDims d;
+    memset(&d, 0, sizeof(d));
+    d.B = B; d.Lq = T; d.Lk = context; d.NH = NH; d.NKV = NKV; d.HS = HS; d.causal = 1;
+    d.scale = 1.0f / sqrtf((float)HS);
+    d.q_row = W; d.q_seq = (long)T * W; d.k_row = d.v_row = kv; d.k_seq = d.v_seq = seq;
+    d.o_row = inner; d.o_seq = (long)T * inner; d.len_k = lens;
+    flash_attention_forward(a.attn_y, a.lse, a.qkv, cache, cache + (long)context * kv, &d, rt->stream);
+    matmul_forward(out, a.attn_y, w->out_w, BT, inner, C, rt);
+#else
+    // one token of every sequence at a time: its rows gathered to (B, C), the step, its outputs scattered back
+    const int C = c->d_model;
+    floatX *x1 = (floatX *)work, *y1 = x1 + (size_t)B * C;
+    int *p1 = (int *)(y1 + (size_t)B * C);
+    void *step_work = (char *)work + round_up_size((size_t)B * (2 * C * sizeof(floatX) + sizeof(int)), 256);
+    for (int i = 0; i < T; i++) {
+        cudaCheck(cudaMemcpy2DAsync(x1, C * sizeof(floatX), inp + (long)i * C, (size_t)T * C * sizeof(floatX),
+                                    C * sizeof(floatX), B, cudaMemcpyDeviceToDevice, rt->stream));
+        attention_offset_pos_kernel<<<CEIL_DIV(B, 128), 128, 0, rt->stream>>>(p1, pos, B, i);
+        cudaCheck(cudaGetLastError());
+        attention_mixer_step(y1, state, step_work, x1, t, c, B, p1, context, rt);
+        cudaCheck(cudaMemcpy2DAsync(out + (long)i * C, (size_t)T * C * sizeof(floatX), y1, C * sizeof(floatX),
+                                    C * sizeof(floatX), B, cudaMemcpyDeviceToDevice, rt->stream));
+    }
+#endif
+}
+
 static const KindOps ATTENTION_OPS = {'A', attention_mixer_acts_bytes, attention_mixer_scratch_bytes,
                                       attention_mixer_forward, attention_mixer_backward, attention_mixer_state_bytes,
-                                      attention_mixer_step};
+                                      attention_mixer_step, attention_mixer_advance};
 
 #endif // M2RNN_ATTENTION_CUH

@@ -650,6 +650,11 @@ typedef struct {
     // + scratch_bytes(c, B, 1) bytes for temporaries
     void (*step)(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t, const ModelConfig *c,
                  int B, const int *pos, int context, const Runtime *rt);
+    // B sequences advance by T tokens each (a prompt's prefill, in chunks): out (B,T,C) from inp (B,T,C) through the
+    // training forward's kernels from and back into the states; pos (B, device) each sequence's first new position;
+    // work: decode_work_bytes(c, B, T). NULL for stateless kinds (the feed-forwards), which the block runs forward.
+    void (*advance)(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+                    const ModelConfig *c, int B, int T, const int *pos, int context, const Runtime *rt);
 } KindOps;
 
 #endif // M2RNN_COMMON_CUH

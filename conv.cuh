@@ -3,7 +3,8 @@ conv.cuh: the depthwise causal conv1d with SiLU on the GPU, mirroring ref/conv.h
 baseline run it over their projected inputs (GDN and Mamba-2 next). pre[t, c] = Σ_{j<W} w[c, j] · x[t − (W−1) + j, c],
 zeros before t = 0; act = SiLU(pre). x is a view with row stride x_stride; pre, act are dense. The backward gathers
 (no atomics) and reduces the weight gradient through fixed-order per-chunk partials: deterministic. The decode step
-keeps each sequence's last W−1 inputs (fp32, exact copies of the bf16 inputs) and computes what the forward does.
+keeps each sequence's last W−1 inputs (fp32, exact copies of the bf16 inputs) and computes what the forward does; the
+advance (a prefill chunk of T tokens) continues from the same window.
 */
 #ifndef M2RNN_CONV_CUH
 #define M2RNN_CONV_CUH
@@ -108,6 +109,50 @@ __global__ void conv1d_silu_step_kernel(floatX *act, float *state, long state_st
 static void conv1d_silu_step(floatX *act, float *state, long state_stride, const floatX *x, const floatX *w, int B,
                              int CD, int W, int x_stride, cudaStream_t stream) {
     conv1d_silu_step_kernel<<<B, 256, 0, stream>>>(act, state, state_stride, x, w, CD, W, x_stride);
+    cudaCheck(cudaGetLastError());
+}
+
+// B sequences continuing from their windows: pre, act (B,T,CD) from x (B·T rows of stride x_stride), the taps
+// before a sequence's first new token read its window (fp32 (W−1, CD) at b·state_stride: exact copies of the bf16
+// inputs, so the sums are the forward's). One block per (b, t).
+__global__ void conv1d_silu_advance_kernel(floatX *pre, floatX *act, const float *state, long state_stride,
+                                           const floatX *x, const floatX *w, int T, int CD, int W, int x_stride) {
+    const long bt = blockIdx.x;
+    const int t = (int)(bt % T), b = (int)(bt / T);
+    const float *s = state + (long)b * state_stride;
+    for (int c = threadIdx.x; c < CD; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < W; j++) {
+            const int ts = t - (W - 1) + j;
+            const float xv = ts >= 0 ? to_float(x[(bt - t + ts) * x_stride + c]) : s[(W - 1 + ts) * CD + c];
+            acc += to_float(w[c * W + j]) * xv;
+        }
+        const floatX p = (floatX)acc;
+        pre[bt * CD + c] = p;
+        act[bt * CD + c] = (floatX)silu_f(to_float(p));
+    }
+}
+
+// then each window becomes the last W−1 inputs of (window ++ the T new rows); thread per (b, c), rows in order
+__global__ void conv1d_window_update_kernel(float *state, long state_stride, const floatX *x, int B, int T, int CD, int W,
+                                            int x_stride) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)B * CD) { return; }
+    const int b = (int)(i / CD), c = (int)(i % CD);
+    float *s = state + (long)b * state_stride;
+    for (int r = 0; r < W - 1; r++) {
+        const int u = T + r; // row of (window ++ new rows) that becomes row r
+        s[r * CD + c] = u < W - 1 ? s[u * CD + c] : to_float(x[((long)b * T + u - (W - 1)) * x_stride + c]);
+    }
+}
+
+// the advance of decoding (ref/conv.h's twin): act, pre (B,T,CD) and the windows updated
+static void conv1d_silu_advance(floatX *pre, floatX *act, float *state, long state_stride, const floatX *x,
+                                const floatX *w, int B, int T, int CD, int W, int x_stride, cudaStream_t stream) {
+    conv1d_silu_advance_kernel<<<B * T, 256, 0, stream>>>(pre, act, state, state_stride, x, w, T, CD, W, x_stride);
+    cudaCheck(cudaGetLastError());
+    conv1d_window_update_kernel<<<(unsigned)CEIL_DIV((long)B * CD, 256L), 256, 0, stream>>>(state, state_stride, x, B, T,
+                                                                                            CD, W, x_stride);
     cudaCheck(cudaGetLastError());
 }
 

@@ -40,12 +40,19 @@ static void model_write_state(Model *model, const void *params, const void *m, c
 // the padded logits (Vp) of position (b, t) of the last forward, to host memory
 static void model_logits_row(Model *model, int b, int t, float *out);
 
-// decoding, one token at a time with each layer's decode state (layers.h): begin allocates the state of B sequences
-// of up to `context` tokens and empties it; step feeds tokens (B) at positions pos (B) (each < context, one more
-// than the sequence's last) and leaves their next-token logits, read by model_decode_logits (Vp floats)
+// decoding with each layer's decode state (layers.h): begin allocates the state of B sequences of up to `context`
+// tokens and empties it. advance feeds sequences b0 .. b0+nb−1 T tokens each (tokens (nb, T), host), starting at
+// positions pos (nb, host; each the sequence's current length, pos + T ≤ context): a prompt's prefill (in chunks,
+// through the training forward's ops from the state) or, with T = 1, one step; it leaves each sequence's next-token
+// logits, read by model_decode_logits (Vp floats). step advances all B sequences by one token. A prefill in chunks
+// equals one whole prefill (on the CPU bit for bit). The state of one sequence moves to and from host memory
+// (model_decode_state_size bytes; the same context) to save a prompt's state and resume from it later.
 static void model_decode_begin(Model *model, int B, int context);
+static void model_decode_advance(Model *model, int b0, int nb, const int *tokens, int T, const int *pos);
 static void model_decode_step(Model *model, const int *tokens, const int *pos);
 static void model_decode_logits(Model *model, int b, float *out);
+static size_t model_decode_state_size(const Model *model);
+static void model_decode_state_io(Model *model, int b, void *buf, int save); // save = 1: state → buf; 0: buf → state
 
 // the executor
 static const char *executor_name(void);      // for banners and usage

@@ -236,7 +236,25 @@ static void gru_mixer_step(floatX *out, void *state, void *work, const floatX *i
     matmul_forward(out, a.normed, w->out_w, B, NV, C, rt);
 }
 
+// B sequences advance by T tokens (a prefill chunk): the forward's kernel from and back into each h
+static void gru_mixer_advance(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+                              const ModelConfig *c, int B, int T, const int *pos, int context, const Runtime *rt) {
+    const GRUParams *w = (const GRUParams *)t->w;
+    GRUActs a;
+    gru_acts_layout(&a, work, c, B, T);
+    const int BT = B * T, C = c->d_model, N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V, Rs = gru_proj_stride(c);
+    cudaStream_t stream = rt->stream;
+    float *h = (float *)state;
+    matmul_forward_strided(a.proj, Rs, inp, w->in_w, BT, C, 4 * NV, rt);
+    gru_forward_kernel<<<dim3(N, B), WARP_SIZE, 0, stream>>>(a.y, NULL, h, h, (long)NV, a.proj, Rs, w->U_r, w->U_z,
+                                                              w->U_n, T, N, V);
+    cudaCheck(cudaGetLastError());
+    output_gate_forward(a.y, a.gated, NULL, a.proj + 3 * NV, NULL, BT, NV, 0, Rs, stream);
+    rmsnorm_forward(a.normed, a.rstd, NULL, a.gated, NULL, w->norm_w, BT, NV, stream);
+    matmul_forward(out, a.normed, w->out_w, BT, NV, C, rt);
+}
+
 static const KindOps GRU_OPS = {'U', gru_mixer_acts_bytes, gru_mixer_scratch_bytes, gru_mixer_forward,
-                                gru_mixer_backward, gru_mixer_state_bytes, gru_mixer_step};
+                                gru_mixer_backward, gru_mixer_state_bytes, gru_mixer_step, gru_mixer_advance};
 
 #endif // M2RNN_GRU_CUH

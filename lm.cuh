@@ -74,11 +74,15 @@ struct Model {
     int dec_B, dec_context;
     void *dec_memory;
     void *dec_state[MAX_LAYERS];   // (B, state_bytes) of each layer's mixer
-    floatX *dec_x, *dec_norm, *dec_branch; // (B,C)
-    float *dec_rstd;               // (B)
+    int dec_rows;                  // rows of the buffers below: max(B, DECODE_ROWS)
+    floatX *dec_x, *dec_norm, *dec_branch; // (rows, C) the residual stream of a step or a prefill chunk
+    float *dec_rstd;               // (rows)
     floatX *dec_logits;            // (B,Vp)
-    int *dec_tokens, *dec_pos;     // (B) each
-    void *dec_work;                // the kinds' step temporaries
+    int *dec_tokens, *dec_pos;     // (rows), (B)
+    void *dec_work;                // the kinds' step and advance temporaries
+    cudaGraphExec_t dec_graph;     // the step of all B sequences, captured (NULL: not yet, or not possible)
+    int dec_steps;                 // eager steps since begin (the second is captured: the first sets kernel attributes)
+    int dec_graph_off;             // 1: run eagerly (M2RNN_NO_GRAPH=1, or a capture failed)
 };
 
 static const ModelConfig *model_config(const Model *model) { return &model->config; }
@@ -323,6 +327,7 @@ static void model_free(Model *model) {
     if (model->m_memory != NULL) { cudaCheck(cudaFree(model->m_memory)); cudaCheck(cudaFree(model->v_memory)); }
     if (model->acts_memory != NULL) { cudaCheck(cudaFree(model->acts_memory)); }
     if (model->dec_memory != NULL) { cudaCheck(cudaFree(model->dec_memory)); }
+    if (model->dec_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_graph)); }
     if (model->buckets.device != NULL) { cudaCheck(cudaFree(model->buckets.device)); }
     free(model->buckets.host);
     free(model->inputs_host);
@@ -374,32 +379,46 @@ static void model_logits_row(Model *model, int b, int t, float *out) {
 // ----------------------------------------------------------------------------------------------------------------
 // decoding
 
+#define DECODE_ROWS 2048 // tokens (sequences × chunk) a prefill chunk runs through the forward's kernels at once
+
 static void model_decode_begin(Model *model, int B, int context) {
     const ModelConfig *c = &model->config;
     const Runtime *rt = &model->rt;
     const size_t C = (size_t)c->d_model;
     if (B < 1 || context < 1) { fail_with_hint("decode at least one sequence of one token", "model_decode_begin(B=%d, context=%d)", B, context); }
     if (model->dec_memory != NULL) { cudaCheck(cudaFree(model->dec_memory)); }
+    if (model->dec_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_graph)); model->dec_graph = NULL; }
+    model->dec_steps = 0;
+    const char *no_graph = getenv("M2RNN_NO_GRAPH");
+    model->dec_graph_off = no_graph != NULL && strcmp(no_graph, "1") == 0;
+    const int rows = B > DECODE_ROWS ? B : DECODE_ROWS;
+    // the temporaries of a step (B, 1) and of the largest prefill chunks: one sequence of DECODE_ROWS tokens, or all B
+    // sequences of DECODE_ROWS / B
+    const int shapes[3][2] = {{B, 1}, {1, DECODE_ROWS}, {B, DECODE_ROWS / B > 0 ? DECODE_ROWS / B : 1}};
     size_t work = 0;
     for (int l = 0; l < c->n_layer; l++) {
         const KindOps *k[2] = {model->mixer_ops[l], model->ffn_ops[l]};
         for (int i = 0; i < 2; i++) {
-            const size_t w = k[i]->acts_bytes(c, B, 1, rt) + k[i]->scratch_bytes(c, B, 1, rt);
-            work = w > work ? w : work;
+            for (int sh = 0; sh < 3; sh++) {
+                const size_t w = k[i]->acts_bytes(c, shapes[sh][0], shapes[sh][1], rt) +
+                                 k[i]->scratch_bytes(c, shapes[sh][0], shapes[sh][1], rt);
+                work = w > work ? w : work;
+            }
         }
     }
+    work += (size_t)B * (2 * C * sizeof(floatX) + sizeof(int)) + 512; // the fp32 attention advance's per-token rows
     for (int pass = 0; pass < 2; pass++) { // measure, then point into one allocation
         DeviceArena a = {(char *)model->dec_memory, 0};
         for (int l = 0; l < c->n_layer; l++) {
             model->dec_state[l] = take(&a, (size_t)B * model->mixer_ops[l]->state_bytes(c, context));
         }
         const size_t state_bytes = a.used;
-        model->dec_x = TAKE_X(&a, B * C);
-        model->dec_norm = TAKE_X(&a, B * C);
-        model->dec_branch = TAKE_X(&a, B * C);
-        model->dec_rstd = TAKE_F(&a, B);
+        model->dec_x = TAKE_X(&a, rows * C);
+        model->dec_norm = TAKE_X(&a, rows * C);
+        model->dec_branch = TAKE_X(&a, rows * C);
+        model->dec_rstd = TAKE_F(&a, rows);
         model->dec_logits = TAKE_X(&a, (size_t)B * c->padded_vocab_size);
-        model->dec_tokens = (int *)take(&a, (size_t)B * sizeof(int));
+        model->dec_tokens = (int *)take(&a, (size_t)rows * sizeof(int));
         model->dec_pos = (int *)take(&a, (size_t)B * sizeof(int));
         model->dec_work = take(&a, work);
         if (pass == 0) {
@@ -414,42 +433,135 @@ static void model_decode_begin(Model *model, int B, int context) {
         }
     }
     model->dec_B = B;
+    model->dec_rows = rows;
     model->dec_context = context;
 }
 
-static void model_decode_step(Model *model, const int *tokens, const int *pos) {
+// sequences b0 .. b0+nb−1 run T tokens each through the layers (T = 1: the kinds' step kernels; T > 1: their advance,
+// the forward's kernels from the states); dec_tokens (nb·T) and dec_pos (nb) are on the device. The residual stream
+// is added and normed as the training forward does (rmsnorm with the residual fused), then each sequence's last row
+// makes its next-token logits.
+static void decode_run(Model *model, int b0, int nb, int T) {
     const ModelConfig *c = &model->config;
     const Runtime *rt = &model->rt;
     cudaStream_t stream = rt->stream;
-    const int B = model->dec_B, C = c->d_model;
-    if (B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_step without a decode state"); }
-    model_check_tokens(tokens, (size_t)B, c->vocab_size, "decode");
-    for (int b = 0; b < B; b++) {
-        if (pos[b] < 0 || pos[b] >= model->dec_context) {
-            fail_with_hint("begin decoding with a longer context", "decode position %d of sequence %d is outside the "
-                           "context of %d tokens", pos[b], b, model->dec_context);
-        }
-    }
-    cudaCheck(cudaMemcpyAsync(model->dec_tokens, tokens, (size_t)B * sizeof(int), cudaMemcpyHostToDevice, stream));
-    cudaCheck(cudaMemcpyAsync(model->dec_pos, pos, (size_t)B * sizeof(int), cudaMemcpyHostToDevice, stream));
-    embedding_forward(model->dec_x, model->dec_tokens, model->params.wte, B, C, stream);
-    rmsnorm_forward(model->dec_norm, model->dec_rstd, NULL, model->dec_x, NULL, model->params.layers[0].ln1_w, B, C,
+    const int C = c->d_model, n = nb * T, Vp = c->padded_vocab_size;
+    embedding_forward(model->dec_x, model->dec_tokens, model->params.wte, n, C, stream);
+    rmsnorm_forward(model->dec_norm, model->dec_rstd, NULL, model->dec_x, NULL, model->params.layers[0].ln1_w, n, C,
                     stream);
     for (int l = 0; l < c->n_layer; l++) {
         const ModelParamsLayer *w = &model->params.layers[l];
         const ModelParams32Layer *w32 = &model->master.layers[l];
         const KindTensors tm = kind_tensors(w->mixer, w32->mixer, NULL), tf = kind_tensors(w->ffn, w32->ffn, NULL);
-        model->mixer_ops[l]->step(model->dec_branch, model->dec_state[l], model->dec_work, model->dec_norm, &tm, c, B,
-                                  model->dec_pos, model->dec_context, rt);
-        rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, model->dec_x, model->dec_branch, w->ln2_w, B, C,
+        const KindOps *mx = model->mixer_ops[l], *ff = model->ffn_ops[l];
+        void *state = (char *)model->dec_state[l] + (size_t)b0 * mx->state_bytes(c, model->dec_context);
+        if (T == 1) {
+            mx->step(model->dec_branch, state, model->dec_work, model->dec_norm, &tm, c, nb, model->dec_pos,
+                     model->dec_context, rt);
+        } else {
+            mx->advance(model->dec_branch, state, model->dec_work, model->dec_norm, &tm, c, nb, T, model->dec_pos,
+                        model->dec_context, rt);
+        }
+        rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, model->dec_x, model->dec_branch, w->ln2_w, n, C,
                         stream);
-        model->ffn_ops[l]->step(model->dec_branch, NULL, model->dec_work, model->dec_norm, &tf, c, B, model->dec_pos,
-                                model->dec_context, rt);
+        if (T == 1) {
+            ff->step(model->dec_branch, NULL, model->dec_work, model->dec_norm, &tf, c, nb, model->dec_pos,
+                     model->dec_context, rt);
+        } else {
+            const size_t acts = ff->acts_bytes(c, nb, T, rt);
+            ff->forward(model->dec_branch, model->dec_work, (char *)model->dec_work + acts, model->dec_norm, &tf, c, nb,
+                        T, rt);
+        }
         const floatX *next_w = l + 1 < c->n_layer ? model->params.layers[l + 1].ln1_w : model->params.lnf_w;
-        rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, model->dec_x, model->dec_branch, next_w, B, C,
+        rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, model->dec_x, model->dec_branch, next_w, n, C,
                         stream);
     }
-    matmul_forward(model->dec_logits, model->dec_norm, model->params.lm_head, B, C, c->padded_vocab_size, rt);
+    const floatX *last = model->dec_norm;
+    if (T > 1) { // each sequence's last row
+        cudaCheck(cudaMemcpy2DAsync(model->dec_branch, C * sizeof(floatX), model->dec_norm + (size_t)(T - 1) * C,
+                                    (size_t)T * C * sizeof(floatX), C * sizeof(floatX), nb, cudaMemcpyDeviceToDevice,
+                                    stream));
+        last = model->dec_branch;
+    }
+    matmul_forward(model->dec_logits + (size_t)b0 * Vp, last, model->params.lm_head, nb, C, Vp, rt);
+}
+
+// the step of all B sequences (tokens and positions already in dec_tokens, dec_pos) as one CUDA graph: captured on
+// the second step (the first runs eagerly and sets the kernels' attributes), replayed after that, so a step costs one
+// launch instead of a few hundred. Eager when M2RNN_NO_GRAPH=1, or (with a warning) when the capture fails.
+static void decode_step_graph(Model *model) {
+    cudaStream_t stream = model->rt.stream;
+    if (model->dec_graph == NULL && !model->dec_graph_off && model->dec_steps >= 1) {
+        cudaGraph_t graph = NULL;
+        cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+        if (err == cudaSuccess) {
+            decode_run(model, 0, model->dec_B, 1);
+            err = cudaStreamEndCapture(stream, &graph);
+        }
+        if (err == cudaSuccess) { err = cudaGraphInstantiate(&model->dec_graph, graph, 0); }
+        if (graph != NULL) { cudaGraphDestroy(graph); }
+        if (err != cudaSuccess) {
+            fprintf(stderr, "warning: the decode step could not be captured as a CUDA graph (%s); stepping eagerly\n",
+                    cudaGetErrorString(err));
+            (void)cudaGetLastError();
+            model->dec_graph = NULL;
+            model->dec_graph_off = 1;
+        }
+    }
+    if (model->dec_graph != NULL) {
+        cudaCheck(cudaGraphLaunch(model->dec_graph, stream));
+    } else {
+        decode_run(model, 0, model->dec_B, 1);
+        model->dec_steps++;
+    }
+}
+
+static void model_decode_advance(Model *model, int b0, int nb, const int *tokens, int T, const int *pos) {
+    const ModelConfig *c = &model->config;
+    cudaStream_t stream = model->rt.stream;
+    decode_check_advance(model->dec_B, model->dec_context, b0, nb, T, pos);
+    model_check_tokens(tokens, (size_t)nb * T, c->vocab_size, "decode");
+    const int CH = T == 1 ? 1 : (DECODE_ROWS / nb > 0 ? DECODE_ROWS / nb : 1); // tokens a chunk, every sequence
+    int *tok = (int *)mallocCheck((size_t)nb * (CH < T ? CH : T) * sizeof(int)), *cpos = (int *)mallocCheck((size_t)nb * sizeof(int));
+    for (int s0 = 0; s0 < T; s0 += CH) {
+        const int Tc = T - s0 < CH ? T - s0 : CH;
+        for (int i = 0; i < nb; i++) {
+            memcpy(tok + (size_t)i * Tc, tokens + (size_t)i * T + s0, (size_t)Tc * sizeof(int));
+            cpos[i] = pos[i] + s0;
+        }
+        cudaCheck(cudaMemcpyAsync(model->dec_tokens, tok, (size_t)nb * Tc * sizeof(int), cudaMemcpyHostToDevice, stream));
+        cudaCheck(cudaMemcpyAsync(model->dec_pos, cpos, (size_t)nb * sizeof(int), cudaMemcpyHostToDevice, stream));
+        if (Tc == 1 && b0 == 0 && nb == model->dec_B) {
+            decode_step_graph(model);
+        } else {
+            decode_run(model, b0, nb, Tc);
+        }
+        cudaCheck(cudaStreamSynchronize(stream)); // the host buffers are reused by the next chunk
+    }
+    free(tok);
+    free(cpos);
+}
+
+static void model_decode_step(Model *model, const int *tokens, const int *pos) {
+    if (model->dec_B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_step without a decode state"); }
+    model_decode_advance(model, 0, model->dec_B, tokens, 1, pos);
+}
+
+// the decode state of sequence b (every layer's, in layer order) to host memory / back
+static size_t model_decode_state_size(const Model *model) {
+    size_t n = 0;
+    for (int l = 0; l < model->config.n_layer; l++) { n += model->mixer_ops[l]->state_bytes(&model->config, model->dec_context); }
+    return n;
+}
+static void model_decode_state_io(Model *model, int b, void *buf, int save) {
+    char *p = (char *)buf;
+    for (int l = 0; l < model->config.n_layer; l++) {
+        const size_t S = model->mixer_ops[l]->state_bytes(&model->config, model->dec_context);
+        char *st = (char *)model->dec_state[l] + (size_t)b * S;
+        cudaCheck(cudaMemcpy(save ? (void *)p : (void *)st, save ? (const void *)st : (const void *)p, S,
+                             save ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice));
+        p += S;
+    }
 }
 
 static void model_decode_logits(Model *model, int b, float *out) {

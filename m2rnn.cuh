@@ -458,7 +458,45 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, const floatX 
     matmul_forward(out, a.normed, w->out_w, B, NV, C, rt);
 }
 
+// B sequences advance by T tokens (a prefill chunk): the forward's kernels from the states (the conv from each window,
+// the recurrence from each H: the tensor-core forward, one sequence at a time since its h0/hT are (B,N,K,V) dense, or
+// the plain one with the state stride), both left updated
+static void m2rnn_mixer_advance(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+                                const ModelConfig *c, int B, int T, const int *pos, int context, const Runtime *rt) {
+    const M2RNNParams *w = (const M2RNNParams *)t->w;
+    const M2RNNParams32 *w32 = (const M2RNNParams32 *)t->w32;
+    M2RNNActs a;
+    m2rnn_acts_layout(&a, work, c, B, T, rt);
+    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), Rs = m2rnn_proj_stride(c), CD = m2rnn_conv_dim(c);
+    const int N = c->m2rnn.heads, K = c->m2rnn.k, V = c->m2rnn.v, NV = N * V, Nq = c->m2rnn.qk_heads;
+    const long stride = (long)(m2rnn_mixer_state_bytes(c, context) / sizeof(float));
+    float *window = (float *)state, *H = window + (size_t)(c->m2rnn.conv - 1) * CD;
+    cudaStream_t stream = rt->stream;
+    matmul_forward_strided(a.proj, Rs, inp, w->in_w, BT, C, R, rt);
+    conv1d_silu_advance(a.conv_pre, a.conv_act, window, stride, a.proj, w->conv_w, B, T, CD, c->m2rnn.conv, Rs, stream);
+    decay_gate_forward(a.f, a.proj + CD, w32->A_log, w32->dt_bias, BT, N, Rs, stream);
+    const floatX *q = a.conv_act, *k = a.conv_act + Nq * K, *v = a.conv_act + 2 * Nq * K;
+#if !FLOATX_IS_FP32
+    if (m2rnn_use_fast(c, rt)) {
+        const M2RNNDims d = m2rnn_dims_of(c, 1, T);
+        for (int b = 0; b < B; b++) {
+            const long r0 = (long)b * T;
+            float *Hb = H + (long)b * stride;
+            m2rnn_forward(a.y + r0 * NV, Hb, NULL, q + r0 * CD, k + r0 * CD, v + r0 * CD, a.f + r0 * N, w->W, Hb, &d,
+                          stream);
+        }
+    } else
+#endif
+    {
+        m2rnn_plain_forward(a.y, NULL, H, H, stride, q, k, v, CD, a.f, w->W, B, T, N, Nq, K, V, stream);
+    }
+    output_gate_forward(a.y, a.gated, v, a.proj + CD + N, w->D, BT, NV, CD, Rs, stream);
+    rmsnorm_forward(a.normed, a.rstd, NULL, a.gated, NULL, w->norm_w, BT, NV, stream);
+    matmul_forward(out, a.normed, w->out_w, BT, NV, C, rt);
+}
+
 static const KindOps M2RNN_OPS = {'M', m2rnn_mixer_acts_bytes, m2rnn_mixer_scratch_bytes, m2rnn_mixer_forward,
-                                  m2rnn_mixer_backward, m2rnn_mixer_state_bytes, m2rnn_mixer_step};
+                                  m2rnn_mixer_backward, m2rnn_mixer_state_bytes, m2rnn_mixer_step,
+                                  m2rnn_mixer_advance};
 
 #endif // M2RNN_M2RNN_CUH

@@ -490,6 +490,22 @@ static void model_init_parameters(float *params, const ParamTable *t, uint64_t s
     }
 }
 
+// refuses an advance of decoding that does not fit the decode state: sequences b0 .. b0+nb−1 of B, T ≥ 1 new tokens
+// at positions pos (host) with pos + T ≤ context
+static void decode_check_advance(int B, int context, int b0, int nb, int T, const int *pos) {
+    if (B == 0) { fail_with_hint("call model_decode_begin first", "decoding without a decode state"); }
+    if (b0 < 0 || nb < 1 || b0 + nb > B || T < 1) {
+        fail_with_hint("advance sequences that model_decode_begin allocated, by at least one token",
+                       "decode advance of sequences %d..%d (of %d) by %d tokens", b0, b0 + nb - 1, B, T);
+    }
+    for (int i = 0; i < nb; i++) {
+        if (pos[i] < 0 || (long)pos[i] + T > context) {
+            fail_with_hint("begin decoding with a longer context", "decode positions %d..%d of sequence %d are outside "
+                           "the context of %d tokens", pos[i], pos[i] + T - 1, b0 + i, context);
+        }
+    }
+}
+
 // refuses token ids outside [0, vocab_size) with one line naming the position and the fix
 static void model_check_tokens(const int *tokens, size_t n, int vocab_size, const char *what) {
     for (size_t i = 0; i < n; i++) {

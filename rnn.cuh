@@ -227,7 +227,29 @@ static void rnn_mixer_step(floatX *out, void *state, void *work, const floatX *i
     matmul_forward(out, a.normed, w->out_w, B, NV, C, rt);
 }
 
+// B sequences advance by T tokens (a prefill chunk): the forward's kernels from and back into the windows and h
+static void rnn_mixer_advance(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+                              const ModelConfig *c, int B, int T, const int *pos, int context, const Runtime *rt) {
+    const RNNParams *w = (const RNNParams *)t->w;
+    const RNNParams32 *w32 = (const RNNParams32 *)t->w32;
+    RNNActs a;
+    rnn_acts_layout(&a, work, c, B, T);
+    const int BT = B * T, C = c->d_model, R = rnn_proj_rows(c), Rs = rnn_proj_stride(c);
+    const int N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V;
+    const long stride = (long)(rnn_mixer_state_bytes(c, context) / sizeof(float));
+    float *window = (float *)state, *h = window + (size_t)(c->vrnn.conv - 1) * NV;
+    cudaStream_t stream = rt->stream;
+    matmul_forward_strided(a.proj, Rs, inp, w->in_w, BT, C, R, rt);
+    conv1d_silu_advance(a.conv_pre, a.u, window, stride, a.proj, w->conv_w, B, T, NV, c->vrnn.conv, Rs, stream);
+    decay_gate_forward(a.f, a.proj + NV, w32->A_log, w32->dt_bias, BT, N, Rs, stream);
+    rnn_forward_kernel<<<dim3(N, B), WARP_SIZE, 0, stream>>>(a.y, NULL, h, h, stride, a.u, NV, a.f, w->W, T, N, V);
+    cudaCheck(cudaGetLastError());
+    output_gate_forward(a.y, a.gated, a.u, a.proj + NV + N, w->D, BT, NV, NV, Rs, stream);
+    rmsnorm_forward(a.normed, a.rstd, NULL, a.gated, NULL, w->norm_w, BT, NV, stream);
+    matmul_forward(out, a.normed, w->out_w, BT, NV, C, rt);
+}
+
 static const KindOps RNN_OPS = {'R', rnn_mixer_acts_bytes, rnn_mixer_scratch_bytes, rnn_mixer_forward,
-                                rnn_mixer_backward, rnn_mixer_state_bytes, rnn_mixer_step};
+                                rnn_mixer_backward, rnn_mixer_state_bytes, rnn_mixer_step, rnn_mixer_advance};
 
 #endif // M2RNN_RNN_CUH

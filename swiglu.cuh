@@ -123,6 +123,7 @@ static void swiglu_ffn_step(floatX *out, void *state, void *work, const floatX *
 }
 
 static const KindOps SWIGLU_OPS = {'s', swiglu_ffn_acts_bytes, swiglu_ffn_scratch_bytes, swiglu_ffn_forward,
-                                   swiglu_ffn_backward, swiglu_ffn_state_bytes, swiglu_ffn_step};
+                                   swiglu_ffn_backward, swiglu_ffn_state_bytes, swiglu_ffn_step,
+                                   NULL}; // stateless: a prefill runs forward
 
 #endif // M2RNN_SWIGLU_CUH

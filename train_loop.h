@@ -106,11 +106,6 @@ static TrainOptions train_options_default(void) {
 // ----------------------------------------------------------------------------------------------------------------
 // small helpers
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 static double wall_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

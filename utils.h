@@ -153,6 +153,11 @@ static inline void create_dir_if_not_exists(const char *dir) {
     }
 }
 
+static inline int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // CLI parsing: "-x value" pairs. Each parser takes the flag for its message and refuses trailing junk.
 

@@ -1,6 +1,6 @@
 /*
 ref/attention.h: the CPU reference of causal multi-head softmax attention (the A row of layers.h), forward and
-hand-written backward, and the single-token step of decoding against a KV cache.
+hand-written backward, and the advance of decoding (prefill and step) against a KV cache.
 qkv = x W_qkvᵀ (rows q (NH·HS) | k (NKV·HS) | v (NKV·HS), heads contiguous inside each), optional RoPE on q and k,
 softmax(q kᵀ / sqrt(HS)) over the causal past, output projection; no biases. GQA: query head h attends with kv head
 h / (NH / NKV) (NKV = NH: multi-head attention; NKV = 1: multi-query). NoPE is the default (the paper's hybrids); RoPE (θ = 10000) rotates
@@ -168,34 +168,48 @@ static void attention_mixer_backward(real *dinp, real *scratch, const real *dout
     matmul_backward(dinp, gw->qkv_w, g.qkv, inp, w->qkv_w, B * T, C, (NH + 2 * NKV) * HS);
 }
 
-// One token of B sequences. A sequence's state is its KV cache: keys then values, (context, NKV·HS) each; the token
-// at pos is appended and attends to positions 0..pos.
-static void attention_mixer_step(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c,
-                                 int B, const int *pos, int context) {
+// Decoding: B sequences advance by T tokens. A sequence's state is its KV cache: keys then values, (context, NKV·HS)
+// each; the new tokens (positions pos[b] .. pos[b] + T − 1) are rotated at their positions, appended, and attend to
+// every position up to their own, each query through attention_row as the forward: the same numbers.
+static void attention_mixer_advance(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c,
+                                    int B, int T, const int *pos, int context) {
     const AttentionParams *w = (const AttentionParams *)t->w;
     const int C = c->d_model, NH = c->attn.heads, NKV = c->attn.kv_heads, HS = c->attn.head_dim, inner = NH * HS;
     const size_t S = attention_decode_state(c, context), kv = (size_t)NKV * HS, W = inner + 2 * kv;
+    const int BT = B * T;
     const real scale = (real)(1.0 / sqrt((double)HS));
-    real *qkv = (real *)mallocCheck((size_t)B * W * sizeof(real));
-    real *y = (real *)mallocCheck((size_t)B * inner * sizeof(real));
-    real *p = (real *)mallocCheck((size_t)context * sizeof(real));
-    matmul_forward(qkv, inp, w->qkv_w, B, C, (int)W);
+    real *qkv = (real *)mallocCheck((size_t)BT * W * sizeof(real));
+    real *y = (real *)mallocCheck((size_t)BT * inner * sizeof(real));
+    matmul_forward(qkv, inp, w->qkv_w, BT, C, (int)W);
     for (int b = 0; b < B; b++) {
-        real *row = qkv + (size_t)b * W, *kc = state + b * S, *vc = kc + (size_t)context * kv;
-        if (c->attn.rope) { rope_row(row, NH, NKV, HS, pos[b], c->attn.rope_theta, 0); }
-        memcpy(kc + (size_t)pos[b] * kv, row + inner, kv * sizeof(real));
-        memcpy(vc + (size_t)pos[b] * kv, row + inner + kv, kv * sizeof(real));
-        for (int h = 0; h < NH; h++) {
-            const size_t kvo = (size_t)(h / (NH / NKV)) * HS;
-            attention_row(y + (size_t)b * inner + (size_t)h * HS, p, row + (size_t)h * HS, kc + kvo, vc + kvo, kv,
-                          pos[b], HS, scale);
+        real *kc = state + b * S, *vc = kc + (size_t)context * kv;
+        for (int t = 0; t < T; t++) {
+            real *row = qkv + ((size_t)b * T + t) * W;
+            const int p = pos[b] + t;
+            if (c->attn.rope) { rope_row(row, NH, NKV, HS, p, c->attn.rope_theta, 0); }
+            memcpy(kc + (size_t)p * kv, row + inner, kv * sizeof(real));
+            memcpy(vc + (size_t)p * kv, row + inner + kv, kv * sizeof(real));
         }
     }
-    matmul_forward(out, y, w->out_w, B, inner, C);
-    free(qkv); free(y); free(p);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            real *p = (real *)mallocCheck((size_t)(pos[b] + t + 1) * sizeof(real));
+            const real *kc = state + b * S, *vc = kc + (size_t)context * kv, *row = qkv + ((size_t)b * T + t) * W;
+            for (int h = 0; h < NH; h++) {
+                const size_t kvo = (size_t)(h / (NH / NKV)) * HS;
+                attention_row(y + ((size_t)b * T + t) * inner + (size_t)h * HS, p, row + (size_t)h * HS, kc + kvo,
+                              vc + kvo, kv, pos[b] + t, HS, scale);
+            }
+            free(p);
+        }
+    }
+    matmul_forward(out, y, w->out_w, BT, inner, C);
+    free(qkv);
+    free(y);
 }
 
 static const KindOps ATTENTION_OPS = {'A', attention_mixer_acts_size, attention_mixer_scratch_size,
-                                      attention_mixer_forward, attention_mixer_backward, attention_mixer_step};
+                                      attention_mixer_forward, attention_mixer_backward, attention_mixer_advance};
 
 #endif // M2RNN_REF_ATTENTION_H

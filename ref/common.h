@@ -303,6 +303,16 @@ static void adamw_update(real *params, real *m, real *v, const real *grads, size
 }
 
 
+// the recurrent kinds' advance: their states live per sequence (conv window, then the recurrent state); the
+// recurrences take (B, n) contiguous states, so the n numbers at `offset` of each sequence's state are gathered
+// (dir = 0) into dense (B, n) or scattered back (dir = 1)
+static void decode_state_move(real *dense, real *state, size_t stride, size_t offset, size_t n, int B, int dir) {
+    for (int b = 0; b < B; b++) {
+        real *s = state + b * stride + offset, *d = dense + (size_t)b * n;
+        if (dir == 0) { memcpy(d, s, n * sizeof(real)); } else { memcpy(s, d, n * sizeof(real)); }
+    }
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // the interface of a layer kind (a mixer or a feed-forward), the same on every executor (kinds.cuh is the GPU's):
 // the block calls these through the table of ref/kinds.h and knows nothing else about a kind.
@@ -324,11 +334,13 @@ typedef struct {
     // dinp (B,T,C) += d(inp); the kind's parameter gradients t->g += ...
     void (*backward)(real *dinp, real *scratch, const real *dout, const real *inp, const real *acts,
                      const KindTensors *t, const ModelConfig *c, int B, int T);
-    // One token of B sequences (decoding): out (B,C) from inp (B,C). state (B, decode_state(c, context) of the
-    // layers.h row) carries the sequence's history and is updated in place; all zeros is the empty history. pos (B):
-    // the position of this token in each sequence (< context).
-    void (*step)(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
-                 const int *pos, int context);
+    // Decoding: B sequences advance by T tokens each (a prompt's prefill in chunks; T = 1 is the step of generation):
+    // out (B,T,C) from inp (B,T,C). state (B, decode_state(c, context) of the layers.h row) carries each sequence's
+    // history and is updated in place; all zeros is the empty history. pos (B): the position of each sequence's first
+    // new token (pos + T ≤ context). The result equals the forward over the whole sequence (the same arithmetic).
+    // NULL for stateless kinds (the feed-forwards), which the block runs through forward.
+    void (*advance)(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B, int T,
+                    const int *pos, int context);
 } KindOps;
 
 #endif // M2RNN_REF_COMMON_H

@@ -1,6 +1,7 @@
 /*
 ref/conv.h: the CPU reference of the depthwise causal conv1d with SiLU that M²RNN, the RNN baseline, GDN and Mamba-2
-run over their projected inputs: forward, hand-written backward, and the single-token step of decoding.
+run over their projected inputs: forward, hand-written backward, and the advance of decoding (B sequences continue
+from their conv states by T tokens: the prefill of a prompt in chunks, and the single-token step).
 Spec m2rnn_authors_code.md §1 item 3: pre[t, c] = Σ_{j<W} w[c, j] · x[t − (W−1) + j, c] (+ bias[c], Mamba-2's only),
 zeros before t = 0; act = SiLU(pre). x is a view with row stride x_stride (it lives inside the projection output);
 pre, act are dense; bias may be NULL.
@@ -53,22 +54,29 @@ static void conv1d_silu_backward(real *dx, real *dw, real *dbias, const real *da
     }
 }
 
-// One token of B sequences: act (B, CD) = SiLU(conv) over the new input x (B rows, stride x_stride) and the last W−1
-// inputs in state (B, W−1, CD) (zeros: the sequence's start), which then shifts by one token.
-static void conv1d_silu_step(real *act, real *state, const real *x, const real *w, const real *bias, int B, int CD, int W,
-                             int x_stride) {
+// B sequences continuing from their conv states: pre, act (B,T,CD) from x (B,T rows of stride x_stride), each
+// sequence's state (its last W−1 inputs, (W−1, CD); zeros at a sequence's start) at b·state_stride, then updated to
+// the last W−1 inputs. The same sums as the forward over the whole sequence: a chunk continues it bit for bit.
+static void conv1d_silu_advance(real *pre, real *act, real *state, size_t state_stride, const real *x, const real *w,
+                                const real *bias, int B, int T, int CD, int W, int x_stride) {
+    const int L = W - 1 + T;
+    real *ext = (real *)mallocCheck((size_t)3 * B * L * CD * sizeof(real)), *epre = ext + (size_t)B * L * CD;
+    real *eact = epre + (size_t)B * L * CD;
     for (int b = 0; b < B; b++) {
-        real *s = state + (size_t)b * (W - 1) * CD;
-        const real *xb = x + (size_t)b * x_stride;
-        for (int c = 0; c < CD; c++) {
-            real acc = bias != NULL ? bias[c] : 0;
-            for (int j = 0; j < W - 1; j++) { acc += w[(size_t)c * W + j] * s[(size_t)j * CD + c]; }
-            acc += w[(size_t)c * W + W - 1] * xb[c];
-            act[(size_t)b * CD + c] = siluf(acc);
-            for (int j = 0; j + 1 < W - 1; j++) { s[(size_t)j * CD + c] = s[(size_t)(j + 1) * CD + c]; }
-            if (W > 1) { s[(size_t)(W - 2) * CD + c] = xb[c]; }
+        real *e = ext + (size_t)b * L * CD;
+        memcpy(e, state + b * state_stride, (size_t)(W - 1) * CD * sizeof(real));
+        for (int t = 0; t < T; t++) {
+            memcpy(e + (size_t)(W - 1 + t) * CD, x + ((size_t)b * T + t) * x_stride, (size_t)CD * sizeof(real));
         }
     }
+    conv1d_silu_forward(epre, eact, ext, w, bias, B, L, CD, W, CD);
+    for (int b = 0; b < B; b++) {
+        const size_t from = ((size_t)b * L + W - 1) * CD, to = (size_t)b * T * CD;
+        memcpy(pre + to, epre + from, (size_t)T * CD * sizeof(real));
+        memcpy(act + to, eact + from, (size_t)T * CD * sizeof(real));
+        memcpy(state + b * state_stride, ext + ((size_t)b * L + T) * CD, (size_t)(W - 1) * CD * sizeof(real));
+    }
+    free(ext);
 }
 
 #endif // M2RNN_REF_CONV_H

@@ -1,6 +1,6 @@
 /*
 ref/gdn.h: the CPU reference of Gated DeltaNet (the G row of layers.h, whose comment gives the layer), forward,
-hand-written backward and the single-token step of decoding.
+hand-written backward and the advance of decoding (prefill and step).
 
   proj = x W_inᵀ                       rows q (H·K) | k (H·K) | v (H·V) | g (H·V) | b (H) | a (H)
   q, k, v = SiLU(causal_conv4(proj[q|k|v]));  q, k ← q / sqrt(Σq² + 1e-6) per head (L2 norm)
@@ -305,18 +305,39 @@ static void gdn_outputs_forward(real *out, GDNActs *a, const GDNParams *w, const
     matmul_forward(out, a->gated, w->out_w, BT, HV, C);
 }
 
-static void gdn_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
-                              int T) {
+// out (B,T,C); with state (decoding: B sequences' states, stride S numbers) the conv and S continue from it and are
+// left updated, without (training) both start from zeros
+static void gdn_mixer_run(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                          int T, real *state, size_t S) {
     const GDNParams *w = (const GDNParams *)t->w;
     GDNActs a;
     gdn_acts_layout(&a, acts, c, B, T);
     const int BT = B * T, C = c->d_model, R = gdn_proj_rows(c), CD = gdn_conv_dim(c), H = c->gdn.heads;
-    const int K = c->gdn.k, V = c->gdn.v;
+    const int K = c->gdn.k, V = c->gdn.v, Wc = c->gdn.conv;
+    const size_t Sn = (size_t)H * K * V, conv_size = (size_t)(Wc - 1) * CD;
     matmul_forward(a.proj, inp, w->in_w, BT, C, R);
-    conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj, w->conv_w, NULL, B, T, CD, c->gdn.conv, R);
+    if (state != NULL) {
+        conv1d_silu_advance(a.conv_pre, a.conv_act, state, S, a.proj, w->conv_w, NULL, B, T, CD, Wc, R);
+    } else {
+        conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj, w->conv_w, NULL, B, T, CD, Wc, R);
+    }
     gdn_inputs_forward(&a, w, c, BT);
-    gdn_recurrence_forward(a.o, NULL, a.qn, a.kn, a.conv_act + 2 * H * K, CD, a.alpha, a.beta, NULL, B, T, H, K, V);
+    real *S0 = NULL;
+    if (state != NULL) {
+        S0 = (real *)mallocCheck((size_t)B * Sn * sizeof(real));
+        decode_state_move(S0, state, S, conv_size, Sn, B, 0);
+    }
+    gdn_recurrence_forward(a.o, S0, a.qn, a.kn, a.conv_act + 2 * H * K, CD, a.alpha, a.beta, S0, B, T, H, K, V);
+    if (state != NULL) {
+        decode_state_move(S0, state, S, conv_size, Sn, B, 1);
+        free(S0);
+    }
     gdn_outputs_forward(out, &a, w, c, BT);
+}
+
+static void gdn_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                              int T) {
+    gdn_mixer_run(out, acts, inp, t, c, B, T, NULL, 0);
 }
 
 // dinp (B,T,C) +=, parameter grads +=; scratch zeroed by the caller
@@ -344,32 +365,16 @@ static void gdn_mixer_backward(real *dinp, real *scratch, const real *dout, cons
     matmul_backward(dinp, gw->in_w, g.proj, inp, w->in_w, BT, C, R);
 }
 
-// One token of B sequences. A sequence's state: the conv's last W−1 inputs (W−1, CD), then S (H, K, V).
-static void gdn_mixer_step(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
-                           const int *pos, int context) {
-    const GDNParams *w = (const GDNParams *)t->w;
-    const int C = c->d_model, R = gdn_proj_rows(c), CD = gdn_conv_dim(c), H = c->gdn.heads, K = c->gdn.k;
-    const int V = c->gdn.v, Wc = c->gdn.conv;
-    const size_t S = gdn_decode_state(c, context), conv_size = (size_t)(Wc - 1) * CD;
-    real *acts = (real *)mallocCheck(gdn_mixer_acts_size(c, B, 1) * sizeof(real));
-    GDNActs a;
-    gdn_acts_layout(&a, acts, c, B, 1);
-    matmul_forward(a.proj, inp, w->in_w, B, C, R);
-    for (int b = 0; b < B; b++) {
-        conv1d_silu_step(a.conv_act + (size_t)b * CD, state + b * S, a.proj + (size_t)b * R, w->conv_w, NULL, 1, CD, Wc, R);
-    }
-    gdn_inputs_forward(&a, w, c, B);
-    for (int b = 0; b < B; b++) { // one step of the recurrence from the stored S, written back
-        real *Sb = state + b * S + conv_size;
-        gdn_recurrence_forward(a.o + (size_t)b * H * V, Sb, a.qn + (size_t)b * H * K, a.kn + (size_t)b * H * K,
-                               a.conv_act + (size_t)b * CD + 2 * H * K, CD, a.alpha + (size_t)b * H,
-                               a.beta + (size_t)b * H, Sb, 1, 1, H, K, V);
-    }
-    gdn_outputs_forward(out, &a, w, c, B);
+// Decoding: B sequences advance by T tokens. A sequence's state: the conv's last W−1 inputs (W−1, CD), then S
+// (H, K, V).
+static void gdn_mixer_advance(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                              int T, const int *pos, int context) {
+    real *acts = (real *)mallocCheck(gdn_mixer_acts_size(c, B, T) * sizeof(real));
+    gdn_mixer_run(out, acts, inp, t, c, B, T, state, gdn_decode_state(c, context));
     free(acts);
 }
 
 static const KindOps GDN_OPS = {'G', gdn_mixer_acts_size, gdn_mixer_scratch_size, gdn_mixer_forward, gdn_mixer_backward,
-                                gdn_mixer_step};
+                                gdn_mixer_advance};
 
 #endif // M2RNN_REF_GDN_H

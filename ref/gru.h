@@ -158,17 +158,33 @@ static size_t gru_scratch_layout(GRUGrads *g, real *base, const ModelConfig *c, 
 static size_t gru_mixer_acts_size(const ModelConfig *c, int B, int T) { GRUActs a; return gru_acts_layout(&a, NULL, c, B, T); }
 static size_t gru_mixer_scratch_size(const ModelConfig *c, int B, int T) { GRUGrads g; return gru_scratch_layout(&g, NULL, c, B, T); }
 
-static void gru_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
-                              int T) {
+// out (B,T,C); with state (decoding: B sequences' h (N, V), stride S numbers) the recurrence continues from it and
+// leaves it updated, without (training) it starts from zeros
+static void gru_mixer_run(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                          int T, real *state, size_t S) {
     const GRUParams *w = (const GRUParams *)t->w;
     GRUActs a;
     gru_acts_layout(&a, acts, c, B, T);
     const int BT = B * T, C = c->d_model, N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V;
     matmul_forward(a.proj, inp, w->in_w, BT, C, 4 * NV);
-    gru_recurrence_forward(&a.s, NULL, a.proj, 4 * NV, w->U_r, w->U_z, w->U_n, NULL, B, T, N, V);
+    real *h = NULL;
+    if (state != NULL) {
+        h = (real *)mallocCheck((size_t)B * NV * sizeof(real));
+        decode_state_move(h, state, S, 0, NV, B, 0);
+    }
+    gru_recurrence_forward(&a.s, h, a.proj, 4 * NV, w->U_r, w->U_z, w->U_n, h, B, T, N, V);
+    if (state != NULL) {
+        decode_state_move(h, state, S, 0, NV, B, 1);
+        free(h);
+    }
     output_gate_forward(a.s.h, a.gated, NULL, a.proj + 3 * NV, NULL, BT, NV, 0, 4 * NV);
     rmsnorm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C);
+}
+
+static void gru_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                              int T) {
+    gru_mixer_run(out, acts, inp, t, c, B, T, NULL, 0);
 }
 
 static void gru_mixer_backward(real *dinp, real *scratch, const real *dout, const real *inp, const real *acts,
@@ -187,25 +203,15 @@ static void gru_mixer_backward(real *dinp, real *scratch, const real *dout, cons
     matmul_backward(dinp, gw->in_w, g.proj, inp, w->in_w, BT, C, 4 * NV);
 }
 
-// One token of B sequences. A sequence's state is h (N, V).
-static void gru_mixer_step(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
-                           const int *pos, int context) {
-    const GRUParams *w = (const GRUParams *)t->w;
-    const int C = c->d_model, N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V;
-    real *buf = (real *)mallocCheck(((size_t)B * (4 * NV + 3 * NV + 1)) * sizeof(real));
-    real *proj = buf, *h = proj + (size_t)B * 4 * NV, *gated = h + (size_t)B * NV, *normed = gated + (size_t)B * NV;
-    real *rstd = normed + (size_t)B * NV;
-    matmul_forward(proj, inp, w->in_w, B, C, 4 * NV);
-    GRUSaved s = {h, NULL, NULL, NULL, NULL};
-    // one step per sequence from its stored h (the state is (B, N, V) contiguous): B sequences of one token
-    gru_recurrence_forward(&s, state, proj, 4 * NV, w->U_r, w->U_z, w->U_n, state, B, 1, N, V);
-    output_gate_forward(h, gated, NULL, proj + 3 * NV, NULL, B, NV, 0, 4 * NV);
-    rmsnorm_forward(normed, rstd, gated, w->norm_w, B, NV);
-    matmul_forward(out, normed, w->out_w, B, NV, C);
-    free(buf);
+// Decoding: B sequences advance by T tokens. A sequence's state is h (N, V).
+static void gru_mixer_advance(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                              int T, const int *pos, int context) {
+    real *acts = (real *)mallocCheck(gru_mixer_acts_size(c, B, T) * sizeof(real));
+    gru_mixer_run(out, acts, inp, t, c, B, T, state, gru_decode_state(c, context));
+    free(acts);
 }
 
 static const KindOps GRU_OPS = {'U', gru_mixer_acts_size, gru_mixer_scratch_size, gru_mixer_forward, gru_mixer_backward,
-                                gru_mixer_step};
+                                gru_mixer_advance};
 
 #endif // M2RNN_REF_GRU_H

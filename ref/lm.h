@@ -69,9 +69,7 @@ struct Model {
     int dec_B, dec_context;
     real *dec_memory;               // all of the below
     real *dec_state[MAX_LAYERS];    // (B, decode_state) of each layer's mixer
-    real *dec_x, *dec_norm, *dec_branch; // (B,C)
-    real *dec_rstd;                 // (B)
-    real *dec_logits;               // (B,Vp)
+    real *dec_logits;               // (B,Vp) each sequence's next-token logits
 };
 
 static const ModelConfig *model_config(const Model *model) { return &model->config; }
@@ -309,10 +307,9 @@ static void model_logits_row(Model *model, int b, int t, float *out) {
 
 static void model_decode_begin(Model *model, int B, int context) {
     const ModelConfig *c = &model->config;
-    const size_t C = (size_t)c->d_model;
     if (B < 1 || context < 1) { fail_with_hint("decode at least one sequence of one token", "model_decode_begin(B=%d, context=%d)", B, context); }
     free(model->dec_memory);
-    size_t total = 3 * (size_t)B * C + B + (size_t)B * c->padded_vocab_size;
+    size_t total = (size_t)B * c->padded_vocab_size;
     for (int l = 0; l < c->n_layer; l++) { total += (size_t)B * mixer_kind(c->pattern[l])->decode_state(c, context); }
     model->dec_memory = (real *)callocCheck(total, sizeof(real));
     real *p = model->dec_memory;
@@ -320,45 +317,81 @@ static void model_decode_begin(Model *model, int B, int context) {
         model->dec_state[l] = p;
         p += (size_t)B * mixer_kind(c->pattern[l])->decode_state(c, context);
     }
-    model->dec_x = p; p += (size_t)B * C;
-    model->dec_norm = p; p += (size_t)B * C;
-    model->dec_branch = p; p += (size_t)B * C;
-    model->dec_rstd = p; p += B;
     model->dec_logits = p;
     model->dec_B = B;
     model->dec_context = context;
 }
 
-static void model_decode_step(Model *model, const int *tokens, const int *pos) {
+#define DECODE_CHUNK 512 // tokens a prefill advances at once (bounds the temporaries)
+
+static void model_decode_advance(Model *model, int b0, int nb, const int *tokens, int T, const int *pos) {
     const ModelConfig *c = &model->config;
-    const int B = model->dec_B, C = c->d_model;
-    if (B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_step without a decode state"); }
-    model_check_tokens(tokens, (size_t)B, c->vocab_size, "decode");
-    for (int b = 0; b < B; b++) {
-        if (pos[b] < 0 || pos[b] >= model->dec_context) {
-            fail_with_hint("begin decoding with a longer context", "decode position %d of sequence %d is outside the "
-                           "context of %d tokens", pos[b], b, model->dec_context);
+    const int C = c->d_model, Vp = c->padded_vocab_size;
+    decode_check_advance(model->dec_B, model->dec_context, b0, nb, T, pos);
+    model_check_tokens(tokens, (size_t)nb * T, c->vocab_size, "decode");
+    const int CH = T < DECODE_CHUNK ? T : DECODE_CHUNK;
+    const size_t rows = (size_t)nb * CH;
+    real *x = (real *)mallocCheck((3 * rows * C + rows) * sizeof(real)), *norm = x + rows * C, *branch = norm + rows * C;
+    real *rstd = branch + rows * C;
+    int *tok = (int *)mallocCheck(rows * sizeof(int)), *cpos = (int *)mallocCheck((size_t)nb * sizeof(int));
+    for (int s0 = 0; s0 < T; s0 += CH) {
+        const int Tc = T - s0 < CH ? T - s0 : CH, n = nb * Tc;
+        for (int i = 0; i < nb; i++) {
+            memcpy(tok + (size_t)i * Tc, tokens + (size_t)i * T + s0, (size_t)Tc * sizeof(int));
+            cpos[i] = pos[i] + s0;
+        }
+        embedding_forward(x, tok, model->params.wte, n, C);
+        for (int l = 0; l < c->n_layer; l++) {
+            const ModelParamsLayer *w = &model->params.layers[l];
+            const KindTensors tm = kind_tensors(w->mixer, NULL), tf = kind_tensors(w->ffn, NULL);
+            const size_t S = mixer_kind(c->pattern[l])->decode_state(c, model->dec_context);
+            rmsnorm_forward(norm, rstd, x, w->ln1_w, n, C);
+            model->mixer_ops[l]->advance(branch, model->dec_state[l] + (size_t)b0 * S, norm, &tm, c, nb, Tc, cpos,
+                                         model->dec_context);
+            for (size_t i = 0; i < (size_t)n * C; i++) { x[i] += branch[i]; }
+            rmsnorm_forward(norm, rstd, x, w->ln2_w, n, C);
+            real *acts = (real *)mallocCheck(model->ffn_ops[l]->acts_size(c, nb, Tc) * sizeof(real)); // stateless
+            model->ffn_ops[l]->forward(branch, acts, norm, &tf, c, nb, Tc);
+            free(acts);
+            for (size_t i = 0; i < (size_t)n * C; i++) { x[i] += branch[i]; }
+        }
+        if (s0 + Tc == T) { // each sequence's last token: the next-token logits
+            for (int i = 0; i < nb; i++) {
+                memcpy(branch + (size_t)i * C, x + ((size_t)i * Tc + Tc - 1) * C, (size_t)C * sizeof(real));
+            }
+            rmsnorm_forward(norm, rstd, branch, model->params.lnf_w, nb, C);
+            matmul_forward(model->dec_logits + (size_t)b0 * Vp, norm, model->params.lm_head, nb, C, Vp);
         }
     }
-    embedding_forward(model->dec_x, tokens, model->params.wte, B, C);
-    for (int l = 0; l < c->n_layer; l++) {
-        const ModelParamsLayer *w = &model->params.layers[l];
-        const KindTensors tm = kind_tensors(w->mixer, NULL), tf = kind_tensors(w->ffn, NULL);
-        rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, w->ln1_w, B, C);
-        model->mixer_ops[l]->step(model->dec_branch, model->dec_state[l], model->dec_norm, &tm, c, B, pos,
-                                  model->dec_context);
-        for (size_t i = 0; i < (size_t)B * C; i++) { model->dec_x[i] += model->dec_branch[i]; }
-        rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, w->ln2_w, B, C);
-        model->ffn_ops[l]->step(model->dec_branch, NULL, model->dec_norm, &tf, c, B, pos, model->dec_context);
-        for (size_t i = 0; i < (size_t)B * C; i++) { model->dec_x[i] += model->dec_branch[i]; }
-    }
-    rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, model->params.lnf_w, B, C);
-    matmul_forward(model->dec_logits, model->dec_norm, model->params.lm_head, B, C, c->padded_vocab_size);
+    free(x); free(tok); free(cpos);
+}
+
+static void model_decode_step(Model *model, const int *tokens, const int *pos) {
+    if (model->dec_B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_step without a decode state"); }
+    model_decode_advance(model, 0, model->dec_B, tokens, 1, pos);
 }
 
 static void model_decode_logits(Model *model, int b, float *out) {
     const int Vp = model->config.padded_vocab_size;
     for (int i = 0; i < Vp; i++) { out[i] = (float)model->dec_logits[(size_t)b * Vp + i]; }
+}
+
+// the decode state of sequence b (every layer's, in layer order) to host memory / back (state_numbers of them)
+static size_t model_decode_state_size(const Model *model) {
+    size_t n = 0;
+    for (int l = 0; l < model->config.n_layer; l++) {
+        n += mixer_kind(model->config.pattern[l])->decode_state(&model->config, model->dec_context);
+    }
+    return n * sizeof(real);
+}
+static void model_decode_state_io(Model *model, int b, void *buf, int save) {
+    char *p = (char *)buf;
+    for (int l = 0; l < model->config.n_layer; l++) {
+        const size_t S = mixer_kind(model->config.pattern[l])->decode_state(&model->config, model->dec_context);
+        real *st = model->dec_state[l] + (size_t)b * S;
+        if (save) { memcpy(p, st, S * sizeof(real)); } else { memcpy(st, p, S * sizeof(real)); }
+        p += S * sizeof(real);
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ ref/m2rnn.h: the CPU reference of the M²RNN mixer, forward and hand-written bac
      y_t = H_tᵀ q_t                       q/k head of value head n: n / (N / Nq)
   y += v ⊙ D;  y ← y ⊙ SiLU(g);  y ← RMSNorm over all N·Vh channels (one norm, not per head);  out = y W_outᵀ
 
-The mixer is the M row of layers.h behind the KindOps interface (ref/common.h): forward, backward, the single-token
-step of decoding, and the sizes of its saved activations and backward scratch. GPU twin: m2rnn.cuh.
+The mixer is the M row of layers.h behind the KindOps interface (ref/common.h): forward, backward, the advance of
+decoding (prefill and step), and the sizes of its saved activations and backward scratch. GPU twin: m2rnn.cuh.
 
 Where the paper and the code differ we follow the code: the paper writes RMSNorm per head (y_gt = RMSNorm(y_t ⊙ g_t)
 ∈ R^V); the authors' layer normalises the concatenation of all heads (spec §2 item 5).
@@ -253,23 +253,44 @@ static size_t m2rnn_scratch_layout(M2RNNGrads *g, real *base, const ModelConfig 
 static size_t m2rnn_mixer_acts_size(const ModelConfig *c, int B, int T) { M2RNNActs a; return m2rnn_acts_layout(&a, NULL, c, B, T); }
 static size_t m2rnn_mixer_scratch_size(const ModelConfig *c, int B, int T) { M2RNNGrads g; return m2rnn_scratch_layout(&g, NULL, c, B, T); }
 
-// out (B,T,C) = M2RNN(inp (B,T,C)); saves what the backward needs in acts
-static void m2rnn_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c,
-                                int B, int T) {
+// out (B,T,C) = M2RNN(inp (B,T,C)); saves what the backward needs in acts. With state (decoding: B sequences'
+// decode states, stride S numbers), the conv continues from each sequence's window and the recurrence from its H,
+// both left updated; without (training) both start from zeros.
+static void m2rnn_mixer_run(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                            int T, real *state, size_t S) {
     const M2RNNParams *w = (const M2RNNParams *)t->w;
     M2RNNActs a;
     m2rnn_acts_layout(&a, acts, c, B, T);
-    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c);
+    const int BT = B * T, C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c), W = c->m2rnn.conv;
     const int N = c->m2rnn.heads, Nq = c->m2rnn.qk_heads, K = c->m2rnn.k, Vh = c->m2rnn.v, NV = N * Vh;
     const int off_v = 2 * Nq * K, off_f = CD, off_g = CD + N;
+    const size_t Hn = (size_t)N * K * Vh, conv_size = (size_t)(W - 1) * CD;
     matmul_forward(a.proj, inp, w->in_w, BT, C, R);
-    conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj, w->conv_w, NULL, B, T, CD, c->m2rnn.conv, R);
+    if (state != NULL) {
+        conv1d_silu_advance(a.conv_pre, a.conv_act, state, S, a.proj, w->conv_w, NULL, B, T, CD, W, R);
+    } else {
+        conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj, w->conv_w, NULL, B, T, CD, W, R);
+    }
     decay_gate_forward(a.f, a.proj + off_f, w->A_log, w->dt_bias, BT, N, R);
     const real *q = a.conv_act, *k = a.conv_act + Nq * K, *v = a.conv_act + off_v;
-    m2rnn_recurrence_forward(a.y, a.h, a.z, NULL, q, k, v, CD, a.f, w->W, NULL, B, T, N, Nq, K, Vh);
+    real *H = NULL;
+    if (state != NULL) {
+        H = (real *)mallocCheck((size_t)B * Hn * sizeof(real));
+        decode_state_move(H, state, S, conv_size, Hn, B, 0);
+    }
+    m2rnn_recurrence_forward(a.y, a.h, a.z, H, q, k, v, CD, a.f, w->W, H, B, T, N, Nq, K, Vh);
+    if (state != NULL) {
+        decode_state_move(H, state, S, conv_size, Hn, B, 1);
+        free(H);
+    }
     output_gate_forward(a.y, a.gated, v, a.proj + off_g, w->D, BT, NV, CD, R);
     rmsnorm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C);
+}
+
+static void m2rnn_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c,
+                                int B, int T) {
+    m2rnn_mixer_run(out, acts, inp, t, c, B, T, NULL, 0);
 }
 
 // dinp (B,T,C) +=, parameter grads += ; scratch zeroed by the caller; dout (B,T,C)
@@ -303,49 +324,16 @@ static void m2rnn_mixer_backward(real *dinp, real *scratch, const real *dout, co
     matmul_backward(dinp, gw->in_w, g.proj, inp, w->in_w, BT, C, R);
 }
 
-// One token of B sequences. A sequence's state: the conv's last W−1 inputs (W−1, CD), then H (N, K, V). The same
-// arithmetic as the forward, step for step.
-static void m2rnn_mixer_step(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c,
-                             int B, const int *pos, int context) {
-    const M2RNNParams *w = (const M2RNNParams *)t->w;
-    const int C = c->d_model, R = m2rnn_proj_rows(c), CD = m2rnn_conv_dim(c), W = c->m2rnn.conv;
-    const int N = c->m2rnn.heads, Nq = c->m2rnn.qk_heads, K = c->m2rnn.k, Vh = c->m2rnn.v, NV = N * Vh;
-    const int off_v = 2 * Nq * K, off_f = CD, off_g = CD + N, per_qk = N / Nq;
-    const size_t S = m2rnn_decode_state(c, context), conv_size = (size_t)(W - 1) * CD;
-    real *buf = (real *)mallocCheck(((size_t)B * (R + CD + N + 3 * NV + 1) + Vh) * sizeof(real));
-    real *proj = buf, *act = proj + (size_t)B * R, *f = act + (size_t)B * CD, *y = f + (size_t)B * N;
-    real *gated = y + (size_t)B * NV, *normed = gated + (size_t)B * NV, *rstd = normed + (size_t)B * NV;
-    real *z = rstd + B;
-    matmul_forward(proj, inp, w->in_w, B, C, R);
-    for (int b = 0; b < B; b++) {
-        conv1d_silu_step(act + (size_t)b * CD, state + b * S, proj + (size_t)b * R, w->conv_w, NULL, 1, CD, W, R);
-    }
-    decay_gate_forward(f, proj + off_f, w->A_log, w->dt_bias, B, N, R);
-    for (int b = 0; b < B; b++) {
-        for (int n = 0; n < N; n++) {
-            real *H = state + b * S + conv_size + (size_t)n * K * Vh;
-            const real *qb = act + (size_t)b * CD + (size_t)(n / per_qk) * K, *kb = qb + Nq * K;
-            const real *vb = act + (size_t)b * CD + off_v + (size_t)n * Vh, *Wn = w->W + (size_t)n * Vh * Vh;
-            const real ft = f[(size_t)b * N + n];
-            real *yb = y + (size_t)b * NV + (size_t)n * Vh;
-            for (int j = 0; j < Vh; j++) { yb[j] = 0; }
-            for (int r = 0; r < K; r++) {
-                real *hrow = H + (size_t)r * Vh;
-                m2rnn_z_row(z, hrow, Wn, kb[r], vb, Vh);
-                for (int j = 0; j < Vh; j++) {
-                    hrow[j] = ft * hrow[j] + (1 - ft) * z[j];
-                    yb[j] += hrow[j] * qb[r];
-                }
-            }
-        }
-    }
-    output_gate_forward(y, gated, act + off_v, proj + off_g, w->D, B, NV, CD, R);
-    rmsnorm_forward(normed, rstd, gated, w->norm_w, B, NV);
-    matmul_forward(out, normed, w->out_w, B, NV, C);
-    free(buf);
+// Decoding: B sequences advance by T tokens. A sequence's state: the conv's last W−1 inputs (W−1, CD), then H
+// (N, K, V). The forward's arithmetic from the state: a chunk continues the whole sequence's forward bit for bit.
+static void m2rnn_mixer_advance(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c,
+                                int B, int T, const int *pos, int context) {
+    real *acts = (real *)mallocCheck(m2rnn_mixer_acts_size(c, B, T) * sizeof(real));
+    m2rnn_mixer_run(out, acts, inp, t, c, B, T, state, m2rnn_decode_state(c, context));
+    free(acts);
 }
 
 static const KindOps M2RNN_OPS = {'M', m2rnn_mixer_acts_size, m2rnn_mixer_scratch_size, m2rnn_mixer_forward,
-                                  m2rnn_mixer_backward, m2rnn_mixer_step};
+                                  m2rnn_mixer_backward, m2rnn_mixer_advance};
 
 #endif // M2RNN_REF_M2RNN_H

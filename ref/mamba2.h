@@ -1,6 +1,6 @@
 /*
 ref/mamba2.h: the CPU reference of Mamba-2 (the S row of layers.h, whose comment gives the layer), forward,
-hand-written backward and the single-token step of decoding.
+hand-written backward and the advance of decoding (prefill and step).
 
   proj = x W_inᵀ                       rows z (DI) | x (DI) | B (G·N) | C (G·N) | dt (H)
   x, B, C = SiLU(causal_conv4(proj[x|B|C]) + conv_b)
@@ -276,19 +276,40 @@ static void mamba2_outputs_forward(real *out, Mamba2Acts *a, const Mamba2Params 
     matmul_forward(out, a->normed, w->out_w, BT, DI, C);
 }
 
-static void mamba2_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c,
-                                 int B, int T) {
+// out (B,T,C); with state (decoding: B sequences' states, stride S numbers) the conv and h continue from it and are
+// left updated, without (training) both start from zeros
+static void mamba2_mixer_run(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                             int T, real *state, size_t S) {
     const Mamba2Params *w = (const Mamba2Params *)t->w;
     Mamba2Acts a;
     mamba2_acts_layout(&a, acts, c, B, T);
     const int BT = B * T, C = c->d_model, R = mamba2_proj_rows(c), CD = mamba2_conv_dim(c), DI = mamba2_inner(c);
-    const int H = mamba2_heads(c), N = c->mamba2.state, G = c->mamba2.groups;
+    const int H = mamba2_heads(c), N = c->mamba2.state, G = c->mamba2.groups, Wc = c->mamba2.conv;
+    const size_t hn = (size_t)DI * N, conv_size = (size_t)(Wc - 1) * CD;
     matmul_forward(a.proj, inp, w->in_w, BT, C, R);
-    conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj + DI, w->conv_w, w->conv_b, B, T, CD, c->mamba2.conv, R);
+    if (state != NULL) {
+        conv1d_silu_advance(a.conv_pre, a.conv_act, state, S, a.proj + DI, w->conv_w, w->conv_b, B, T, CD, Wc, R);
+    } else {
+        conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj + DI, w->conv_w, w->conv_b, B, T, CD, Wc, R);
+    }
     mamba2_dt_forward(a.dt, a.proj + DI + CD, w->dt_bias, BT, H, R);
-    mamba2_recurrence_forward(a.y, NULL, a.conv_act, a.conv_act + DI, a.conv_act + DI + G * N, CD, a.dt, w->A_log, w->D,
-                              NULL, B, T, H, c->mamba2.head_dim, N, G);
+    real *h0 = NULL;
+    if (state != NULL) {
+        h0 = (real *)mallocCheck((size_t)B * hn * sizeof(real));
+        decode_state_move(h0, state, S, conv_size, hn, B, 0);
+    }
+    mamba2_recurrence_forward(a.y, h0, a.conv_act, a.conv_act + DI, a.conv_act + DI + G * N, CD, a.dt, w->A_log, w->D,
+                              h0, B, T, H, c->mamba2.head_dim, N, G);
+    if (state != NULL) {
+        decode_state_move(h0, state, S, conv_size, hn, B, 1);
+        free(h0);
+    }
     mamba2_outputs_forward(out, &a, w, c, BT);
+}
+
+static void mamba2_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c,
+                                 int B, int T) {
+    mamba2_mixer_run(out, acts, inp, t, c, B, T, NULL, 0);
 }
 
 // dinp (B,T,C) +=, parameter grads +=; scratch zeroed by the caller
@@ -313,34 +334,16 @@ static void mamba2_mixer_backward(real *dinp, real *scratch, const real *dout, c
     matmul_backward(dinp, gw->in_w, g.proj, inp, w->in_w, BT, C, R);
 }
 
-// One token of B sequences. A sequence's state: the conv's last W−1 inputs (W−1, CD), then h (H, P, N).
-static void mamba2_mixer_step(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
-                              const int *pos, int context) {
-    const Mamba2Params *w = (const Mamba2Params *)t->w;
-    const int C = c->d_model, R = mamba2_proj_rows(c), CD = mamba2_conv_dim(c), DI = mamba2_inner(c);
-    const int H = mamba2_heads(c), P = c->mamba2.head_dim, N = c->mamba2.state, G = c->mamba2.groups;
-    const int Wc = c->mamba2.conv;
-    const size_t S = mamba2_decode_state(c, context), conv_size = (size_t)(Wc - 1) * CD;
-    real *acts = (real *)mallocCheck(mamba2_mixer_acts_size(c, B, 1) * sizeof(real));
-    Mamba2Acts a;
-    mamba2_acts_layout(&a, acts, c, B, 1);
-    matmul_forward(a.proj, inp, w->in_w, B, C, R);
-    for (int b = 0; b < B; b++) {
-        conv1d_silu_step(a.conv_act + (size_t)b * CD, state + b * S, a.proj + (size_t)b * R + DI, w->conv_w, w->conv_b, 1,
-                         CD, Wc, R);
-    }
-    mamba2_dt_forward(a.dt, a.proj + DI + CD, w->dt_bias, B, H, R);
-    for (int b = 0; b < B; b++) { // one step of the recurrence from the stored h, written back
-        real *hb = state + b * S + conv_size;
-        const real *ca = a.conv_act + (size_t)b * CD;
-        mamba2_recurrence_forward(a.y + (size_t)b * DI, hb, ca, ca + DI, ca + DI + G * N, CD, a.dt + (size_t)b * H,
-                                  w->A_log, w->D, hb, 1, 1, H, P, N, G);
-    }
-    mamba2_outputs_forward(out, &a, w, c, B);
+// Decoding: B sequences advance by T tokens. A sequence's state: the conv's last W−1 inputs (W−1, CD), then h
+// (H, P, N).
+static void mamba2_mixer_advance(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c,
+                                 int B, int T, const int *pos, int context) {
+    real *acts = (real *)mallocCheck(mamba2_mixer_acts_size(c, B, T) * sizeof(real));
+    mamba2_mixer_run(out, acts, inp, t, c, B, T, state, mamba2_decode_state(c, context));
     free(acts);
 }
 
 static const KindOps MAMBA2_OPS = {'S', mamba2_mixer_acts_size, mamba2_mixer_scratch_size, mamba2_mixer_forward,
-                                   mamba2_mixer_backward, mamba2_mixer_step};
+                                   mamba2_mixer_backward, mamba2_mixer_advance};
 
 #endif // M2RNN_REF_MAMBA2_H

@@ -151,20 +151,41 @@ static size_t rnn_scratch_layout(RNNGrads *g, real *base, const ModelConfig *c, 
 static size_t rnn_mixer_acts_size(const ModelConfig *c, int B, int T) { RNNActs a; return rnn_acts_layout(&a, NULL, c, B, T); }
 static size_t rnn_mixer_scratch_size(const ModelConfig *c, int B, int T) { RNNGrads g; return rnn_scratch_layout(&g, NULL, c, B, T); }
 
-static void rnn_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
-                              int T) {
+// out (B,T,C); with state (decoding: B sequences' states, stride S numbers) the conv and h continue from it and are
+// left updated, without (training) both start from zeros
+static void rnn_mixer_run(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                          int T, real *state, size_t S) {
     const RNNParams *w = (const RNNParams *)t->w;
     RNNActs a;
     rnn_acts_layout(&a, acts, c, B, T);
     const int BT = B * T, C = c->d_model, R = rnn_proj_rows(c), N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V;
+    const int Wc = c->vrnn.conv;
     matmul_forward(a.proj, inp, w->in_w, BT, C, R);
-    conv1d_silu_forward(a.conv_pre, a.u, a.proj, w->conv_w, NULL, B, T, NV, c->vrnn.conv, R);
+    if (state != NULL) {
+        conv1d_silu_advance(a.conv_pre, a.u, state, S, a.proj, w->conv_w, NULL, B, T, NV, Wc, R);
+    } else {
+        conv1d_silu_forward(a.conv_pre, a.u, a.proj, w->conv_w, NULL, B, T, NV, Wc, R);
+    }
     decay_gate_forward(a.f, a.proj + NV, w->A_log, w->dt_bias, BT, N, R);
-    rnn_recurrence_forward(a.h, a.z, NULL, a.u, NV, a.f, w->W, NULL, B, T, N, V);
+    real *h = NULL;
+    if (state != NULL) {
+        h = (real *)mallocCheck((size_t)B * NV * sizeof(real));
+        decode_state_move(h, state, S, (size_t)(Wc - 1) * NV, NV, B, 0);
+    }
+    rnn_recurrence_forward(a.h, a.z, h, a.u, NV, a.f, w->W, h, B, T, N, V);
+    if (state != NULL) {
+        decode_state_move(h, state, S, (size_t)(Wc - 1) * NV, NV, B, 1);
+        free(h);
+    }
     memcpy(a.y, a.h, (size_t)BT * NV * sizeof(real));
     output_gate_forward(a.y, a.gated, a.u, a.proj + NV + N, w->D, BT, NV, NV, R);
     rmsnorm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C);
+}
+
+static void rnn_mixer_forward(real *out, real *acts, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                              int T) {
+    rnn_mixer_run(out, acts, inp, t, c, B, T, NULL, 0);
 }
 
 static void rnn_mixer_backward(real *dinp, real *scratch, const real *dout, const real *inp, const real *acts,
@@ -186,35 +207,15 @@ static void rnn_mixer_backward(real *dinp, real *scratch, const real *dout, cons
     matmul_backward(dinp, gw->in_w, g.proj, inp, w->in_w, BT, C, R);
 }
 
-// One token of B sequences. A sequence's state: the conv's last W−1 inputs (W−1, NV), then h (N, V).
-static void rnn_mixer_step(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
-                           const int *pos, int context) {
-    const RNNParams *w = (const RNNParams *)t->w;
-    const int C = c->d_model, R = rnn_proj_rows(c), N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V;
-    const int Wc = c->vrnn.conv;
-    const size_t S = rnn_decode_state(c, context), conv_size = (size_t)(Wc - 1) * NV;
-    real *buf = (real *)mallocCheck(((size_t)B * (R + 5 * NV + N + 1)) * sizeof(real));
-    real *proj = buf, *u = proj + (size_t)B * R, *f = u + (size_t)B * NV, *h = f + (size_t)B * N;
-    real *y = h + (size_t)B * NV, *gated = y + (size_t)B * NV, *normed = gated + (size_t)B * NV;
-    real *rstd = normed + (size_t)B * NV;
-    matmul_forward(proj, inp, w->in_w, B, C, R);
-    for (int b = 0; b < B; b++) {
-        conv1d_silu_step(u + (size_t)b * NV, state + b * S, proj + (size_t)b * R, w->conv_w, NULL, 1, NV, Wc, R);
-    }
-    decay_gate_forward(f, proj + NV, w->A_log, w->dt_bias, B, N, R);
-    for (int b = 0; b < B; b++) { // one step of the recurrence from the stored h, written back
-        real *hs = state + b * S + conv_size;
-        rnn_recurrence_forward(h + (size_t)b * NV, NULL, hs, u + (size_t)b * NV, NV, f + (size_t)b * N, w->W, hs, 1, 1,
-                               N, V);
-    }
-    memcpy(y, h, (size_t)B * NV * sizeof(real));
-    output_gate_forward(y, gated, u, proj + NV + N, w->D, B, NV, NV, R);
-    rmsnorm_forward(normed, rstd, gated, w->norm_w, B, NV);
-    matmul_forward(out, normed, w->out_w, B, NV, C);
-    free(buf);
+// Decoding: B sequences advance by T tokens. A sequence's state: the conv's last W−1 inputs (W−1, NV), then h (N, V).
+static void rnn_mixer_advance(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
+                              int T, const int *pos, int context) {
+    real *acts = (real *)mallocCheck(rnn_mixer_acts_size(c, B, T) * sizeof(real));
+    rnn_mixer_run(out, acts, inp, t, c, B, T, state, rnn_decode_state(c, context));
+    free(acts);
 }
 
 static const KindOps RNN_OPS = {'R', rnn_mixer_acts_size, rnn_mixer_scratch_size, rnn_mixer_forward, rnn_mixer_backward,
-                                rnn_mixer_step};
+                                rnn_mixer_advance};
 
 #endif // M2RNN_REF_RNN_H

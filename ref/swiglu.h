@@ -65,16 +65,7 @@ static void swiglu_ffn_backward(real *dinp, real *scratch, const real *dout, con
     matmul_backward(dinp, gw->up_w, g.up, inp, w->up_w, BT, C, 2 * F);
 }
 
-static void swiglu_ffn_step(real *out, real *state, const real *inp, const KindTensors *t, const ModelConfig *c, int B,
-                            const int *pos, int context) {
-    real *buf = (real *)mallocCheck(swiglu_ffn_acts_size(c, B, 1) * sizeof(real));
-    SwiGLUActs a;
-    swiglu_acts_layout(&a, buf, c, B, 1);
-    swiglu_ffn_apply(out, &a, inp, (const SwiGLUParams *)t->w, c->d_model, c->swiglu.hidden, B);
-    free(buf);
-}
-
 static const KindOps SWIGLU_OPS = {'s', swiglu_ffn_acts_size, swiglu_ffn_scratch_size, swiglu_ffn_forward,
-                                   swiglu_ffn_backward, swiglu_ffn_step};
+                                   swiglu_ffn_backward, NULL}; // stateless: decoding runs forward
 
 #endif // M2RNN_REF_SWIGLU_H

@@ -125,7 +125,49 @@ static void decode_case(const char *label, Model *model, const Reference *r) {
     snprintf(name, sizeof(name), "%s: decode = forward at every position", label);
     test_result(worst < tol, name, "worst rel err %.2e at t=%d (tol %.0e), %d positions x %d sequences", worst, worst_t,
                 tol, T, B);
-    free(ref); free(got);
+    // the prefill path (model_decode_advance with many tokens, the forward's kernels from the states): sequence 0's
+    // first 50 tokens at once then one at a time, sequence 1 in chunks of 7, 30 and the rest, both sequences at once
+    // from a fresh state, and sequence 0's state after 50 tokens saved and restored into slot 1
+    double whole = 0, chunked = 0, both = 0, restored = 0;
+#define REF(b, t) (ref + ((size_t)(b) * T + (t)) * Vp)
+    model_decode_begin(model, B, T);
+    int zero = 0;
+    model_decode_advance(model, 0, 1, r->tokens, 50, &zero);
+    model_decode_logits(model, 0, got);
+    whole = rel_err(got, REF(0, 49), (size_t)Vp);
+    void *saved = mallocCheck(model_decode_state_size(model));
+    model_decode_state_io(model, 0, saved, 1);
+    for (int t = 50; t < T; t++) {
+        model_decode_advance(model, 0, 1, r->tokens + t, 1, &t);
+        model_decode_logits(model, 0, got);
+        whole = fmax(whole, rel_err(got, REF(0, t), (size_t)Vp));
+    }
+    const int cuts[4] = {0, 7, 37, T};
+    for (int i = 0; i < 3; i++) {
+        int p0 = cuts[i];
+        model_decode_advance(model, 1, 1, r->tokens + T + p0, cuts[i + 1] - p0, &p0);
+        model_decode_logits(model, 1, got);
+        chunked = fmax(chunked, rel_err(got, REF(1, cuts[i + 1] - 1), (size_t)Vp));
+    }
+    model_decode_begin(model, B, T);
+    int pos2[2] = {0, 0}, *two = (int *)mallocCheck(2 * 64 * sizeof(int));
+    for (int b = 0; b < 2; b++) { memcpy(two + b * 64, r->tokens + b * T, 64 * sizeof(int)); }
+    model_decode_advance(model, 0, 2, two, 64, pos2);
+    for (int b = 0; b < 2; b++) {
+        model_decode_logits(model, b, got);
+        both = fmax(both, rel_err(got, REF(b, 63), (size_t)Vp));
+    }
+    model_decode_state_io(model, 1, saved, 0);
+    int p50 = 50;
+    model_decode_advance(model, 1, 1, r->tokens + 50, T - 50, &p50);
+    model_decode_logits(model, 1, got);
+    restored = rel_err(got, REF(0, T - 1), (size_t)Vp);
+#undef REF
+    snprintf(name, sizeof(name), "%s: prefill = forward", label);
+    test_result(fmax(fmax(whole, chunked), fmax(both, restored)) < tol, name,
+                "whole %.1e, chunks 7+30+43 %.1e, 2 at once %.1e, saved/restored %.1e (tol %.0e)", whole, chunked, both,
+                restored, tol);
+    free(ref); free(got); free(saved); free(two);
 }
 
 static void run_case(const char *label, const char *dir, const Reference *r, int bitwise, int plain, double tol_grad) {

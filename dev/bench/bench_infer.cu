@@ -1,0 +1,82 @@
+/*
+bench_infer.cu: the inference engine's speed on the GPU (the executor API infer_m2rnn runs on), with random weights:
+prefill tokens/s of one prompt of P tokens (model_decode_advance: the forward's kernels from the states, in chunks),
+decode tokens/s of B sequences stepping together at a context of ~1K (the step as a CUDA graph, and eagerly), and the
+decode state a sequence carries against the context (recurrent layers: constant; attention: the KV cache, linear).
+Timing: the host clock around synchronized work, after a warm-up; medians of repeats.
+usage: build/bench_infer DESCRIPTOR [vocab]   (vocab 50257 unless given, e.g. 100352)
+*/
+#define TESTING
+#include "train_m2rnn.cu"
+
+static double wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { fail_with_hint("e.g. build/bench_infer d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84 100352", "usage: bench_infer DESCRIPTOR [vocab]"); }
+    ModelConfig config;
+    memset(&config, 0, sizeof(config));
+    config.vocab_size = argc > 2 ? atoi(argv[2]) : 50257;
+    config.m2rnn.grad_clamp = 1.0f;
+    model_config_from_descriptor(&config, argv[1]);
+    Model *model = model_create(&config);
+    model_init_weights(model, 1);
+    const int V = config.vocab_size;
+    Rng rng = {5};
+    int *tokens = (int *)mallocCheck((size_t)65536 * sizeof(int));
+    for (int i = 0; i < 65536; i++) { tokens[i] = (int)(rng_next_u64(&rng) % V); }
+    const size_t param_bytes = param_table_count(&model->table) * sizeof(floatX);
+    printf("%s | %s | %zu parameters (%.2f GB of weights read a step: batch 1 bound %.0f tokens/s at 4.8 TB/s)\n",
+           model->rt.prop.name, argv[1], param_table_count(&model->table), param_bytes / 1e9, 4.8e12 / param_bytes);
+    // prefill: one prompt of P tokens
+    for (int P : {1024, 8192}) {
+        model_decode_begin(model, 1, P + 1);
+        int zero = 0;
+        model_decode_advance(model, 0, 1, tokens, P, &zero); // warm-up
+        double best = 1e30;
+        for (int r = 0; r < 3; r++) {
+            model_decode_begin(model, 1, P + 1);
+            executor_sync(model);
+            const double t0 = wall();
+            model_decode_advance(model, 0, 1, tokens, P, &zero);
+            executor_sync(model);
+            best = fmin(best, wall() - t0);
+        }
+        printf("prefill  B=1  P=%5d  %8.1f ms  %9.0f tokens/s\n", P, best * 1e3, P / best);
+    }
+    // decode: B sequences at a context of 1024 (prefilled), 64 steps, graph and eager
+    for (int B : {1, 64}) {
+        for (int eager = 0; eager < 2; eager++) {
+            if (eager) { setenv("M2RNN_NO_GRAPH", "1", 1); } else { unsetenv("M2RNN_NO_GRAPH"); }
+            const int P = 1024, steps = 64;
+            model_decode_begin(model, B, P + steps + 8);
+            int *pos = (int *)mallocCheck((size_t)B * sizeof(int)), *tok = (int *)mallocCheck((size_t)B * sizeof(int));
+            for (int b = 0; b < B; b++) { pos[b] = 0; }
+            model_decode_advance(model, 0, B, tokens, P, pos); // every sequence the same 1024-token prompt
+            for (int b = 0; b < B; b++) { pos[b] = P; tok[b] = tokens[P + b]; }
+            for (int w = 0; w < 4; w++) { model_decode_step(model, tok, pos); for (int b = 0; b < B; b++) { pos[b]++; } }
+            executor_sync(model);
+            const double t0 = wall();
+            for (int s = 0; s < steps; s++) {
+                model_decode_step(model, tok, pos);
+                for (int b = 0; b < B; b++) { pos[b]++; }
+            }
+            executor_sync(model);
+            const double dt = wall() - t0;
+            printf("decode   B=%-3d context ~%d  %s  %7.3f ms a step  %9.0f tokens/s\n", B, P, eager ? "eager" : "graph",
+                   dt / steps * 1e3, (double)B * steps / dt);
+            free(pos); free(tok);
+        }
+    }
+    unsetenv("M2RNN_NO_GRAPH");
+    // the decode state of one sequence against the context
+    for (int ctx : {1024, 4096, 16384, 65536}) {
+        model_decode_begin(model, 1, ctx);
+        printf("state    context %6d  %9.2f MB a sequence\n", ctx, model_decode_state_size(model) / 1e6);
+    }
+    model_free(model);
+    return 0;
+}
