@@ -23,6 +23,9 @@ static void model_init_weights(Model *model, uint64_t seed);
 
 // training: forward over host token arrays inputs (B,T) and, if not NULL, targets (B,T); returns the mean loss or -1
 static double model_forward(Model *model, const int *inputs, const int *targets, int B, int T);
+// the auxiliary losses of the last forward (MoE load balancing, summed over layers; 0 without MoE layers): the
+// training objective is the mean loss plus this, and the backward differentiates both
+static double model_aux_loss(const Model *model);
 static void model_zero_grad(Model *model);
 // backward of the last forward (which must have had targets); parameter gradients accumulate (+=), scaled so that
 // the loss being differentiated is loss_scale · mean loss

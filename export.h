@@ -46,7 +46,7 @@ static size_t export_model(const char *dir, const ModelConfig *c, const ParamTab
     size_t offset = 0;
     for (int i = 0; i < t->num_specs; i++) {
         const ParamSpec *s = &t->specs[i];
-        const size_t rows = export_rows(s), count = rows * (s->numel / s->shape[0]);
+        const size_t rows = export_rows(s), count = s->shape[0] > 0 ? rows * (s->numel / s->shape[0]) : 0;
         n += (size_t)snprintf(json + n, cap - n, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%zu", s->name, bf16 ? "BF16" : "F32",
                               rows);
         for (int d = 1; d < s->ndim; d++) { n += (size_t)snprintf(json + n, cap - n, ",%zu", s->shape[d]); }
@@ -65,7 +65,7 @@ static size_t export_model(const char *dir, const ModelConfig *c, const ParamTab
     uint16_t *buf = bf16 ? (uint16_t *)mallocCheck(1 << 20) : NULL;
     for (int i = 0; i < t->num_specs; i++) {
         const ParamSpec *s = &t->specs[i];
-        const size_t count = export_rows(s) * (s->numel / s->shape[0]);
+        const size_t count = s->shape[0] > 0 ? export_rows(s) * (s->numel / s->shape[0]) : 0;
         const float *p = params + s->offset;
         if (!bf16) { fwriteCheck(p, sizeof(float), count, fp); continue; }
         for (size_t j = 0; j < count; j += (1 << 19)) {

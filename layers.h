@@ -82,6 +82,14 @@ typedef struct {
     int hidden;       // F
 } SwiGLUConfig;
 
+typedef struct {      // e: mixture of SwiGLU experts
+    int experts;      // E
+    int top_k;        // K experts a token
+    int hidden;       // F of each expert
+    int shared;       // hidden size of the shared expert (0: none)
+    float aux_coef;   // coefficient of the load-balancing loss (0 when unset: the default 0.001; negative: off)
+} MoEConfig;
+
 typedef struct {
     int vocab_size;          // V: real tokens (50257 for GPT-2)
     int padded_vocab_size;   // Vp: V rounded up to a multiple of 128 (derived); logits of the padding are never used
@@ -95,6 +103,7 @@ typedef struct {
     GDNConfig gdn;
     Mamba2Config mamba2;
     SwiGLUConfig swiglu;
+    MoEConfig moe;
 } ModelConfig;
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -628,6 +637,75 @@ static double swiglu_flops(const ModelConfig *c, int T) {
 static size_t no_decode_state(const ModelConfig *c, int context) { return 0; }
 
 // ----------------------------------------------------------------------------------------------------------------
+// e: mixture of SwiGLU experts (the paper's 7B shape: 128 experts of 256, top-8, a shared expert of 1024; spec
+// m2rnn_authors_code.md §3): router logits r = x W_rᵀ (no bias); the K largest logits (ties to the lower expert)
+// weighted by the softmax over those K ("normalized top-k": the softmax probabilities of the K renormalized); each
+// expert a SwiGLU; out = Σ_k w_k expert_k(x) + shared(x) (the shared expert ungated). Load balancing (switch style,
+// as the authors' framework): aux = coef · E · Σ_e P̄_e f_e with P̄_e the mean over the batch's tokens of the full
+// softmax probability of e and f_e the fraction of the batch's T·K assignments that went to e (no gradient through
+// f); each MoE layer's aux adds to the training loss (xa < 0 switches it off). Active parameters (MFU, tokens/s): the router, K experts and
+// the shared expert; moe_flops counts those.
+
+#define MOE_PARAMS(X)                                                                                            \
+    X(router_w)    /* (E, C) */                                                                                  \
+    X(up_w)        /* (E, 2F, C) per expert rows gate | linear */                                                \
+    X(down_w)      /* (E, C, F) */                                                                               \
+    X(shared_up_w) /* (2S, C) the shared expert (S = 0: empty) */                                                \
+    X(shared_down_w) /* (C, S) */
+
+static const ConfigField MOE_FIELDS[] = {
+    CFG_FIELD("moe.experts", "xe", FIELD_INT, moe.experts, "MoE experts E"),
+    CFG_FIELD("moe.top_k", "xk", FIELD_INT, moe.top_k, "MoE experts a token (top-k)"),
+    CFG_FIELD("moe.hidden", "xf", FIELD_INT, moe.hidden, "MoE expert hidden size"),
+    CFG_FIELD("moe.shared", "xs", FIELD_INT, moe.shared, "MoE shared expert hidden size (0 = none)"),
+    CFG_FIELD("moe.aux_coef", "xa", FIELD_FLOAT, moe.aux_coef, "MoE load-balancing loss coefficient (negative: off)"),
+};
+
+// 8 experts, top-2, each expert as large as the dense SwiGLU divided by K (the active FLOPs of the dense model), no
+// shared expert; the paper's 7B: xe128:xk8:xf256:xs1024
+static void moe_fill_defaults(ModelConfig *c) {
+    MoEConfig *m = &c->moe;
+    if (m->experts <= 0) { m->experts = 8; }
+    if (m->top_k <= 0) { m->top_k = m->experts >= 2 ? 2 : 1; }
+    if (m->hidden <= 0) { m->hidden = round_up((8 * c->d_model + 2) / 3 / m->top_k, 64); }
+    if (m->shared < 0) { m->shared = 0; }
+    if (m->aux_coef == 0) { m->aux_coef = 0.001f; }
+}
+
+static void moe_validate(const ModelConfig *c) {
+    const MoEConfig *m = &c->moe;
+    if (m->experts < 1 || m->experts > 4096 || m->top_k < 1 || m->top_k > m->experts || m->top_k > 64 ||
+        m->hidden < 1 || m->hidden > (1 << 20) || m->shared < 0 || m->shared > (1 << 20) || m->aux_coef > 1e3) {
+        fail_with_hint("check the MoE sizes: xeNN experts, xkNN top-k (1..min(E, 64)), xfNN expert size, xsNN shared "
+                       "size, xa coefficient (negative: no load-balancing loss)",
+                       "MoE sizes out of range (E=%d K=%d F=%d S=%d aux=%g)", m->experts, m->top_k, m->hidden,
+                       m->shared, m->aux_coef);
+    }
+}
+
+static int moe_params(const ModelConfig *c, ParamDef *p) {
+    enum { MOE_PARAMS(KIND_PARAM_ENUM) NUM };
+    const size_t C = (size_t)c->d_model, E = (size_t)c->moe.experts, F = (size_t)c->moe.hidden;
+    const size_t S = (size_t)c->moe.shared;
+    PDEF(router_w, 2, E, C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_REPLICATED);
+    PDEF(up_w, 3, E, 2 * F, C, INIT_NORMAL, STD_IN, DECAY, SPLIT_COLUMN);
+    PDEF(down_w, 3, E, C, F, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_COLUMN);
+    PDEF(shared_up_w, 2, 2 * S, C, 0, INIT_NORMAL, STD_IN, DECAY, SPLIT_HEAD_GROUPS);
+    param_segments(&p[P_shared_up_w], 2, S, S);
+    PDEF(shared_down_w, 2, C, S, 0, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_ROW);
+    return NUM;
+}
+
+// the coefficient in effect (negative: off)
+static inline float moe_aux_coef(const ModelConfig *c) { return c->moe.aux_coef > 0 ? c->moe.aux_coef : 0.0f; }
+
+// active FLOPs a token: the router, K experts, the shared expert
+static double moe_flops(const ModelConfig *c, int T) {
+    const double C = c->d_model, E = c->moe.experts, K = c->moe.top_k, F = c->moe.hidden, S = c->moe.shared;
+    return 2.0 * C * E + K * 3.0 * 2.0 * C * F + 3.0 * 2.0 * C * S;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // the tables
 
 #define NFIELDS(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -651,6 +729,8 @@ static const LayerKind MIXER_KINDS[] = {
 static const LayerKind FFN_KINDS[] = {
     {'s', "SwiGLU", "SwiGLU MLP", SWIGLU_FIELDS, NFIELDS(SWIGLU_FIELDS), swiglu_fill_defaults, swiglu_validate,
      swiglu_params, swiglu_flops, no_decode_state},
+    {'e', "MoE", "mixture of SwiGLU experts, top-k, optional shared expert", MOE_FIELDS, NFIELDS(MOE_FIELDS),
+     moe_fill_defaults, moe_validate, moe_params, moe_flops, no_decode_state},
 };
 
 #define NUM_MIXER_KINDS NFIELDS(MIXER_KINDS)

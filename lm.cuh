@@ -564,6 +564,8 @@ static void model_decode_state_io(Model *model, int b, void *buf, int save) {
     }
 }
 
+static double model_aux_loss(const Model *model) { return 0.0; } // no GPU kind has an auxiliary loss yet
+
 static void model_decode_logits(Model *model, int b, float *out) {
     const int Vp = model->config.padded_vocab_size;
     copy_logits_row(out, model->dec_logits + (size_t)b * Vp, Vp);

@@ -463,7 +463,7 @@ static void model_init_parameters(float *params, const ParamTable *t, uint64_t s
         const ParamSpec *s = &t->specs[i];
         float *p = params + s->offset;
         Rng rng = {seed * 0x100000001B3ULL + (uint64_t)i * 0x9E3779B97F4A7C15ULL};
-        size_t row_len = s->numel / s->shape[0];
+        const size_t row_len = s->shape[0] > 0 ? s->numel / s->shape[0] : 0; // (an empty tensor: no rows)
         for (size_t j = 0; j < s->numel; j++) {
             float v = 0.0f;
             switch (s->init) {

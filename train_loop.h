@@ -593,9 +593,11 @@ float train_run(const TrainOptions *o) {
         const double t0 = wall_seconds();
         model_zero_grad(model);
         double loss_sum = 0.0;
+        double aux_sum = 0.0;
         for (int micro = 0; micro < grad_accum; micro++) {
             if (!o->overfit) { dataloader_next_batch(&train_loader); }
             loss_sum += model_forward(model, train_loader.inputs, train_loader.targets, o->B, o->T);
+            aux_sum += model_aux_loss(model);
             model_backward(model, test_nan_step(step + 1) ? NAN : 1.0f / grad_accum);
         }
         const double norm = model_grad_norm(model);
@@ -627,11 +629,18 @@ float train_run(const TrainOptions *o) {
             char speed[64];
             if (peak_flops > 0) { snprintf(speed, sizeof(speed), "%.1f%% MFU", 100.0 * flops_per_step / dt / peak_flops); }
             else { snprintf(speed, sizeof(speed), "%.1f GFLOP/s", flops_per_step / dt * 1e-9); }
-            printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %s | ETA %.1f min\n",
-                   step + 1, o->max_steps, last_loss, norm, opt.lr, 1000.0 * dt, total_batch / dt, speed,
+            char aux[48] = "";
+            if (aux_sum != 0.0) { snprintf(aux, sizeof(aux), " | aux %.5f", aux_sum / grad_accum); } // MoE balancing
+            printf("step %5d/%d | loss %.6f%s | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %s | ETA %.1f min\n",
+                   step + 1, o->max_steps, last_loss, aux, norm, opt.lr, 1000.0 * dt, total_batch / dt, speed,
                    avg * (o->max_steps - step - 1) / 60.0);
         }
-        if (why == NULL) { log_line(o->out_dir, "s:%d trl:%.6f lr:%.6e norm:%.4f\n", step + 1, last_loss, opt.lr, norm); }
+        if (why == NULL && aux_sum != 0.0) {
+            log_line(o->out_dir, "s:%d trl:%.6f aux:%.6f lr:%.6e norm:%.4f\n", step + 1, last_loss, aux_sum / grad_accum,
+                     opt.lr, norm);
+        } else if (why == NULL) {
+            log_line(o->out_dir, "s:%d trl:%.6f lr:%.6e norm:%.4f\n", step + 1, last_loss, opt.lr, norm);
+        }
         if (skips_in_a_row >= o->max_skips) {
             if (o->out_dir != NULL) { save_checkpoint(o, model, step + 1, grad_accum, rng_state, &train_loader); }
             fail_with_hint("lower the learning rate (-l), raise -zl/-zg, or check the data; the checkpoint holds the "

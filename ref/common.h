@@ -317,10 +317,14 @@ static void decode_state_move(real *dense, real *state, size_t stride, size_t of
 // the interface of a layer kind (a mixer or a feed-forward), the same on every executor (kinds.cuh is the GPU's):
 // the block calls these through the table of ref/kinds.h and knows nothing else about a kind.
 
-// one layer's tensors of a kind, in the kind's _PARAMS order: w the weights, g their gradients
+// one layer's tensors of a kind, in the kind's _PARAMS order: w the weights, g their gradients; and the channel of
+// an auxiliary loss (MoE's load balancing): the forward adds its value to *aux (when not NULL), the backward takes
+// aux_grad = dL/d(aux) (the loss scale)
 typedef struct {
     real *const *w;
     real *const *g;
+    double *aux;
+    real aux_grad;
 } KindTensors;
 
 typedef struct {

@@ -12,11 +12,12 @@ without an implementation, so no letter can run another kind's code. A new kind 
 #include "ref/gru.h"       // U: GRU baseline
 #include "ref/m2rnn.h"     // M: M²RNN
 #include "ref/mamba2.h"    // S: Mamba-2
+#include "ref/moe.h"       // e: mixture of SwiGLU experts
 #include "ref/rnn.h"       // R: RNN baseline
 #include "ref/swiglu.h"    // s: SwiGLU feed-forward
 
 static const KindOps *const REF_KINDS[] = {&M2RNN_OPS, &ATTENTION_OPS, &RNN_OPS, &GRU_OPS, &GDN_OPS, &MAMBA2_OPS,
-                                           &SWIGLU_OPS};
+                                           &SWIGLU_OPS, &MOE_OPS};
 
 static const KindOps *kind_ops(char letter) {
     for (size_t i = 0; i < sizeof(REF_KINDS) / sizeof(REF_KINDS[0]); i++) {

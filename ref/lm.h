@@ -65,6 +65,7 @@ struct Model {
     real *d_norm;     // (B,T,C) gradient of a norm's output (= of the mixer's or feed-forward's input)
     real *kind_scratch; // the largest backward scratch of the model's kinds
     real mean_loss;   // of the last forward with targets, -1 otherwise
+    double aux_loss;  // the auxiliary losses (MoE load balancing) of the last forward, summed over layers
     // decoding
     int dec_B, dec_context;
     real *dec_memory;               // all of the below
@@ -75,7 +76,7 @@ struct Model {
 static const ModelConfig *model_config(const Model *model) { return &model->config; }
 static const ParamTable *model_table(const Model *model) { return &model->table; }
 
-static KindTensors kind_tensors(real *const *w, real *const *g) { KindTensors t = {w, g}; return t; }
+static KindTensors kind_tensors(real *const *w, real *const *g) { KindTensors t = {w, g, NULL, 0}; return t; }
 
 static Model *model_create(const ModelConfig *config) {
     Model *model = (Model *)callocCheck(1, sizeof(Model));
@@ -161,6 +162,7 @@ static double model_forward(Model *model, const int *inputs, const int *targets,
     model_ensure_activations(model, B, T);
     model_check_tokens(inputs, (size_t)BT, V, "input");
     memcpy(model->inputs, inputs, (size_t)BT * sizeof(int));
+    model->aux_loss = 0.0;
     real *x = model->layer_acts[0].resid_in;
     embedding_forward(x, inputs, model->params.wte, BT, C);
     for (int l = 0; l < c->n_layer; l++) {
@@ -169,7 +171,9 @@ static double model_forward(Model *model, const int *inputs, const int *targets,
         const ModelParamsLayer *g = &model->grads.layers[l];
         rmsnorm_forward(la->ln1_out, la->ln1_rstd, la->resid_in, w->ln1_w, BT, C);
         real *branch = model->branch_out; // the mixer's, then the feed-forward's output, added to the stream right away
-        const KindTensors tm = kind_tensors(w->mixer, g->mixer), tf = kind_tensors(w->ffn, g->ffn);
+        const KindTensors tm = kind_tensors(w->mixer, g->mixer);
+        KindTensors tf = kind_tensors(w->ffn, g->ffn);
+        tf.aux = &model->aux_loss;
         model->mixer_ops[l]->forward(branch, la->mixer, la->ln1_out, &tm, c, B, T);
         for (size_t i = 0; i < (size_t)BT * C; i++) { la->resid_mid[i] = la->resid_in[i] + branch[i]; }
         rmsnorm_forward(la->ln2_out, la->ln2_rstd, la->resid_mid, w->ln2_w, BT, C);
@@ -213,7 +217,9 @@ static void model_backward(Model *model, float loss_scale) {
         LayerActs *la = &model->layer_acts[l];
         const ModelParamsLayer *w = &model->params.layers[l];
         ModelParamsLayer *gw = &model->grads.layers[l];
-        const KindTensors tm = kind_tensors(w->mixer, gw->mixer), tf = kind_tensors(w->ffn, gw->ffn);
+        const KindTensors tm = kind_tensors(w->mixer, gw->mixer);
+        KindTensors tf = kind_tensors(w->ffn, gw->ffn);
+        tf.aux_grad = (real)loss_scale; // the auxiliary losses count in the objective as the mean loss does
         // x_out = resid_mid + FFN(RMSNorm(resid_mid)): d_resid flows through, and into the feed-forward
         memset(model->d_norm, 0, zeroed * sizeof(real));
         model->ffn_ops[l]->backward(model->d_norm, model->kind_scratch, model->d_resid, la->ln2_out, la->ffn, &tf, c, B,
@@ -370,6 +376,8 @@ static void model_decode_step(Model *model, const int *tokens, const int *pos) {
     if (model->dec_B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_step without a decode state"); }
     model_decode_advance(model, 0, model->dec_B, tokens, 1, pos);
 }
+
+static double model_aux_loss(const Model *model) { return model->aux_loss; }
 
 static void model_decode_logits(Model *model, int b, float *out) {
     const int Vp = model->config.padded_vocab_size;

@@ -22,7 +22,9 @@ static void decode_case(const char *pattern, int rope, int kv_heads) {
     c.vrnn.head_dim = 4; c.m2rnn.grad_clamp = 1;
     c.gdn.heads = 2; c.gdn.k = 4; c.gdn.v = 6; c.gdn.neg = rope; // (rope doubles as GDN[-1,1] here: one flag less)
     c.mamba2.head_dim = 8; c.mamba2.state = 6; c.mamba2.groups = 2;
+    c.moe.experts = 4; c.moe.top_k = 2; c.moe.hidden = 8; c.moe.shared = 6;
     snprintf(c.pattern, sizeof(c.pattern), "%s", pattern);
+    if (strcmp(pattern, "MRAUMA") == 0) { snprintf(c.ffn_pattern, sizeof(c.ffn_pattern), "seesse"); } // MoE layers too
     Model *m = model_create(&c);
     for (size_t i = 0; i < m->table.num_parameters; i++) { m->params_memory[i] = (real)(0.3 * (2 * rng_uniform(&rng) - 1)); }
     for (int i = 0; i < m->table.num_specs; i++) { // padding rows stay zero; slow-forgetting heads as trained models have
@@ -55,10 +57,10 @@ static void decode_case(const char *pattern, int rope, int kv_heads) {
             worst = fmax(worst, sqrt(num / den));
         }
     }
-    char name[96];
-    snprintf(name, sizeof(name), "decode = forward at every position: %s%s%s%s", pattern,
+    char name[256];
+    snprintf(name, sizeof(name), "decode = forward at every position: %s%s%s%s%s%s", pattern,
              rope && strchr(pattern, 'A') ? " (RoPE)" : "", rope && strchr(pattern, 'G') ? " (GDN[-1,1])" : "",
-             kv_heads == 2 ? " (GQA 4/2)" : kv_heads == 1 ? " (MQA)" : "");
+             kv_heads == 2 ? " (GQA 4/2)" : kv_heads == 1 ? " (MQA)" : "", c.ffn_pattern[0] ? " ffn=" : "", c.ffn_pattern);
     test_result(worst < 1e-5, name, "worst rel err %.2e over %d positions x %d sequences, state %zu numbers/seq",
                 worst, T, B, model_decode_state_numbers(&m->config, T));
     free(ref); free(got);

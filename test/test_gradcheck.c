@@ -20,6 +20,10 @@ Reported: ‖analytic − numeric‖ / ‖numeric‖ over the sampled coordinate
 // q/k head is strongly curved); at 1e-3 6e-8, with round-off near 1e-13
 #define FD_STEP 1e-3
 #define FD_TOL 1e-6
+// the MoE's top-k is smooth only between ties of router logits: its whole-model check steps by 3e-4, so a difference
+// crosses no tie (at 1e-3 one token's top-k flipped and took the router's check to 0.7; at 1e-5 it is 5e-8, while
+// M2RNN's W needs a step above 1e-4 against round-off)
+static double fd_step = FD_STEP;
 #define FD_SAMPLES 24 // coordinates checked per tensor
 
 static Rng test_rng = {12345};
@@ -54,11 +58,11 @@ static double fd_check(const char *what, real *x, const real *grad, size_t n, lo
         double l[4];
         const double offsets[4] = {2, 1, -1, -2};
         for (int j = 0; j < 4; j++) {
-            x[i] = saved + (real)(offsets[j] * FD_STEP);
+            x[i] = saved + (real)(offsets[j] * fd_step);
             l[j] = loss(ctx);
         }
         x[i] = saved;
-        const double fd = (-l[0] + 8 * l[1] - 8 * l[2] + l[3]) / (12 * FD_STEP);
+        const double fd = (-l[0] + 8 * l[1] - 8 * l[2] + l[3]) / (12 * fd_step);
         num2 += fd * fd;
         diff2 += (fd - grad[i]) * (fd - grad[i]);
     }
@@ -481,6 +485,7 @@ static ModelConfig tiny_config(const char *pattern, int qk_heads, int rope) {
     c.vrnn.heads = 3; c.vrnn.head_dim = 5;
     c.gdn.heads = 2; c.gdn.k = 4; c.gdn.v = 6;
     c.mamba2.expand = 2; c.mamba2.head_dim = 6; c.mamba2.state = 5; c.mamba2.groups = 1; // d_inner 24: 4 heads
+    c.moe.experts = 5; c.moe.top_k = 2; c.moe.hidden = 6; c.moe.shared = 4; c.moe.aux_coef = 0.05f;
     snprintf(c.pattern, sizeof(c.pattern), "%s", pattern);
     return c;
 }
@@ -549,10 +554,101 @@ static void test_block(const char *name, ModelConfig config, int which) {
     model_free(m);
 }
 
+// the MoE feed-forward with its load-balancing loss: loss = Σ out ⊙ R + aux (aux_grad 1); d(input) and every tensor,
+// the router included. The inputs stay away from router ties (a tie moves the top-k under a finite difference).
+typedef struct { Model *m; real *out, *inp, *R; int B, T; double aux; } MoECase;
+static double moe_loss(void *p) {
+    MoECase *c = (MoECase *)p;
+    Model *m = c->m;
+    KindTensors t = kind_tensors(m->params.layers[0].ffn, m->grads.layers[0].ffn);
+    double aux = 0.0;
+    t.aux = &aux;
+    m->ffn_ops[0]->forward(c->out, m->layer_acts[0].ffn, c->inp, &t, &m->config, c->B, c->T);
+    c->aux = aux;
+    return dot(c->out, c->R, (size_t)c->B * c->T * m->config.d_model) + aux;
+}
+static void test_moe_block(const char *name, ModelConfig config) {
+    Model *m = model_create(&config);
+    randomize_model(m);
+    const int B = 2, T = 7, C = m->config.d_model; // 14 tokens: a multiple of nothing in particular
+    int tokens[14] = {0};
+    model_forward(m, tokens, NULL, B, T);
+    MoECase c = {m, zero_tensor((size_t)B * T * C), random_tensor((size_t)B * T * C, 1), random_tensor((size_t)B * T * C, 1),
+                 B, T, 0};
+    real *dinp = zero_tensor((size_t)B * T * C);
+    moe_loss(&c);
+    model_zero_grad(m);
+    memset(m->grad_scratch_memory, 0, m->grad_scratch_size * sizeof(real));
+    KindTensors t = kind_tensors(m->params.layers[0].ffn, m->grads.layers[0].ffn);
+    t.aux_grad = 1;
+    m->ffn_ops[0]->backward(dinp, m->kind_scratch, c.R, c.inp, m->layer_acts[0].ffn, &t, &m->config, B, T);
+    double e = fd_check("inp", c.inp, dinp, (size_t)B * T * C, moe_loss, &c);
+    int checked = 0;
+    for (int i = 0; i < m->table.num_specs; i++) {
+        const ParamSpec *s = &m->table.specs[i];
+        if (s->layer != 0 || s->kind != 'e' || s->numel == 0) { continue; }
+        double ei = fd_check(s->name, m->params_memory + s->offset, m->grads_memory + s->offset, s->numel, moe_loss, &c);
+        if (ei >= FD_TOL) { printf("     %s: rel err %.2e\n", s->name, ei); }
+        e = fmax(e, ei);
+        checked++;
+    }
+    char full[160];
+    snprintf(full, sizeof(full), "%s (%d tensors, aux %.3g)", name, checked, c.aux);
+    report(full, e);
+    free(c.out); free(c.inp); free(c.R); free(dinp);
+    model_free(m);
+}
+
+// the load-balancing loss against its formula where the formula is known: a zero router ties every expert, so the top
+// K are experts 0..K−1 (ties to the lower), P̄ = 1/E, f_e = 1/K for them and 0 for the others: aux = coef exactly;
+// and a router that sends every token to expert 3 (K = 1): aux = coef · E · P̄_3
+static void test_moe_aux(void) {
+    ModelConfig c = tiny_config("M", 1, 0);
+    snprintf(c.ffn_pattern, sizeof(c.ffn_pattern), "e");
+    c.moe.experts = 6; c.moe.top_k = 2; c.moe.hidden = 5; c.moe.shared = 3; c.moe.aux_coef = 0.01f;
+    Model *m = model_create(&c);
+    randomize_model(m);
+    const int B = 1, T = 5, C = m->config.d_model;
+    int tokens[5] = {0};
+    model_forward(m, tokens, NULL, B, T);
+    const ParamSpec *rw = param_table_find(&m->table, "layer0.moe.router_w");
+    memset(m->params_memory + rw->offset, 0, rw->numel * sizeof(real));
+    real *x = random_tensor((size_t)B * T * C, 1), *out = zero_tensor((size_t)B * T * C);
+    for (size_t i = 0; i < (size_t)B * T * C; i++) { x[i] = (real)(0.75 + 0.25 * x[i]); } // positive inputs
+    KindTensors t = kind_tensors(m->params.layers[0].ffn, m->grads.layers[0].ffn);
+    double aux = 0.0;
+    t.aux = &aux;
+    m->ffn_ops[0]->forward(out, m->layer_acts[0].ffn, x, &t, &m->config, B, T);
+    const double tie = aux;
+    MoEActs a;
+    moe_acts_layout(&a, m->layer_acts[0].ffn, &m->config, B, T);
+    int lowest = 1, empty = a.offsets[6] - a.offsets[2] == 0;
+    for (int i = 0; i < B * T; i++) { lowest &= a.choice[i * 2] == 0 && a.choice[i * 2 + 1] == 1; }
+    m->config.moe.top_k = 1;
+    moe_acts_layout(&a, m->layer_acts[0].ffn, &m->config, B, T); // the layout at K = 1
+    for (int e = 0; e < 6; e++) { // expert 3's row +1, the others −1: logit 3 > 0 > the others for positive inputs
+        for (int i = 0; i < C; i++) { m->params_memory[rw->offset + (size_t)e * C + i] = (real)(e == 3 ? 0.3 : -0.3); }
+    }
+    aux = 0.0;
+    m->ffn_ops[0]->forward(out, m->layer_acts[0].ffn, x, &t, &m->config, B, T);
+    double pbar3 = 0.0;
+    for (int i = 0; i < B * T; i++) { pbar3 += a.probs[i * 6 + 3] / (B * T); }
+    const int all3 = a.offsets[4] - a.offsets[3] == B * T;
+    const double coef = m->config.moe.aux_coef; // 0.01 as a float
+    test_result(fabs(tie - coef) < 1e-12 && lowest && empty && all3 && fabs(aux - coef * 6 * pbar3) < 1e-12,
+                "MoE aux loss against its formula: ties, empty experts, all tokens to one expert",
+                "tied router: aux %.6g (coef 0.01), experts 0,1 chosen: %s, 2..5 empty: %s; one expert: %d of %d tokens, "
+                "aux %.6g = coef E P3 %.6g", tie, lowest ? "yes" : "no", empty ? "yes" : "no", (int)(a.offsets[4] - a.offsets[3]),
+                B * T, aux, coef * 6 * pbar3);
+    free(x); free(out);
+    model_free(m);
+}
+
 typedef struct { Model *m; int *inputs, *targets; int B, T; } ModelCase;
-static double model_loss(void *p) {
+static double model_loss(void *p) { // the training objective: the mean loss and the auxiliary losses (MoE)
     ModelCase *c = (ModelCase *)p;
-    return model_forward(c->m, c->inputs, c->targets, c->B, c->T);
+    const double l = model_forward(c->m, c->inputs, c->targets, c->B, c->T);
+    return l + model_aux_loss(c->m);
 }
 static void test_whole_model(const char *name, ModelConfig config) {
     Model *m = model_create(&config);
@@ -576,6 +672,7 @@ static void test_whole_model(const char *name, ModelConfig config) {
         size_t n = s->numel;
         if (s->zero_rows_from < s->shape[0]) { n = s->zero_rows_from * (s->numel / s->shape[0]); } // real vocab rows
         double ei = fd_check(s->name, m->params_memory + s->offset, grads + s->offset, n, model_loss, &c);
+        if (getenv("GC_VERBOSE")) { printf("     %s %.2e\n", s->name, ei); }
         if (ei > e) { e = ei; worst = s->name; }
     }
     test_result(e < FD_TOL, name, "rel err %.2e (worst: %s, %d tensors)", e, worst, m->table.num_specs);
@@ -630,5 +727,18 @@ int main(void) {
     test_whole_model("whole model AMM (Nq=N, RoPE): every parameter", tiny_config("AMM", 3, 1));
     test_whole_model("whole model RUA (RNN, GRU, RoPE): every parameter", tiny_config("RUA", 1, 1));
     test_whole_model("whole model MGSA (M2RNN, GDN, Mamba-2): every parameter", tiny_config("MGSA", 1, 0));
+    {
+        ModelConfig moe = tiny_config("M", 1, 0);
+        snprintf(moe.ffn_pattern, sizeof(moe.ffn_pattern), "e");
+        test_moe_block("MoE (5 experts, top-2, shared expert, aux loss): dx and every tensor", moe);
+        moe.moe.shared = 0; moe.moe.top_k = 3;
+        test_moe_block("MoE (top-3, no shared expert): dx and every tensor", moe);
+        test_moe_aux();
+        ModelConfig mm = tiny_config("MAM", 1, 1);
+        snprintf(mm.ffn_pattern, sizeof(mm.ffn_pattern), "ese");
+        fd_step = 3e-4;
+        test_whole_model("whole model MAM with MoE, SwiGLU, MoE (loss + aux): every parameter", mm);
+        fd_step = FD_STEP;
+    }
     return test_summary("test_gradcheck");
 }

@@ -171,6 +171,23 @@ static void test_gdn_mamba2_counts(void) {
                 h3.pattern, hs.pattern);
 }
 
+// the paper's 7B MoE shape: d=1536, 40 layers (attention at 4, 12, ..., 36), M2RNN N=132, 128 SwiGLU experts of 256,
+// top-8, a shared expert of 1024; the authors' count: ≈6.95B total, ≈1.1B active (non-embedding active + one
+// embedding, the 410M's convention)
+static void test_moe_7b_counts(void) {
+    ModelConfig c = config_of("d1536:MMMMAMMMMMMMAMMMMMMMAMMMMMMMAMMMMMMMAMMM:n132:ffn=e:xe128:xk8:xf256:xs1024", 100352);
+    ParamTable t;
+    param_table_build(&t, &c);
+    const size_t total = param_table_count(&t), emb = (size_t)100352 * 1536;
+    const size_t moe = layer_kind_params(&t, 0, 'e'), expert = 3 * (size_t)256 * 1536;
+    const size_t active = total - 2 * emb - (size_t)c.n_layer * (128 - 8) * expert + emb;
+    test_result(moe == 128 * 1536 + 128 * expert + 3 * (size_t)1024 * 1536 && fabs(total / 1e9 - 6.95) < 0.02 &&
+                fabs(active / 1e9 - 1.1) < 0.05 && c.moe.aux_coef == 0.001f,
+                "7B MoE: 128 experts of 256, top-8, shared 1024 (the paper's shape)",
+                "%.3fB total, %.3fB active, %.1fM per MoE layer, aux %.3g", total / 1e9, active / 1e9, moe / 1e6,
+                c.moe.aux_coef);
+}
+
 static void test_init_rules(void) {
     ModelConfig c = config_of("d64:MA:n8:k16", 300);
     ParamTable t;
@@ -290,6 +307,7 @@ static void test_kind_table(void) {
 int main(void) {
     test_paper_parameter_counts();
     test_gdn_mamba2_counts();
+    test_moe_7b_counts();
     test_defaults_and_descriptor();
     test_config_text();
     test_init_rules();
