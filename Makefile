@@ -36,7 +36,7 @@ NVCC_LDLIBS = -lcublas -lcublasLt
 
 CPU_PROGRAMS = train_m2rnn_cpu export_m2rnn infer_m2rnn_cpu
 CPU_TESTS = build/test_model build/test_gradcheck build/test_m2rnn_ref build/test_decode build/test_train test/test_cli.sh \
-            test/test_run_safety.sh
+            test/test_run_safety.sh test/test_mpi.sh
 
 # every header of the project and of ref/ (a new layer kind's files need no edit here)
 REF_HEADERS = $(wildcard *.h ref/*.h)
@@ -45,8 +45,16 @@ REF_HEADERS = $(wildcard *.h ref/*.h)
 COMMIT := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 CFLAGS += -DM2RNN_COMMIT='"$(COMMIT)"'
 
+# the CPU trainer runs data-parallel over MPI when mpicc exists (OpenMPI: apt-get install openmpi-bin libopenmpi-dev);
+# without it, one process
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+ifneq ($(MPICC),)
+train_m2rnn_cpu: train_m2rnn.c $(REF_HEADERS)
+	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) -DUSE_MPI -o $@ $< $(LDLIBS)
+else
 train_m2rnn_cpu: train_m2rnn.c $(REF_HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+endif
 
 export_m2rnn: export_m2rnn.c $(REF_HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
@@ -62,6 +70,7 @@ build/test_%: test/test_%.c train_m2rnn.c $(REF_HEADERS) test/test_common.h
 # the bad-input CLI test and the run-safety test drive the real binary and the fixtures test_train writes
 test/test_cli.sh: train_m2rnn_cpu build/test_train
 test/test_run_safety.sh: train_m2rnn_cpu export_m2rnn build/test_train
+test/test_mpi.sh: train_m2rnn_cpu build/test_train
 test/test_infer.sh: infer_m2rnn_cpu train_m2rnn_cpu build/test_train $(GPT2_TOKENIZER) $(CL100K_TOKENIZER)
 
 build/bench_cpu_step: dev/bench/bench_cpu_step.c train_m2rnn.c $(REF_HEADERS)

@@ -386,14 +386,17 @@ void dataloader_get_state(const DataLoader *loader, DataLoaderState *state) { *s
 
 void dataloader_set_state(DataLoader *loader, const DataLoaderState *state) {
     const DataLoaderState *cur = &loader->state;
-    const char *hint = "resume with the same data glob, -b, -t, number of processes and shuffle setting as the run "
-                       "that wrote the checkpoint (or start without resuming)";
+    const char *hint = "resume with the same data glob, -t, rows a step (-b times the processes) and shuffle setting as "
+                       "the run that wrote the checkpoint (or start without resuming)";
     if (state->magic != DATALOADER_STATE_MAGIC || state->version != DATALOADER_STATE_VERSION) {
         fail_with_hint("the checkpoint is corrupt or from another program version",
                        "dataloader state: bad magic/version %08x/%u", state->magic, state->version);
     }
-    if (state->B != cur->B || state->T != cur->T || state->num_ranks != cur->num_ranks) {
-        fail_with_hint(hint, "dataloader state is for B=%llu T=%llu ranks=%llu, this loader has B=%llu T=%llu ranks=%llu",
+    // a position counts groups of B · ranks rows: the same rows a group (2 ranks of B=2, or 1 of B=4) keep it valid, so
+    // a run may resume at another number of data-parallel processes with the same rows a step
+    if (state->B * state->num_ranks != cur->B * cur->num_ranks || state->T != cur->T) {
+        fail_with_hint(hint, "dataloader state is for B=%llu T=%llu ranks=%llu, this loader has B=%llu T=%llu ranks=%llu "
+                       "(B x ranks must stay the same)",
                        (unsigned long long)state->B, (unsigned long long)state->T,
                        (unsigned long long)state->num_ranks, (unsigned long long)cur->B, (unsigned long long)cur->T,
                        (unsigned long long)cur->num_ranks);

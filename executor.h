@@ -10,6 +10,7 @@ Numbers in checkpoints (the master weights and the AdamW moments) have executor_
 
 #include <stdint.h>
 
+#include "comm.h"
 #include "model.h"
 
 typedef struct Model Model;
@@ -30,7 +31,11 @@ static void model_zero_grad(Model *model);
 // backward of the last forward (which must have had targets); parameter gradients accumulate (+=), scaled so that
 // the loss being differentiated is loss_scale · mean loss
 static void model_backward(Model *model, float loss_scale);
-// the global L2 norm of the gradients (fixed summation order: the same bits every run)
+// the parallel layout (comm.h) the model runs in: data-parallel ranks average their gradients and update their shards
+// (ZeRO-1); called once after model_create, before the first step (without it: one process)
+static void model_set_parallel(Model *model, const Comm *comm);
+// the global L2 norm of the gradients (fixed summation order: the same bits every run); data-parallel, it averages the
+// replicas' gradients first (every rank must call it, once a step, before model_update)
 static double model_grad_norm(Model *model);
 // one AdamW step (step counts from 1), the gradients scaled by min(1, grad_clip / grad_norm)
 static void model_update(Model *model, const OptimizerConfig *opt, int step, double grad_norm);

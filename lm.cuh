@@ -566,6 +566,15 @@ static void model_decode_state_io(Model *model, int b, void *buf, int save) {
 
 static double model_aux_loss(const Model *model) { return 0.0; } // no GPU kind has an auxiliary loss yet
 
+// the GPU trainer runs one process: its collectives (NCCL) are not written yet
+static void model_set_parallel(Model *model, const Comm *comm) {
+    if (comm->world > 1) {
+        fail_with_hint("train on one GPU for now (data parallelism runs in the CPU trainer: mpirun -np N "
+                       "./train_m2rnn_cpu)", "the CUDA trainer cannot run %d processes yet (NCCL not written)",
+                       comm->world);
+    }
+}
+
 static void model_decode_logits(Model *model, int b, float *out) {
     const int Vp = model->config.padded_vocab_size;
     copy_logits_row(out, model->dec_logits + (size_t)b * Vp, Vp);

@@ -82,6 +82,8 @@ typedef struct {
     float *loss_trace;     // if not NULL: (max_steps) the train loss of each step (tests)
     char cmdline[1024];    // for main.log's header
     int given_model;       // bits: which model flags the command line gave (-e, -vs, -ro, -rc): checked on resume
+    int tp;                // -tp: tensor-parallel group size (comm.h)
+    const Comm *comm;      // the process layout (main sets it; NULL: one process)
 } TrainOptions;
 
 enum { GIVEN_INIT = 1, GIVEN_VOCAB = 2, GIVEN_ROPE = 4, GIVEN_CLAMP = 8 };
@@ -100,6 +102,7 @@ static TrainOptions train_options_default(void) {
     o.z_loss = 0; o.z_norm = 0; o.max_skips = 5;
     o.sample_every = 0; o.sample_tokens = 64; o.tokenizer_path = "dev/data/gpt2_tokenizer.bin";
     o.seed = 1337;
+    o.tp = 1;
     return o;
 }
 
@@ -112,8 +115,11 @@ static double wall_seconds(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+static int train_rank = 0; // this process's rank: only rank 0 writes files and prints
+static inline int train_dp(const TrainOptions *o) { return o->comm != NULL ? o->comm->dp : 1; }
 static void log_line(const char *out_dir, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void log_line(const char *out_dir, const char *fmt, ...) {
+    if (train_rank != 0) { return; } // one log for the job
     if (out_dir == NULL) { return; }
     char path[4096];
     snprintf(path, sizeof(path), "%s/main.log", out_dir);
@@ -182,14 +188,19 @@ static void save_checkpoint(const TrainOptions *o, const Model *model, int step,
     void *params = mallocCheck(bytes);
     void *m = has_optimizer ? mallocCheck(bytes) : NULL;
     void *v = has_optimizer ? mallocCheck(bytes) : NULL;
-    model_read_state(model, params, m, v);
+    model_read_state(model, params, m, v); // (data-parallel: every rank takes part, all-gathering the AdamW shards)
+    if (train_rank != 0) { // rank 0 writes; the others wait until the file is complete
+        free(params); free(m); free(v);
+        comm_barrier(o->comm);
+        return;
+    }
     CheckpointHeader h;
     memset(&h, 0, sizeof(h));
     h.config = *model_config(model);
     h.elem_bytes = executor_master_bytes();
     h.has_optimizer = has_optimizer;
     h.num_parameters = n;
-    h.step = step; h.B = o->B; h.T = o->T; h.grad_accum = grad_accum;
+    h.step = step; h.B = o->B * train_dp(o); h.T = o->T; h.grad_accum = grad_accum; // B: rows a step, every replica's
     h.rng_state = rng_state;
     DataLoaderState state;
     memset(&state, 0, sizeof(state));
@@ -205,10 +216,12 @@ static void save_checkpoint(const TrainOptions *o, const Model *model, int step,
     }
     log_line(o->out_dir, "# saved ckpt_%08d.bin\n", step);
     free(params); free(m); free(v);
+    comm_barrier(o->comm);
 }
 
-// the weights of the model, fp32, into out_dir/model.safetensors and config.json
+// the weights of the model, fp32, into out_dir/model.safetensors and config.json (rank 0)
 static void export_final(const TrainOptions *o, const Model *model) {
+    if (train_rank != 0) { return; }
     const size_t n = model_table(model)->num_parameters;
     void *params = mallocCheck(n * (size_t)executor_master_bytes());
     model_read_state(model, params, NULL, NULL);
@@ -223,7 +236,8 @@ static void export_final(const TrainOptions *o, const Model *model) {
     free(params);
 }
 
-static float validation_loss(Model *model, DataLoader *val, int max_batches) {
+// the mean over the replicas of their own rows' validation loss
+static float validation_loss(Model *model, DataLoader *val, int max_batches, const Comm *comm) {
     dataloader_reset(val);
     int batches = (int)dataloader_num_batches(val);
     if (max_batches > 0 && batches > max_batches) { batches = max_batches; }
@@ -232,7 +246,7 @@ static float validation_loss(Model *model, DataLoader *val, int max_batches) {
         dataloader_next_batch(val);
         sum += model_forward(model, val->inputs, val->targets, (int)val->B, (int)val->T);
     }
-    return (float)(sum / (batches > 0 ? batches : 1));
+    return (float)(comm_dp_sum(comm, sum / (batches > 0 ? batches : 1)) / comm->dp);
 }
 
 // Generates n tokens from an EOT by recurrent decoding (each layer's single-token step with its state: constant work
@@ -376,21 +390,40 @@ static int prepare_out_dir(const TrainOptions *o, int *steps, int max) {
 // the run
 
 // Runs training as the options say. Returns the last step's train loss.
-float train_run(const TrainOptions *o) {
+float train_run(const TrainOptions *opts) {
+    // the process layout: one process unless main set up a parallel one (comm.h); only rank 0 prints and writes
+    static Comm single;
+    TrainOptions local = *opts;
+    if (local.comm == NULL) {
+        memset(&single, 0, sizeof(single));
+        single.world = single.tp = single.dp = 1;
+        local.comm = &single;
+    }
+    const TrainOptions *o = &local;
+    const Comm *cm = o->comm;
+    train_rank = cm->rank;
+    if (cm->rank != 0) { local.quiet = 1; }
 #ifdef _OPENMP
     if (o->threads > 0) { omp_set_num_threads(o->threads); }
 #endif
     setvbuf(stdout, NULL, _IOLBF, 0); // progress lines appear as they are written, through a pipe too
-    const int tokens_per_micro = o->B * o->T;
+    const int tokens_per_micro = o->B * o->T * cm->dp; // every replica's micro-batch
     const int total_batch = o->total_batch > 0 ? o->total_batch : tokens_per_micro;
     if (total_batch % tokens_per_micro != 0) {
-        fail_with_hint("make -d a multiple of -b times -t",
-                       "total batch %d tokens is not a multiple of B*T = %d*%d = %d", total_batch, o->B, o->T,
-                       tokens_per_micro);
+        fail_with_hint("make -d a multiple of -b times -t times the data-parallel processes",
+                       "total batch %d tokens is not a multiple of B*T*replicas = %d*%d*%d = %d", total_batch, o->B,
+                       o->T, cm->dp, tokens_per_micro);
     }
     const int grad_accum = total_batch / tokens_per_micro;
     int steps_in_dir[4096];
-    const int candidates = prepare_out_dir(o, steps_in_dir, 4096);
+    int candidates = 0;
+    if (cm->rank == 0) { // rank 0 prepares the directory (and may delete an old run with -ow 1); the others then look
+        candidates = prepare_out_dir(o, steps_in_dir, 4096);
+        comm_barrier(cm);
+    } else {
+        comm_barrier(cm);
+        candidates = prepare_out_dir(o, steps_in_dir, 4096);
+    }
 
     // where the model comes from: the newest valid checkpoint of the run to resume, a checkpoint file, or a descriptor
     char ckpt_path[4096] = {0};
@@ -433,13 +466,16 @@ float train_run(const TrainOptions *o) {
         config.attn.rope = o->use_rope;
         model_config_from_descriptor(&config, o->init);
     }
-    if (resuming && (ckpt.B != o->B || ckpt.T != o->T || ckpt.grad_accum != grad_accum)) {
-        fail_with_hint("resume with the -b, -t and -d the run was started with",
-                       "checkpoint '%s' was trained with B=%d T=%d accumulation %d, this run asks B=%d T=%d "
-                       "accumulation %d", ckpt_path, ckpt.B, ckpt.T, ckpt.grad_accum, o->B, o->T, grad_accum);
+    if (resuming && (ckpt.B != o->B * cm->dp || ckpt.T != o->T || ckpt.grad_accum != grad_accum)) {
+        fail_with_hint("resume with the rows a step (-b times the data-parallel processes), -t and -d the run was "
+                       "started with",
+                       "checkpoint '%s' was trained with %d rows a micro-step, T=%d, accumulation %d; this run asks "
+                       "%d x %d rows, T=%d, accumulation %d", ckpt_path, ckpt.B, ckpt.T, ckpt.grad_accum, cm->dp,
+                       o->B, o->T, grad_accum);
     }
     if (!o->quiet) { printf("building the model on %s\n", executor_name()); }
     Model *model = model_create(&config);
+    model_set_parallel(model, cm);
     const ParamTable *table = model_table(model);
     if (ckpt_path[0] != '\0' && table->num_parameters != ckpt.num_parameters) {
         fail_with_hint("the checkpoint is damaged or from another m2rnn version",
@@ -448,11 +484,11 @@ float train_run(const TrainOptions *o) {
     }
 
     DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, o->train_pattern, (size_t)o->B, (size_t)o->T, 0, 1, 1, o->seed,
+    dataloader_init(&train_loader, o->train_pattern, (size_t)o->B, (size_t)o->T, cm->dp_rank, cm->dp, 1, o->seed,
                     model_config(model)->vocab_size);
     const int have_val = o->val_pattern != NULL && o->val_pattern[0] != '\0' && o->val_every > 0;
     if (have_val) {
-        dataloader_init(&val_loader, o->val_pattern, (size_t)o->B, (size_t)o->T, 0, 1, 0, o->seed,
+        dataloader_init(&val_loader, o->val_pattern, (size_t)o->B, (size_t)o->T, cm->dp_rank, cm->dp, 0, o->seed,
                         model_config(model)->vocab_size);
     }
 
@@ -534,6 +570,10 @@ float train_run(const TrainOptions *o) {
         }
         printf("| vocab                 | %d (padded %d)\n", c->vocab_size, c->padded_vocab_size);
         printf("| B, T, accumulation    | %d, %d, %d (%d tokens per step)\n", o->B, o->T, grad_accum, total_batch);
+        if (cm->world > 1) {
+            printf("| processes             | %d: %d data-parallel replicas (B rows each) x %d tensor-parallel\n",
+                   cm->world, cm->dp, cm->tp);
+        }
         printf("| train tokens          | %zu (%s)\n", train_loader.num_tokens, o->train_pattern);
         if (have_val) { printf("| val tokens            | %zu (%s)\n", val_loader.num_tokens, o->val_pattern); }
         printf("| steps, lr, warmup     | %d, %g, %d (cosine to %g x)\n", o->max_steps, o->lr, o->warmup,
@@ -557,7 +597,7 @@ float train_run(const TrainOptions *o) {
 
     Tokenizer tokenizer;
     memset(&tokenizer, 0, sizeof(tokenizer));
-    const int have_tokenizer = o->sample_every > 0 && tokenizer_try_init(&tokenizer, o->tokenizer_path);
+    const int have_tokenizer = cm->rank == 0 && o->sample_every > 0 && tokenizer_try_init(&tokenizer, o->tokenizer_path);
     if (o->sample_every > 0 && !have_tokenizer && !o->quiet) {
         printf("no tokenizer at %s: no text samples (run make data)\n", o->tokenizer_path);
     }
@@ -579,10 +619,10 @@ float train_run(const TrainOptions *o) {
     sigaction(SIGTERM, &sa, &old_term);
     if (o->overfit) { dataloader_next_batch(&train_loader); }
     int step = start_step;
-    for (; step < o->max_steps && !train_stop_requested; step++) {
+    for (; step < o->max_steps && !comm_dp_max_int(cm, (int)train_stop_requested); step++) {
         if (have_val && step % o->val_every == 0) {
             if (step == start_step && !o->quiet) { printf("validating (%d batches) ...\n", o->val_batches); }
-            last_val = validation_loss(model, &val_loader, o->val_batches);
+            last_val = validation_loss(model, &val_loader, o->val_batches, o->comm);
             if (!o->quiet) { printf("step %5d | val loss %.6f\n", step, last_val); }
             log_line(o->out_dir, "s:%d tel:%.6f\n", step, last_val);
         }
@@ -600,8 +640,9 @@ float train_run(const TrainOptions *o) {
             aux_sum += model_aux_loss(model);
             model_backward(model, test_nan_step(step + 1) ? NAN : 1.0f / grad_accum);
         }
-        const double norm = model_grad_norm(model);
-        last_loss = (float)(loss_sum / grad_accum);
+        const double norm = model_grad_norm(model); // (collective with replicas: it averages their gradients)
+        last_loss = (float)(comm_dp_sum(cm, loss_sum / grad_accum) / cm->dp); // every rank decides on the same loss
+        aux_sum = comm_dp_sum(cm, aux_sum) / cm->dp;
         // the guard: a non-finite loss or norm, or an outlier by z-score, skips the update
         const double zl = outlier_zscore(&loss_window, last_loss), zn = outlier_zscore(&norm_window, norm);
         const char *why = !isfinite(last_loss) ? "the loss is not finite" : !isfinite(norm) ? "the gradient norm is not finite"
@@ -652,10 +693,11 @@ float train_run(const TrainOptions *o) {
             last_saved = step + 1;
         }
     }
+    train_stop_requested = comm_dp_max_int(cm, (int)train_stop_requested); // a signal to one rank stops all
     if (train_stop_requested && !o->quiet) { printf("stopped by signal %d after step %d\n", (int)train_stop_requested, step); }
     // the end: the final model's validation loss, its checkpoint and its weights, and a summary
     if (have_val && step > start_step) {
-        last_val = validation_loss(model, &val_loader, o->val_batches);
+        last_val = validation_loss(model, &val_loader, o->val_batches, o->comm);
         if (!o->quiet) { printf("step %5d | val loss %.6f (the final model)\n", step, last_val); }
         log_line(o->out_dir, "s:%d tel:%.6f\n", step, last_val);
     }
@@ -738,6 +780,8 @@ static void print_usage(void) {
     fprintf(out, "  -tk tokenizer file for samples   (%s)\n", d.tokenizer_path);
     fprintf(out, "  -s  seed                         (%llu)\n", (unsigned long long)d.seed);
     fprintf(out, "  -nt OpenMP threads, 0 = default  (%d)\n", d.threads);
+    fprintf(out, "  -tp tensor-parallel group size (%d); the processes of `mpirun -np N` not in one group are\n"
+                 "      data-parallel replicas, each reading its own B rows of every step\n", d.tp);
     fprintf(out, "  -h  this help\n");
     fprintf(out, "SIGINT/SIGTERM finish the step and save (with -o); a second one aborts.\n");
 }
@@ -794,6 +838,7 @@ static void parse_args(TrainOptions *o, int argc, char **argv) {
         else if (strcmp(f, "tk") == 0) { o->tokenizer_path = v; }
         else if (strcmp(f, "s") == 0) { o->seed = (uint64_t)parse_int_arg(flag, v, 0, LLONG_MAX); }
         else if (strcmp(f, "nt") == 0) { o->threads = (int)parse_int_arg(flag, v, 0, 1024); }
+        else if (strcmp(f, "tp") == 0) { o->tp = (int)parse_int_arg(flag, v, 1, 1024); }
         else { fail_with_hint(hint, "unknown flag %s", flag); }
     }
     if (o->ckpt_every > 0 && o->out_dir == NULL) {

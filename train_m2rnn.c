@@ -12,9 +12,14 @@ Build with -DM2RNN_REAL_DOUBLE to get the same code in float64 (the gradient che
 
 #ifndef TESTING
 int main(int argc, char **argv) {
+    Comm comm;
+    comm_init(&comm, &argc, &argv); // MPI when built with it (mpirun -np N): comm.h
     TrainOptions o = train_options_default();
     parse_args(&o, argc, argv);
+    comm_set_layout(&comm, o.tp);
+    o.comm = &comm;
     train_run(&o);
+    comm_finalize(&comm);
     return 0;
 }
 #endif

@@ -11,9 +11,14 @@ benchmarks include the program.
 
 #ifndef TESTING
 int main(int argc, char **argv) {
+    Comm comm;
+    comm_init(&comm, &argc, &argv); // MPI when built with it (mpirun -np N): comm.h
     TrainOptions o = train_options_default();
     parse_args(&o, argc, argv);
+    comm_set_layout(&comm, o.tp);
+    o.comm = &comm;
     train_run(&o);
+    comm_finalize(&comm);
     return 0;
 }
 #endif

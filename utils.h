@@ -30,17 +30,24 @@ utils.h: the host-side foundation every program and test includes.
 static jmp_buf *fuzz_escape = NULL; // set by a fuzz target around the code under test
 #endif
 
-// every exit on a refusal or a failed libc call goes through here
+// every exit on a refusal or a failed libc call goes through here; a parallel run sets the hook (comm.h: MPI_Abort,
+// so one rank's failure stops the whole job instead of leaving the others waiting in a collective)
+static void (*m2rnn_exit_hook)(int status) = NULL;
 static void m2rnn_exit(int status) __attribute__((noreturn));
 static void m2rnn_exit(int status) {
 #ifdef M2RNN_FUZZ
     if (fuzz_escape != NULL) { longjmp(*fuzz_escape, 1); }
 #endif
+    if (status != EXIT_SUCCESS && m2rnn_exit_hook != NULL) {
+        fflush(stdout);
+        fflush(stderr);
+        m2rnn_exit_hook(status);
+    }
     exit(status);
 }
 
 // the program's name for hints ("./train_m2rnn_cpu"): main() sets it from argv[0]
-static const char *program_name = "./train_m2rnn";
+static const char *program_name __attribute__((unused)) = "./train_m2rnn";
 
 // prints "error: <what>" and "---> HINT: <hint>" to stderr and exits with status 1
 static void fail_with_hint(const char *hint, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));

@@ -65,6 +65,11 @@ struct Model {
     real *d_norm;     // (B,T,C) gradient of a norm's output (= of the mixer's or feed-forward's input)
     real *kind_scratch; // the largest backward scratch of the model's kinds
     real mean_loss;   // of the last forward with targets, -1 otherwise
+    // data parallelism (comm.h): this rank's shard [shard0, shard1) of the parameters, its averaged gradient and its
+    // AdamW moments (ZeRO stage 1: m_memory, v_memory hold the shard only)
+    const Comm *comm;
+    size_t shard0, shard1;
+    real *shard_grads;
     double aux_loss;  // the auxiliary losses (MoE load balancing) of the last forward, summed over layers
     // decoding
     int dec_B, dec_context;
@@ -235,34 +240,65 @@ static void model_backward(Model *model, float loss_scale) {
 }
 
 // global L2 norm of the gradients, summed in fixed chunks: the same bits whatever the thread count
-static double model_grad_norm(Model *model) {
-    const size_t n = model->table.num_parameters;
+// the sum of squares of x[0, n) in fixed chunks: the same bits whatever the thread count
+static double sum_squares_fixed(const real *x, size_t n) {
     enum { CHUNKS = 64 };
     double partial[CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int ch = 0; ch < CHUNKS; ch++) {
         size_t i0 = n * ch / CHUNKS, i1 = n * (ch + 1) / CHUNKS;
         double s = 0.0;
-        for (size_t i = i0; i < i1; i++) { s += (double)model->grads_memory[i] * model->grads_memory[i]; }
+        for (size_t i = i0; i < i1; i++) { s += (double)x[i] * x[i]; }
         partial[ch] = s;
     }
     double total = 0.0;
     for (int ch = 0; ch < CHUNKS; ch++) { total += partial[ch]; }
-    return sqrt(total);
+    return total;
 }
 
-static void model_update(Model *model, const OptimizerConfig *opt, int step, double norm) {
+static void model_set_parallel(Model *model, const Comm *comm) {
     const size_t n = model->table.num_parameters;
+    model->comm = comm;
+    model->shard0 = comm_shard_begin(comm, n, comm->dp_rank);
+    model->shard1 = comm_shard_end(comm, n, comm->dp_rank);
+    free(model->shard_grads);
+    model->shard_grads = comm->dp > 1 ? (real *)mallocCheck((model->shard1 - model->shard0) * sizeof(real)) : NULL;
+}
+static inline int model_dp(const Model *model) { return model->comm != NULL ? model->comm->dp : 1; }
+
+// Data-parallel: the gradients are first reduce-scattered (each rank the average over the replicas of its shard);
+// the norm is then the replicas' sum of their shards' squares.
+static double model_grad_norm(Model *model) {
+    const size_t n = model->table.num_parameters;
+    if (model_dp(model) == 1) { return sqrt(sum_squares_fixed(model->grads_memory, n)); }
+    const size_t sn = model->shard1 - model->shard0;
+    comm_dp_reduce_scatter(model->comm, model->shard_grads, model->grads_memory, n, sizeof(real));
+    const real inv = (real)(1.0 / model_dp(model));
+    for (size_t i = 0; i < sn; i++) { model->shard_grads[i] *= inv; }
+    return sqrt(comm_dp_sum(model->comm, sum_squares_fixed(model->shard_grads, sn)));
+}
+
+// AdamW over this rank's shard (all of it with one rank), tensor by tensor for their decay, then (data-parallel) the
+// updated shards all-gathered
+static void model_update(Model *model, const OptimizerConfig *opt, int step, double norm) {
+    const size_t n = model->table.num_parameters, s0 = model_dp(model) > 1 ? model->shard0 : 0;
+    const size_t s1 = model_dp(model) > 1 ? model->shard1 : n;
+    const real *grads = model_dp(model) > 1 ? model->shard_grads : model->grads_memory;
     if (model->m_memory == NULL) {
-        model->m_memory = (real *)callocCheck(n, sizeof(real));
-        model->v_memory = (real *)callocCheck(n, sizeof(real));
+        model->m_memory = (real *)callocCheck(s1 - s0 + 1, sizeof(real));
+        model->v_memory = (real *)callocCheck(s1 - s0 + 1, sizeof(real));
     }
     const float scale = (opt->grad_clip > 0 && norm > opt->grad_clip) ? (float)(opt->grad_clip / norm) : 1.0f;
     for (int i = 0; i < model->table.num_specs; i++) {
         const ParamSpec *s = &model->table.specs[i];
-        adamw_update(model->params_memory + s->offset, model->m_memory + s->offset, model->v_memory + s->offset,
-                     model->grads_memory + s->offset, s->numel, opt->lr, opt->beta1, opt->beta2, opt->eps,
-                     s->weight_decay ? opt->weight_decay : 0.0f, step, scale);
+        const size_t a = s->offset > s0 ? s->offset : s0, b = s->offset + s->numel < s1 ? s->offset + s->numel : s1;
+        if (a >= b) { continue; }
+        adamw_update(model->params_memory + a, model->m_memory + (a - s0), model->v_memory + (a - s0), grads + (a - s0),
+                     b - a, opt->lr, opt->beta1, opt->beta2, opt->eps, s->weight_decay ? opt->weight_decay : 0.0f, step,
+                     scale);
+    }
+    if (model_dp(model) > 1) {
+        comm_dp_allgather(model->comm, model->params_memory, model->params_memory + s0, n, sizeof(real));
     }
 }
 
@@ -277,28 +313,39 @@ static void model_free(Model *model) {
     free(model->inputs);
     free(model->targets);
     free(model->dec_memory);
+    free(model->shard_grads);
     free(model);
 }
 
 static int model_has_optimizer(const Model *model) { return model->m_memory != NULL; }
 
+// the full state (every rank gets all of m and v: data-parallel ranks all-gather their shards)
 static void model_read_state(const Model *model, void *params, void *m, void *v) {
-    const size_t bytes = model->table.num_parameters * sizeof(real);
+    const size_t n = model->table.num_parameters, bytes = n * sizeof(real);
     memcpy(params, model->params_memory, bytes);
-    if (m != NULL && model->m_memory != NULL) { memcpy(m, model->m_memory, bytes); memcpy(v, model->v_memory, bytes); }
+    if (m == NULL || model->m_memory == NULL) { return; }
+    if (model_dp(model) > 1) {
+        comm_dp_allgather(model->comm, m, model->m_memory, n, sizeof(real));
+        comm_dp_allgather(model->comm, v, model->v_memory, n, sizeof(real));
+    } else {
+        memcpy(m, model->m_memory, bytes);
+        memcpy(v, model->v_memory, bytes);
+    }
 }
 
+// from a full state (a checkpoint written at any data-parallel size: each rank keeps its shard of m and v)
 static void model_write_state(Model *model, const void *params, const void *m, const void *v) {
     const size_t n = model->table.num_parameters, bytes = n * sizeof(real);
+    const size_t s0 = model_dp(model) > 1 ? model->shard0 : 0, s1 = model_dp(model) > 1 ? model->shard1 : n;
     memcpy(model->params_memory, params, bytes);
     free(model->m_memory);
     free(model->v_memory);
     model->m_memory = model->v_memory = NULL;
     if (m != NULL) {
-        model->m_memory = (real *)mallocCheck(bytes);
-        model->v_memory = (real *)mallocCheck(bytes);
-        memcpy(model->m_memory, m, bytes);
-        memcpy(model->v_memory, v, bytes);
+        model->m_memory = (real *)mallocCheck((s1 - s0 + 1) * sizeof(real));
+        model->v_memory = (real *)mallocCheck((s1 - s0 + 1) * sizeof(real));
+        memcpy(model->m_memory, (const real *)m + s0, (s1 - s0) * sizeof(real));
+        memcpy(model->v_memory, (const real *)v + s0, (s1 - s0) * sizeof(real));
     }
 }
 

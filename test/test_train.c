@@ -5,7 +5,9 @@ test_train.c: the fp32 trainer end to end, on synthetic token shards it writes i
    into a fresh directory) and must reproduce every later loss bit for bit, with gradient accumulation on;
 3. checkpoint round trip: the model, AdamW state and dataloader state read back identical to what was written.
 `test_train --fixtures DIR` writes the shards and a small checkpoint into DIR and exits (test/test_cli.sh uses them
-to test refusals of bad input through the real binary).
+to test refusals of bad input through the real binary). `test_train --compare A.bin B.bin TOL` prints the largest
+normwise relative difference of two checkpoints' weights and AdamW moments and exits 0 when it is below TOL (the MPI
+test compares data-parallel runs with one-process runs).
 */
 #define TESTING
 #include "train_m2rnn.c"
@@ -248,6 +250,37 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
     omp_set_num_threads(2);
 #endif
+    if (argc == 5 && strcmp(argv[1], "--compare") == 0) {
+        CheckpointHeader a, b;
+        checkpoint_read_header(argv[2], &a);
+        checkpoint_read_header(argv[3], &b);
+        if (a.num_parameters != b.num_parameters || !a.has_optimizer || !b.has_optimizer) {
+            fail_with_hint("compare checkpoints of one model, both with AdamW state", "'%s' and '%s' do not compare",
+                           argv[2], argv[3]);
+        }
+        const size_t n = a.num_parameters;
+        real *x[2][3];
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < 3; i++) { x[k][i] = (real *)mallocCheck(n * sizeof(real)); }
+        }
+        checkpoint_read_payload(argv[2], &a, x[0][0], x[0][1], x[0][2], NULL);
+        checkpoint_read_payload(argv[3], &b, x[1][0], x[1][1], x[1][2], NULL);
+        const char *names[3] = {"weights", "AdamW m", "AdamW v"};
+        double worst = 0;
+        for (int i = 0; i < 3; i++) {
+            double num = 0, den = 0;
+            for (size_t j = 0; j < n; j++) {
+                const double d = (double)x[0][i][j] - x[1][i][j];
+                num += d * d;
+                den += (double)x[1][i][j] * x[1][i][j];
+            }
+            const double rel = sqrt(num / (den > 0 ? den : 1));
+            printf("%s %.3e ", names[i], rel);
+            worst = fmax(worst, rel);
+        }
+        printf("(step %d and %d)\n", a.step, b.step);
+        return worst < atof(argv[4]) ? 0 : 1;
+    }
     if (argc == 3 && strcmp(argv[1], "--fixtures") == 0) {
         // shards plus a 2-step run with a checkpoint, for test/test_cli.sh
         make_dir(argv[2]);
