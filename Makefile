@@ -247,13 +247,27 @@ build/bench_attention: dev/bench/bench_attention.cu $(ATTENTION_GPU_HEADERS)
 # every .cuh (a new layer kind's file needs no edit here)
 TRAINER_GPU_HEADERS = $(REF_HEADERS) $(wildcard *.cuh)
 TRAINER_PROGRAMS = train_m2rnn infer_m2rnn
-TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32
+TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32 test/test_gpu_nccl.sh
 ifeq ($(PRECISION),FP32)
   TRAINER_PRECISION = -DENABLE_FP32
 endif
 
+# data parallelism over MPI + NCCL (comm.h) where mpicc and nccl.h exist: the MPI flags are mpicc's own, passed to
+# nvcc (its -I/-L/-l words); without them train_m2rnn runs one process
+NCCL_HEADER := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h))
+ifneq ($(MPICC),)
+ifneq ($(NCCL_HEADER),)
+  TRAINER_PARALLEL = -DUSE_MPI -DUSE_NCCL $(filter -I%,$(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -show))
+  TRAINER_PARALLEL_LIBS = $(filter -L% -l%,$(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -show)) -lnccl
+endif
+endif
+
 train_m2rnn: train_m2rnn.cu $(TRAINER_GPU_HEADERS)
-	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
+	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) $(TRAINER_PARALLEL) -o $@ $< $(NVCC_LDLIBS) $(TRAINER_PARALLEL_LIBS)
+# the fp32 trainer, for the data-parallel checks held to the CPU tests' tolerance (test/test_gpu_nccl.sh)
+build/train_m2rnn_fp32: train_m2rnn.cu $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $(TRAINER_PARALLEL) -o $@ $< $(NVCC_LDLIBS) $(TRAINER_PARALLEL_LIBS)
 infer_m2rnn: infer_m2rnn.cu $(TRAINER_GPU_HEADERS)
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
 
@@ -279,6 +293,8 @@ build/bench_train_step: dev/bench/bench_train_step.cu train_m2rnn.cu $(TRAINER_G
 build/bench_infer: dev/bench/bench_infer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
+
+test/test_gpu_nccl.sh: train_m2rnn build/train_m2rnn_fp32 build/test_train
 
 CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_infer
 CUDA_TESTS += $(TRAINER_TESTS)

@@ -13,8 +13,14 @@ bit for bit; the MPI library fixes the order for more ranks. The conjugate pairs
   reduce_from_tp   forward: all-reduce over TP    backward: identity
 are declared here for the tensor-parallel layers, which are not implemented yet (-tp > 1 is refused).
 
-Failures: fail_with_hint on any rank calls MPI_Abort through m2rnn_exit's hook, so the whole job stops with that
-rank's message instead of the others hanging in a collective. Built without MPI (no mpicc), everything is one rank.
+On GPUs (train_m2rnn built with MPI and NCCL: USE_NCCL), one process drives one GPU (the node-local rank picks it
+unless M2RNN_DEVICE is set) and the gradients and weights move through one NCCL communicator per group, created from
+an ncclUniqueId that the group's first rank broadcasts over MPI (one node or many); comm_nccl_init below. The host
+collectives here then carry only scalars (losses, norms, flags) and checkpoint gathers.
+
+Failures: fail_with_hint (and the CUDA/NCCL check macros) on any rank call MPI_Abort through m2rnn_exit's hook, so
+the whole job stops with that rank's message instead of the others hanging in a collective. Built without MPI (no
+mpicc), everything is one rank.
 */
 #ifndef M2RNN_COMM_H
 #define M2RNN_COMM_H
@@ -25,15 +31,25 @@ rank's message instead of the others hanging in a collective. Built without MPI 
 #ifdef USE_MPI
 #include <mpi.h>
 #endif
+#ifdef USE_NCCL
+#include <nccl.h>
+#endif
 
 typedef struct {
     int rank, world;    // this process among all
     int tp, dp;         // tensor-parallel group size, data-parallel replicas (world = tp · dp)
     int tp_rank, dp_rank;
+    int local_rank;     // among the processes of this node (picks the GPU)
 #ifdef USE_MPI
     MPI_Comm dp_comm, tp_comm;
 #endif
+#ifdef USE_NCCL
+    ncclComm_t nccl_dp; // the data-parallel group on the GPUs (NULL until comm_nccl_init)
+#endif
 } Comm;
+
+// this process's rank among those of its node (comm_init sets it): a GPU executor's default device
+static int comm_node_rank __attribute__((unused)) = 0;
 
 #ifdef USE_MPI
 static void comm_abort_hook(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
@@ -42,7 +58,10 @@ static int comm_mpi_active = 0;
 
 // MPI_Init (when built with MPI) and the world's size; groups come with comm_set_layout once -tp is known
 static void comm_init(Comm *c, int *argc, char ***argv) {
-    c->rank = 0; c->world = 1; c->tp = 1; c->dp = 1; c->tp_rank = 0; c->dp_rank = 0;
+    c->rank = 0; c->world = 1; c->tp = 1; c->dp = 1; c->tp_rank = 0; c->dp_rank = 0; c->local_rank = 0;
+#ifdef USE_NCCL
+    c->nccl_dp = NULL;
+#endif
 #ifdef USE_MPI
     int provided = 0;
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
@@ -52,6 +71,11 @@ static void comm_init(Comm *c, int *argc, char ***argv) {
     c->dp_comm = MPI_COMM_WORLD;
     c->tp_comm = MPI_COMM_SELF;
     if (c->world > 1) { m2rnn_exit_hook = comm_abort_hook; }
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &c->local_rank);
+    MPI_Comm_free(&node);
+    comm_node_rank = c->local_rank;
 #else
     (void)argc; (void)argv;
 #endif
@@ -79,7 +103,32 @@ static void comm_set_layout(Comm *c, int tp) {
 #endif
 }
 
+#ifdef USE_NCCL
+#define ncclCheck(call) nccl_check((call), __FILE__, __LINE__)
+static void nccl_check(ncclResult_t r, const char *file, int line) {
+    if (r != ncclSuccess) {
+        fail_with_hint("check every rank sees its own GPU (one process per GPU) and NCCL_DEBUG=WARN's output",
+                       "NCCL error at %s:%d: %s", file, line, ncclGetErrorString(r));
+    }
+}
+
+// the data-parallel group's NCCL communicator, on the current device: its first rank makes the unique id and
+// broadcasts it over MPI. Collective over the group.
+static void comm_nccl_init(Comm *c) {
+    if (c->nccl_dp != NULL) { return; }
+    ncclUniqueId id;
+    if (c->dp_rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
+#ifdef USE_MPI
+    if (c->dp > 1) { MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, c->dp_comm); }
+#endif
+    ncclCheck(ncclCommInitRank(&c->nccl_dp, c->dp, id, c->dp_rank));
+}
+#endif
+
 static void comm_finalize(Comm *c) {
+#ifdef USE_NCCL
+    if (c->nccl_dp != NULL) { ncclCommDestroy(c->nccl_dp); c->nccl_dp = NULL; }
+#endif
 #ifdef USE_MPI
     if (comm_mpi_active) {
         if (c->world > 1) {

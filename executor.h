@@ -34,6 +34,11 @@ static void model_backward(Model *model, float loss_scale);
 // the parallel layout (comm.h) the model runs in: data-parallel ranks average their gradients and update their shards
 // (ZeRO-1); called once after model_create, before the first step (without it: one process)
 static void model_set_parallel(Model *model, const Comm *comm);
+// the next model_backward is the last before model_grad_norm: its gradients may be reduced across the replicas as its
+// layers finish (the GPU overlaps the reduce-scatter with the backward; the CPU reduces in model_grad_norm)
+static void model_sync_next_backward(Model *model);
+// the average milliseconds a step the gradient reduction ran on after the backward ended; -1 when not measured
+static double model_comm_exposed_ms(const Model *model);
 // the global L2 norm of the gradients (fixed summation order: the same bits every run); data-parallel, it averages the
 // replicas' gradients first (every rank must call it, once a step, before model_update)
 static double model_grad_norm(Model *model);

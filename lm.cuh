@@ -27,6 +27,14 @@ its per-sequence state on the device.
 #include "common.cuh"    // defines: Runtime, cuBLASLt matmul, embedding, RMSNorm, classifier, AdamW, KindOps
 #include "kinds.cuh"     // defines: every layer kind's GPU ops (M, A, R, U, s) and kind_ops()
 
+// a bucket of the gradient buffer, [begin, end), reduce-scattered as soon as the backward of layer `ready` is done
+// (n_layer: the head, -1: the embedding); each rank owns the piece [begin + r·len/dp, begin + (r+1)·len/dp) and
+// holds its AdamW moments at shard_off in m_memory, v_memory
+typedef struct {
+    size_t begin, end, shard_off;
+    int ready;
+} GradBucket;
+
 typedef struct {
     floatX *resid_in;  // (B,T,C) residual stream entering the layer
     floatX *ln1_out;   // (B,T,C)
@@ -83,6 +91,21 @@ struct Model {
     cudaGraphExec_t dec_graph;     // the step of all B sequences, captured (NULL: not yet, or not possible)
     int dec_steps;                 // eager steps since begin (the second is captured: the first sets kernel attributes)
     int dec_graph_off;             // 1: run eagerly (M2RNN_NO_GRAPH=1, or a capture failed)
+    // data parallelism over NCCL (ZeRO-1; model_set_parallel): NULL dp_comm = one GPU, the plain path
+    const Comm *dp_comm;
+    int dp, dp_rank;
+    size_t n_pad;                  // the gradient and master buffers' length: num_parameters rounded to the buckets
+    int num_grad_buckets;
+    GradBucket grad_buckets[MAX_LAYERS + 2];
+    size_t shard_numel;            // Σ of this rank's pieces: the length of m_memory and v_memory
+    cudaStream_t comm_stream;      // the reduce-scatters run here, beside the backward
+    cudaEvent_t ev_ready, ev_comm_done, ev_bwd_end;
+    int sync_next;                 // the next backward is the last of the step: reduce its buckets as they finish
+    int reduced;                   // this step's gradients have been reduce-scattered
+    int overlap;                   // 0: M2RNN_NO_OVERLAP=1 (reduce after the backward, for comparison)
+    float *dp_norms;               // (num_grad_buckets + 1) the pieces' sums of squares, then their sum
+    double exposed_ms;             // Σ over steps of the reduce-scatter time left after the backward ended
+    int exposed_steps, exposed_calls;
 };
 
 static const ModelConfig *model_config(const Model *model) { return &model->config; }
@@ -93,10 +116,14 @@ static KindTensors kind_tensors(floatX *const *w, float *const *w32, float *cons
     return t;
 }
 
-// the device of a model built by model_create (M2RNN_DEVICE, default 0: one process per GPU picks its own)
+// the device of a model built by model_create: M2RNN_DEVICE, else the process's rank on its node (comm.h; 0 for one
+// process), modulo the GPUs it sees: one process per GPU
 static int executor_device(void) {
     const char *env = getenv("M2RNN_DEVICE");
-    return env != NULL ? atoi(env) : 0;
+    if (env != NULL) { return atoi(env); }
+    int count = 1;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) { count = 1; }
+    return comm_node_rank % count;
 }
 
 static Model *model_create(const ModelConfig *config) {
@@ -112,6 +139,7 @@ static Model *model_create(const ModelConfig *config) {
     }
     const size_t n = model->table.num_parameters;
     model->num_parameters = n;
+    model->n_pad = n;
     cudaCheck(cudaMalloc(&model->params_memory, n * sizeof(floatX)));
     cudaCheck(cudaMalloc(&model->master_memory, n * sizeof(float)));
     cudaCheck(cudaMalloc(&model->grads_memory, n * sizeof(float)));
@@ -252,7 +280,85 @@ static double model_forward(Model *model, const int *inputs, const int *targets,
 }
 
 static void model_zero_grad(Model *model) {
-    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, model->num_parameters * sizeof(float), model->rt.stream));
+    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, model->n_pad * sizeof(float), model->rt.stream));
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// data parallelism over NCCL: ZeRO stage 1, the gradient reduce-scatter overlapped with the backward
+//
+// The gradient buffer is cut into buckets at layer boundaries (each at least DP_BUCKET_MIN numbers, its ends rounded
+// to dp·64 so each rank's piece is a whole number of 256-byte lines). The backward finishes the head first, then the
+// layers from the last down, then the embedding; as a bucket's last layer finishes, the main stream records an event,
+// the comm stream waits for it and reduce-scatters the bucket in place (ncclAvg: each rank's piece becomes the
+// replicas' average) while the backward goes on. model_grad_norm waits for the comm stream. Each rank then updates
+// its pieces with its pieces of the AdamW moments (m_memory, v_memory: shard_numel numbers, bucket by bucket) and the
+// pieces of the fp32 master weights are all-gathered, then cast to the working copy. The master weights stay whole
+// on every rank because the decay gates read A_log and dt_bias from them in the forward: ZeRO-1 here shards the
+// moments (8 of the 12 bytes a parameter), not the master copy.
+// With one rank (M2RNN_NCCL=1) the buckets tile the buffer in order, the pieces are the buckets, and every number is
+// computed as on the plain path: the run is the same bit for bit (test/test_gpu_nccl.sh).
+
+#define DP_BUCKET_MIN ((size_t)8 << 20) // gradients a bucket (32 MiB of fp32) before it closes at a layer boundary
+
+static inline size_t dp_piece_len(const Model *model, const GradBucket *b) { return (b->end - b->begin) / model->dp; }
+static inline size_t dp_piece_begin(const Model *model, const GradBucket *b) {
+    return b->begin + (size_t)model->dp_rank * dp_piece_len(model, b);
+}
+
+#ifdef USE_NCCL
+// in place: this rank's piece of the replicas' average lands where its own gradients were
+static void dp_reduce_bucket(Model *model, const GradBucket *b) {
+    float *base = model->grads_memory + b->begin;
+    ncclCheck(ncclReduceScatter(base, model->grads_memory + dp_piece_begin(model, b), dp_piece_len(model, b),
+                                ncclFloat, ncclAvg, model->dp_comm->nccl_dp, model->comm_stream));
+}
+#endif
+
+// the backward has finished `layer` (n_layer: the head, -1: the embedding): start the buckets it completes
+static void dp_buckets_ready(Model *model, int layer) {
+#ifdef USE_NCCL
+    if (model->dp_comm == NULL || !model->sync_next || !model->overlap) { return; }
+    int any = 0;
+    for (int k = 0; k < model->num_grad_buckets; k++) { any |= model->grad_buckets[k].ready == layer; }
+    if (!any) { return; }
+    cudaCheck(cudaEventRecord(model->ev_ready, model->rt.stream));
+    cudaCheck(cudaStreamWaitEvent(model->comm_stream, model->ev_ready, 0));
+    for (int k = 0; k < model->num_grad_buckets; k++) {
+        if (model->grad_buckets[k].ready == layer) { dp_reduce_bucket(model, &model->grad_buckets[k]); }
+    }
+    if (layer == -1) { // the end of the backward, for the exposed-time measure
+        cudaCheck(cudaEventRecord(model->ev_bwd_end, model->rt.stream));
+        model->reduced = 1;
+    }
+#else
+    (void)model; (void)layer;
+#endif
+}
+
+// every bucket reduced (those the backward did not start are started now) and the main stream waiting for them
+static void dp_finish_reduce(Model *model) {
+#ifdef USE_NCCL
+    if (!model->reduced) {
+        cudaCheck(cudaEventRecord(model->ev_bwd_end, model->rt.stream));
+        cudaCheck(cudaStreamWaitEvent(model->comm_stream, model->ev_bwd_end, 0));
+        ncclCheck(ncclGroupStart());
+        for (int k = 0; k < model->num_grad_buckets; k++) { dp_reduce_bucket(model, &model->grad_buckets[k]); }
+        ncclCheck(ncclGroupEnd());
+    }
+    cudaCheck(cudaEventRecord(model->ev_comm_done, model->comm_stream));
+    cudaCheck(cudaStreamWaitEvent(model->rt.stream, model->ev_comm_done, 0));
+    model->reduced = 0;
+#else
+    (void)model;
+#endif
+}
+
+// the next backward is the last before model_grad_norm: reduce its buckets as its layers finish
+static void model_sync_next_backward(Model *model) { model->sync_next = 1; }
+
+// average milliseconds a step that the gradient reduce-scatter ran on after the backward ended; -1: not data-parallel
+static double model_comm_exposed_ms(const Model *model) {
+    return model->dp_comm != NULL && model->exposed_steps > 0 ? model->exposed_ms / model->exposed_steps : -1.0;
 }
 
 static void model_backward(Model *model, float loss_scale) {
@@ -270,6 +376,7 @@ static void model_backward(Model *model, float loss_scale) {
                     0, rt);
     rmsnorm_backward(model->d_resid, model->grads.lnf_w, scratch, model->d_norm, model->resid_out, model->params.lnf_w,
                      model->lnf_rstd, BT, C, 0, stream);
+    dp_buckets_ready(model, c->n_layer);
     model->have_targets = 0; // the logits are gone: a second backward needs a new forward
     for (int l = c->n_layer - 1; l >= 0; l--) {
         LayerActs *la = &model->layer_acts[l];
@@ -287,35 +394,97 @@ static void model_backward(Model *model, float loss_scale) {
                                       c, B, T, rt);
         rmsnorm_backward(model->d_resid, g->ln1_w, scratch, model->d_norm, la->resid_in, w->ln1_w, la->ln1_rstd, BT, C,
                          1, stream);
+        dp_buckets_ready(model, l);
     }
     embedding_backward(model->grads.wte, model->d_resid, model->inputs_host, BT, C, &model->buckets, stream);
+    dp_buckets_ready(model, -1);
+    model->sync_next = 0;
 }
 
+// data-parallel: the reduce-scatter is finished first; the norm is then the replicas' sum of their pieces' squares
 static double model_grad_norm(Model *model) {
     float norm2;
     cudaStream_t stream = model->rt.stream;
-    global_sum_squares(model->norm_scratch + NORM_BLOCKS, model->norm_scratch, model->grads_memory,
-                       model->num_parameters, stream);
-    cudaCheck(cudaMemcpyAsync(&norm2, model->norm_scratch + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    if (model->dp_comm != NULL) { dp_finish_reduce(model); }
+    if (model->dp_comm == NULL || model->dp == 1) {
+        global_sum_squares(model->norm_scratch + NORM_BLOCKS, model->norm_scratch, model->grads_memory,
+                           model->num_parameters, stream);
+        cudaCheck(cudaMemcpyAsync(&norm2, model->norm_scratch + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost,
+                                  stream));
+    } else {
+        const int nb = model->num_grad_buckets;
+        for (int k = 0; k < nb; k++) {
+            const GradBucket *b = &model->grad_buckets[k];
+            global_sum_squares(model->dp_norms + k, model->norm_scratch, model->grads_memory + dp_piece_begin(model, b),
+                               dp_piece_len(model, b), stream);
+        }
+        sum_partials_kernel<<<1, 256, 0, stream>>>(model->dp_norms + nb, model->dp_norms, nb);
+        cudaCheck(cudaGetLastError());
+        cudaCheck(cudaMemcpyAsync(&norm2, model->dp_norms + nb, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    }
     cudaCheck(cudaStreamSynchronize(stream));
+    if (model->dp_comm != NULL) {
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, model->ev_bwd_end, model->ev_comm_done));
+        if (model->exposed_calls++ > 0) { // (the first step's collectives also set up NCCL's connections)
+            model->exposed_ms += ms > 0.0f ? ms : 0.0f;
+            model->exposed_steps++;
+        }
+        if (model->dp > 1) { return sqrt(comm_dp_sum(model->dp_comm, (double)norm2)); }
+    }
     return sqrt((double)norm2);
 }
 
+// the AdamW moments' length: this rank's pieces (data-parallel) or every parameter
+static size_t model_moments_numel(const Model *model) {
+    return model->dp_comm != NULL ? model->shard_numel : model->num_parameters;
+}
+
+static void model_alloc_moments(Model *model) {
+    const size_t bytes = model_moments_numel(model) * sizeof(float);
+    cudaCheck(cudaMalloc(&model->m_memory, bytes));
+    cudaCheck(cudaMalloc(&model->v_memory, bytes));
+    cudaCheck(cudaMemset(model->m_memory, 0, bytes));
+    cudaCheck(cudaMemset(model->v_memory, 0, bytes));
+}
+
+// AdamW tensor by tensor (for their decay); data-parallel over this rank's pieces [p0, p1) only, the moments at
+// moments + (x - p0), then the master pieces all-gathered and cast to the working copy
 static void model_update(Model *model, const OptimizerConfig *opt, int step, double norm) {
-    const size_t n = model->num_parameters;
-    if (model->m_memory == NULL) {
-        cudaCheck(cudaMalloc(&model->m_memory, n * sizeof(float)));
-        cudaCheck(cudaMalloc(&model->v_memory, n * sizeof(float)));
-        cudaCheck(cudaMemset(model->m_memory, 0, n * sizeof(float)));
-        cudaCheck(cudaMemset(model->v_memory, 0, n * sizeof(float)));
-    }
+    if (model->m_memory == NULL) { model_alloc_moments(model); }
     const float scale = (opt->grad_clip > 0 && norm > opt->grad_clip) ? (float)(opt->grad_clip / norm) : 1.0f;
-    for (int i = 0; i < model->table.num_specs; i++) {
-        const ParamSpec *s = &model->table.specs[i];
-        adamw_update(model->params_memory + s->offset, model->master_memory + s->offset, model->m_memory + s->offset,
-                     model->v_memory + s->offset, model->grads_memory + s->offset, s->numel, opt->lr, opt->beta1,
-                     opt->beta2, opt->eps, s->weight_decay ? opt->weight_decay : 0.0f, step, scale, model->rt.stream);
+    const int pieces = model->dp_comm != NULL ? model->num_grad_buckets : 1;
+    for (int k = 0; k < pieces; k++) {
+        size_t p0 = 0, p1 = model->num_parameters, moments = 0;
+        if (model->dp_comm != NULL) {
+            const GradBucket *b = &model->grad_buckets[k];
+            p0 = dp_piece_begin(model, b);
+            p1 = p0 + dp_piece_len(model, b);
+            moments = b->shard_off;
+        }
+        for (int i = 0; i < model->table.num_specs; i++) {
+            const ParamSpec *s = &model->table.specs[i];
+            const size_t a = s->offset > p0 ? s->offset : p0;
+            const size_t e = s->offset + s->numel < p1 ? s->offset + s->numel : p1;
+            if (a >= e) { continue; }
+            adamw_update(model->params_memory + a, model->master_memory + a, model->m_memory + moments + (a - p0),
+                         model->v_memory + moments + (a - p0), model->grads_memory + a, e - a, opt->lr, opt->beta1,
+                         opt->beta2, opt->eps, s->weight_decay ? opt->weight_decay : 0.0f, step, scale,
+                         model->rt.stream);
+        }
     }
+#ifdef USE_NCCL
+    if (model->dp_comm != NULL && model->dp > 1) {
+        ncclCheck(ncclGroupStart());
+        for (int k = 0; k < model->num_grad_buckets; k++) {
+            const GradBucket *b = &model->grad_buckets[k];
+            ncclCheck(ncclAllGather(model->master_memory + dp_piece_begin(model, b), model->master_memory + b->begin,
+                                    dp_piece_len(model, b), ncclFloat, model->dp_comm->nccl_dp, model->rt.stream));
+        }
+        ncclCheck(ncclGroupEnd());
+        cast_f32_to_floatx(model->params_memory, model->master_memory, (long)model->num_parameters, model->rt.stream);
+    }
+#endif
 }
 
 static void model_free(Model *model) {
@@ -329,6 +498,13 @@ static void model_free(Model *model) {
     if (model->dec_memory != NULL) { cudaCheck(cudaFree(model->dec_memory)); }
     if (model->dec_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_graph)); }
     if (model->buckets.device != NULL) { cudaCheck(cudaFree(model->buckets.device)); }
+    if (model->dp_comm != NULL) {
+        cudaCheck(cudaFree(model->dp_norms));
+        cudaCheck(cudaStreamDestroy(model->comm_stream));
+        cudaCheck(cudaEventDestroy(model->ev_ready));
+        cudaCheck(cudaEventDestroy(model->ev_comm_done));
+        cudaCheck(cudaEventDestroy(model->ev_bwd_end));
+    }
     free(model->buckets.host);
     free(model->inputs_host);
     free(model->losses_host);
@@ -338,12 +514,55 @@ static void model_free(Model *model) {
 
 static int model_has_optimizer(const Model *model) { return model->m_memory != NULL; }
 
+// the full moments (num_parameters) to host memory from this rank's pieces: all-gathered through a temporary
+// full-length buffer (collective over the replicas); with one rank the pieces are the buffer in order
+static void dp_gather_moments(const Model *model, float *host, const float *pieces) {
+    const size_t n = model->num_parameters;
+    if (model->dp == 1) {
+        cudaCheck(cudaMemcpy(host, pieces, n * sizeof(float), cudaMemcpyDeviceToHost));
+        return;
+    }
+#ifdef USE_NCCL
+    float *full;
+    cudaCheck(cudaMalloc(&full, model->n_pad * sizeof(float)));
+    ncclCheck(ncclGroupStart());
+    for (int k = 0; k < model->num_grad_buckets; k++) {
+        const GradBucket *b = &model->grad_buckets[k];
+        ncclCheck(ncclAllGather(pieces + b->shard_off, full + b->begin, dp_piece_len(model, b), ncclFloat,
+                                model->dp_comm->nccl_dp, model->rt.stream));
+    }
+    ncclCheck(ncclGroupEnd());
+    cudaCheck(cudaStreamSynchronize(model->rt.stream));
+    cudaCheck(cudaMemcpy(host, full, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(full));
+#endif
+}
+
+// the full state (every data-parallel rank calls it: the moments are gathered from the replicas' pieces)
 static void model_read_state(const Model *model, void *params, void *m, void *v) {
     const size_t bytes = model->num_parameters * sizeof(float);
     cudaCheck(cudaMemcpy(params, model->master_memory, bytes, cudaMemcpyDeviceToHost));
     if (m != NULL && model->m_memory != NULL) {
-        cudaCheck(cudaMemcpy(m, model->m_memory, bytes, cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(v, model->v_memory, bytes, cudaMemcpyDeviceToHost));
+        if (model->dp_comm != NULL) {
+            dp_gather_moments(model, (float *)m, model->m_memory);
+            dp_gather_moments(model, (float *)v, model->v_memory);
+        } else {
+            cudaCheck(cudaMemcpy(m, model->m_memory, bytes, cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(v, model->v_memory, bytes, cudaMemcpyDeviceToHost));
+        }
+    }
+}
+
+// this rank's pieces of full host moments (written at any data-parallel size); the padding past the parameters is 0
+static void dp_scatter_moments(Model *model, float *pieces, const float *host) {
+    const size_t n = model->num_parameters;
+    for (int k = 0; k < model->num_grad_buckets; k++) {
+        const GradBucket *b = &model->grad_buckets[k];
+        const size_t p0 = dp_piece_begin(model, b), len = dp_piece_len(model, b);
+        const size_t have = p0 >= n ? 0 : (p0 + len <= n ? len : n - p0);
+        if (have > 0) {
+            cudaCheck(cudaMemcpy(pieces + b->shard_off, host + p0, have * sizeof(float), cudaMemcpyHostToDevice));
+        }
     }
 }
 
@@ -355,7 +574,11 @@ static void model_write_state(Model *model, const void *params, const void *m, c
         cudaCheck(cudaFree(model->v_memory));
         model->m_memory = model->v_memory = NULL;
     }
-    if (m != NULL) {
+    if (m != NULL && model->dp_comm != NULL) { // this rank's pieces of the moments
+        model_alloc_moments(model);
+        dp_scatter_moments(model, model->m_memory, (const float *)m);
+        dp_scatter_moments(model, model->v_memory, (const float *)v);
+    } else if (m != NULL) {
         cudaCheck(cudaMalloc(&model->m_memory, bytes));
         cudaCheck(cudaMalloc(&model->v_memory, bytes));
         cudaCheck(cudaMemcpy(model->m_memory, m, bytes, cudaMemcpyHostToDevice));
@@ -566,13 +789,75 @@ static void model_decode_state_io(Model *model, int b, void *buf, int save) {
 
 static double model_aux_loss(const Model *model) { return 0.0; } // no GPU kind has an auxiliary loss yet
 
-// the GPU trainer runs one process: its collectives (NCCL) are not written yet
+// Data parallelism on the GPUs (NCCL, ZeRO-1; see "data parallelism over NCCL" above): more than one process, or
+// one with M2RNN_NCCL=1 (the NCCL path with a single rank, which must equal the plain path bit for bit). Lays out the
+// buckets and this rank's pieces, widens the gradient and master buffers to the padded length, makes the comm stream.
 static void model_set_parallel(Model *model, const Comm *comm) {
-    if (comm->world > 1) {
-        fail_with_hint("train on one GPU for now (data parallelism runs in the CPU trainer: mpirun -np N "
-                       "./train_m2rnn_cpu)", "the CUDA trainer cannot run %d processes yet (NCCL not written)",
-                       comm->world);
+    const char *env = getenv("M2RNN_NCCL");
+    const int want = comm->world > 1 || (env != NULL && strcmp(env, "1") == 0);
+    if (!want) { return; }
+#ifndef USE_NCCL
+    fail_with_hint("build train_m2rnn with MPI and NCCL (make finds mpicc and nccl.h: apt-get install libopenmpi-dev, "
+                   "NCCL from CUDA's repository), or run one process",
+                   "this ./train_m2rnn was built without NCCL and cannot run %d processes", comm->world);
+#else
+    const ModelConfig *c = &model->config;
+    const ParamTable *t = &model->table;
+    const size_t n = model->num_parameters, align = (size_t)comm->dp * 64;
+    model->dp_comm = comm;
+    model->dp = comm->dp;
+    model->dp_rank = comm->dp_rank;
+    model->overlap = !(getenv("M2RNN_NO_OVERLAP") != NULL && strcmp(getenv("M2RNN_NO_OVERLAP"), "1") == 0);
+    model->n_pad = CEIL_DIV(n, align) * align;
+    // where each layer's tensors begin, and the head's (the final norm, then the LM head)
+    size_t layer_begin[MAX_LAYERS + 1];
+    for (int l = 0; l <= c->n_layer; l++) { layer_begin[l] = n; }
+    for (int i = 0; i < t->num_specs; i++) {
+        const ParamSpec *s = &t->specs[i];
+        const int l = s->layer >= 0 ? s->layer : (s->offset == 0 ? -1 : c->n_layer); // wte first, lnf/lm_head last
+        if (l >= 0 && s->offset < layer_begin[l]) { layer_begin[l] = s->offset; }
     }
+    // buckets from the top of the buffer down, in the order the backward finishes them, then put in memory order
+    GradBucket *bk = model->grad_buckets;
+    int nb = 0;
+    size_t end = model->n_pad;
+    for (int l = c->n_layer; l >= 0; l--) {
+        const size_t begin = CEIL_DIV(layer_begin[l], align) * align;
+        if (begin < end && (end - begin >= DP_BUCKET_MIN || l == c->n_layer)) {
+            bk[nb].begin = begin; bk[nb].end = end; bk[nb].ready = l;
+            nb++;
+            end = begin;
+        }
+    }
+    bk[nb].begin = 0; bk[nb].end = end; bk[nb].ready = -1; // the embedding and whatever layers are left
+    nb++;
+    for (int i = 0; i < nb / 2; i++) { GradBucket tmp = bk[i]; bk[i] = bk[nb - 1 - i]; bk[nb - 1 - i] = tmp; }
+    model->num_grad_buckets = nb;
+    model->shard_numel = 0;
+    for (int k = 0; k < nb; k++) {
+        bk[k].shard_off = model->shard_numel;
+        model->shard_numel += dp_piece_len(model, &bk[k]);
+    }
+    // the gradients and master weights over the padded length (the padding stays 0)
+    float *grads, *master;
+    cudaCheck(cudaMalloc(&grads, model->n_pad * sizeof(float)));
+    cudaCheck(cudaMalloc(&master, model->n_pad * sizeof(float)));
+    cudaCheck(cudaMemset(grads, 0, model->n_pad * sizeof(float)));
+    cudaCheck(cudaMemset(master, 0, model->n_pad * sizeof(float)));
+    cudaCheck(cudaMemcpy(master, model->master_memory, n * sizeof(float), cudaMemcpyDeviceToDevice));
+    cudaCheck(cudaFree(model->grads_memory));
+    cudaCheck(cudaFree(model->master_memory));
+    model->grads_memory = grads;
+    model->master_memory = master;
+    model_point_views(&model->grads, model->grads_memory, sizeof(float), t);
+    model_point_views(&model->master, model->master_memory, sizeof(float), t);
+    cudaCheck(cudaMalloc(&model->dp_norms, (size_t)(nb + 1) * sizeof(float)));
+    cudaCheck(cudaStreamCreate(&model->comm_stream));
+    cudaCheck(cudaEventCreate(&model->ev_ready));
+    cudaCheck(cudaEventCreate(&model->ev_comm_done));
+    cudaCheck(cudaEventCreate(&model->ev_bwd_end));
+    comm_nccl_init((Comm *)comm); // (created once, in the program's Comm, which outlives the model)
+#endif
 }
 
 static void model_decode_logits(Model *model, int b, float *out) {

@@ -602,7 +602,7 @@ float train_run(const TrainOptions *opts) {
         printf("no tokenizer at %s: no text samples (run make data)\n", o->tokenizer_path);
     }
     OptimizerConfig opt = {o->lr, 0.9f, 0.95f, 1e-10f, o->weight_decay, o->grad_clip};
-    const double peak_flops = executor_peak_flops(model);
+    const double peak_flops = executor_peak_flops(model) * cm->world; // every process's device
     const double flops_per_step = model_flops_per_token(c, o->T) * total_batch;
     double time_sum = 0.0, run_start = wall_seconds();
     int timed_steps = 0, skips_in_a_row = 0, skipped_total = 0, last_saved = resuming ? start_step : -1;
@@ -638,6 +638,7 @@ float train_run(const TrainOptions *opts) {
             if (!o->overfit) { dataloader_next_batch(&train_loader); }
             loss_sum += model_forward(model, train_loader.inputs, train_loader.targets, o->B, o->T);
             aux_sum += model_aux_loss(model);
+            if (micro == grad_accum - 1) { model_sync_next_backward(model); }
             model_backward(model, test_nan_step(step + 1) ? NAN : 1.0f / grad_accum);
         }
         const double norm = model_grad_norm(model); // (collective with replicas: it averages their gradients)
@@ -708,6 +709,9 @@ float train_run(const TrainOptions *opts) {
         printf("done: steps %d to %d (%d updates skipped), %.0f tokens in %.1f s", start_step, step, skipped_total,
                (double)(step - start_step) * total_batch, elapsed);
         if (timed_steps > 0) { printf(", %.1f ms a step", 1000.0 * time_sum / timed_steps); }
+        if (model_comm_exposed_ms(model) >= 0) {
+            printf(" (%.2f ms of it the gradient reduce-scatter after the backward)", model_comm_exposed_ms(model));
+        }
         printf("\nfinal train loss %.6f%s", last_loss, have_val && last_val >= 0 ? ", val loss " : "");
         if (have_val && last_val >= 0) { printf("%.6f", last_val); }
         printf("\n");

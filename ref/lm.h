@@ -264,6 +264,8 @@ static void model_set_parallel(Model *model, const Comm *comm) {
     free(model->shard_grads);
     model->shard_grads = comm->dp > 1 ? (real *)mallocCheck((model->shard1 - model->shard0) * sizeof(real)) : NULL;
 }
+static void model_sync_next_backward(Model *model) { (void)model; } // (the reduction runs in model_grad_norm)
+static double model_comm_exposed_ms(const Model *model) { (void)model; return -1.0; }
 static inline int model_dp(const Model *model) { return model->comm != NULL ? model->comm->dp : 1; }
 
 // Data-parallel: the gradients are first reduce-scattered (each rank the average over the replicas of its shard);
