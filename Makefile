@@ -247,7 +247,8 @@ build/bench_attention: dev/bench/bench_attention.cu $(ATTENTION_GPU_HEADERS)
 # every .cuh (a new layer kind's file needs no edit here)
 TRAINER_GPU_HEADERS = $(REF_HEADERS) $(wildcard *.cuh)
 TRAINER_PROGRAMS = train_m2rnn infer_m2rnn
-TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32 test/test_gpu_nccl.sh
+TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32 test/test_gpu_nccl.sh build/test_moe_gpu \
+                build/test_moe_gpu_fp32
 ifeq ($(PRECISION),FP32)
   TRAINER_PRECISION = -DENABLE_FP32
 endif
@@ -279,12 +280,30 @@ build/gpu_ref/.done: test/gen_gpu_reference.c train_m2rnn.c $(REF_HEADERS)
 	./build/gen_gpu_reference build/gpu_ref/RUAR RUAR
 	touch $@
 
+# the MoE layer's cases, computed by the CPU reference (test/gen_moe_reference.c), for test_moe_gpu
+build/moe_ref/.done: test/gen_moe_reference.c train_m2rnn.c $(REF_HEADERS)
+	@mkdir -p build/moe_ref
+	$(CC) $(CFLAGS) -o build/gen_moe_reference $< $(LDLIBS)
+	./build/gen_moe_reference build/moe_ref
+	touch $@
+
+build/test_moe_gpu: test/test_moe_gpu.cu $(TRAINER_GPU_HEADERS) test/test_common.h build/moe_ref/.done
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+build/test_moe_gpu_fp32: test/test_moe_gpu.cu $(TRAINER_GPU_HEADERS) test/test_common.h build/moe_ref/.done
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
+
 build/test_gpu_trainer: test/test_gpu_trainer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS) test/test_common.h build/gpu_ref/.done
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
 build/test_gpu_trainer_fp32: test/test_gpu_trainer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS) test/test_common.h build/gpu_ref/.done
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
+
+build/bench_moe: dev/bench/bench_moe.cu $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
 
 build/bench_train_step: dev/bench/bench_train_step.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS)
 	@mkdir -p build
@@ -296,7 +315,7 @@ build/bench_infer: dev/bench/bench_infer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS
 
 test/test_gpu_nccl.sh: train_m2rnn build/train_m2rnn_fp32 build/test_train
 
-CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_infer
+CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_infer build/bench_moe
 CUDA_TESTS += $(TRAINER_TESTS)
 
 # ---------------------------------------------------------------------------------------------------------------

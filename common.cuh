@@ -629,6 +629,10 @@ typedef struct {
     floatX *const *w;  // the floatX working copy the kernels read
     float *const *w32; // the fp32 master weights (the decay gates read A_log and dt_bias from them)
     float *const *g;   // the fp32 gradients
+    // an auxiliary loss (MoE's load balancing): the forward adds its value to *aux (when not NULL), the backward takes
+    // aux_grad = dL/d(aux) (the loss scale)
+    double *aux;
+    float aux_grad;
 } KindTensors;
 
 typedef struct {

@@ -77,6 +77,7 @@ struct Model {
     float *norm_scratch;   // NORM_BLOCKS + 1
     EmbeddingBuckets buckets;
     float mean_loss;       // of the last forward with targets, -1 otherwise
+    double aux_loss;       // the auxiliary losses (MoE load balancing) of the last forward, summed over layers
     int have_targets;
     // decoding
     int dec_B, dec_context;
@@ -243,11 +244,14 @@ static double model_forward(Model *model, const int *inputs, const int *targets,
     embedding_forward(model->layer_acts[0].resid_in, model->tokens_dev, model->params.wte, BT, C, stream);
     rmsnorm_forward(model->layer_acts[0].ln1_out, model->layer_acts[0].ln1_rstd, NULL, model->layer_acts[0].resid_in,
                     NULL, model->params.layers[0].ln1_w, BT, C, stream);
+    model->aux_loss = 0.0;
     for (int l = 0; l < c->n_layer; l++) {
         LayerActs *la = &model->layer_acts[l];
         const ModelParamsLayer *w = &model->params.layers[l];
         const ModelParams32Layer *w32 = &model->master.layers[l], *g = &model->grads.layers[l];
-        const KindTensors tm = kind_tensors(w->mixer, w32->mixer, g->mixer), tf = kind_tensors(w->ffn, w32->ffn, g->ffn);
+        const KindTensors tm = kind_tensors(w->mixer, w32->mixer, g->mixer);
+        KindTensors tf = kind_tensors(w->ffn, w32->ffn, g->ffn);
+        tf.aux = &model->aux_loss;
         model->mixer_ops[l]->forward(model->branch_out, la->mixer, model->kind_scratch, la->ln1_out, &tm, c, B, T, rt);
         // resid_mid = resid_in + mixer; ln2 = RMSNorm(resid_mid)
         rmsnorm_forward(la->ln2_out, la->ln2_rstd, la->resid_mid, la->resid_in, model->branch_out, w->ln2_w, BT, C,
@@ -383,7 +387,9 @@ static void model_backward(Model *model, float loss_scale) {
         const ModelParamsLayer *w = &model->params.layers[l];
         ModelParams32Layer *g = &model->grads.layers[l];
         const ModelParams32Layer *w32 = &model->master.layers[l];
-        const KindTensors tm = kind_tensors(w->mixer, w32->mixer, g->mixer), tf = kind_tensors(w->ffn, w32->ffn, g->ffn);
+        const KindTensors tm = kind_tensors(w->mixer, w32->mixer, g->mixer);
+        KindTensors tf = kind_tensors(w->ffn, w32->ffn, g->ffn);
+        tf.aux_grad = loss_scale; // the auxiliary losses count in the objective as the mean loss does
         // x_out = resid_mid + FFN(RMSNorm(resid_mid))
         model->ffn_ops[l]->backward(model->d_norm, model->kind_scratch, model->d_resid, la->ln2_out, la->ffn, &tf, c, B,
                                     T, rt);
@@ -614,6 +620,9 @@ static void model_decode_begin(Model *model, int B, int context) {
     model->dec_steps = 0;
     const char *no_graph = getenv("M2RNN_NO_GRAPH");
     model->dec_graph_off = no_graph != NULL && strcmp(no_graph, "1") == 0;
+    for (int l = 0; l < c->n_layer; l++) { // MoE groups its tokens on the host (moe.cuh): a step it runs cannot be captured
+        if (model->ffn_ops[l]->letter == 'e') { model->dec_graph_off = 1; }
+    }
     const int rows = B > DECODE_ROWS ? B : DECODE_ROWS;
     // the temporaries of a step (B, 1) and of the largest prefill chunks: one sequence of DECODE_ROWS tokens, or all B
     // sequences of DECODE_ROWS / B
@@ -787,7 +796,7 @@ static void model_decode_state_io(Model *model, int b, void *buf, int save) {
     }
 }
 
-static double model_aux_loss(const Model *model) { return 0.0; } // no GPU kind has an auxiliary loss yet
+static double model_aux_loss(const Model *model) { return model->aux_loss; }
 
 // Data parallelism on the GPUs (NCCL, ZeRO-1; see "data parallelism over NCCL" above): more than one process, or
 // one with M2RNN_NCCL=1 (the NCCL path with a single rank, which must equal the plain path bit for bit). Lays out the

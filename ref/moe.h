@@ -10,8 +10,8 @@ aux = coef · E · Σ_e P̄_e f_e, P̄_e = (1/M) Σ_t p_te, f_e = count_e / (M K
 Backward (g = dout): dy_(t,k) = w_tk g_t; dw_tk = <g_t, y_(t,k)>; each expert's SwiGLU backward; dx_t = Σ_k dx_(t,k)
 (k in order: no scatter races); the top-k softmax: dlogit_j = w_j (dw_j − Σ_i w_i dw_i) for the K chosen; the aux
 loss: dp_te = aux_grad · coef · E · f_e / M, through the softmax dlogit_t += p_t ⊙ (dp_t − <p_t, dp_t>) (f is a count:
-no gradient); the router: dx += dlogits W_r, dW_r += dlogitsᵀ x. Every sum runs in a fixed order: deterministic.
-GPU twin: none yet (the GPU trainer refuses e layers with a hint).
+no gradient; evaluated without cancellation, moe_aux_dlogit); the router: dx += dlogits W_r, dW_r += dlogitsᵀ x. Every sum runs in a fixed order: deterministic.
+GPU twin: moe.cuh (test/test_moe_gpu.cu holds it to this file).
 */
 #ifndef M2RNN_REF_MOE_H
 #define M2RNN_REF_MOE_H
@@ -116,6 +116,15 @@ static void moe_route(MoEActs *a, const real *inp, const MoEParams *w, const Mod
         }
     }
     free(count);
+}
+
+// The aux loss's logit gradient of one token, dl_e = p_e (dp_e − Σ_j p_j dp_j) with dp_j = inv · count_j, written so
+// that nothing cancels when the router is sure (p_top → 1, where 1 − p_top is below fp32's resolution of p_top): with
+// Σ p = 1, dp_e − Σ p dp = inv (c_e − p_top c_top − q) where q = Σ_{j≠top} p_j c_j, and for e = top
+// inv (c_top · others − q) with others = Σ_{j≠top} p_j. The GPU (moe.cuh) computes the same expression.
+static inline double moe_aux_dlogit(double p_e, double p_top, double c_e, double c_top, int is_top, double others,
+                                    double q, double inv) {
+    return p_e * inv * (is_top ? c_top * others - q : c_e - p_top * c_top - q);
 }
 
 // SwiGLU pointwise: h = SiLU(gate) ⊙ linear over rows of 2F → F
@@ -228,12 +237,16 @@ static void moe_ffn_backward(real *dinp, real *scratch, const real *dout, const 
             const real wk = a.weights[(size_t)m * K + k];
             dl[(int)a.choice[(size_t)m * K + k]] += (real)(wk * (g.dw[(size_t)m * K + k] - s));
         }
-        if (aux_scale != 0.0) { // dp_e = aux_scale · f_e / M through the full softmax
-            double pd = 0.0;
-            for (int e = 0; e < E; e++) { pd += p[e] * (aux_scale * (a.offsets[e + 1] - a.offsets[e]) / ((double)M * K) / M); }
+        if (aux_scale != 0.0) { // dp_e = aux_scale · f_e / M through the full softmax: see moe_aux_dlogit
+            const int top = (int)a.choice[(size_t)m * K]; // the largest logit
+            double others = 0.0, q = 0.0;
             for (int e = 0; e < E; e++) {
-                const double dp = aux_scale * (a.offsets[e + 1] - a.offsets[e]) / ((double)M * K) / M;
-                dl[e] += (real)(p[e] * (dp - pd));
+                if (e != top) { others += p[e]; q += p[e] * (a.offsets[e + 1] - a.offsets[e]); }
+            }
+            const double inv = aux_scale / ((double)M * K) / M;
+            for (int e = 0; e < E; e++) {
+                dl[e] += (real)moe_aux_dlogit(p[e], p[top], a.offsets[e + 1] - a.offsets[e],
+                                              a.offsets[top + 1] - a.offsets[top], e == top, others, q, inv);
             }
         }
     }
