@@ -11,23 +11,9 @@ median of 20).
 import torch
 import torch.nn.functional as F
 
+from attention_torch import median_ms  # (CUDA events, 3 warm-ups, the median; this folder is on the path)
+
 C, E, K, FH, S = 1536, 128, 8, 256, 1024
-
-
-def median_ms(fn, repeats=20):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
 
 
 class MoE(torch.nn.Module):
