@@ -115,7 +115,7 @@ __global__ void m2rnn_plain_backward_kernel(float *dP_all, float *dq_part, float
                 for (int i = 0; i < V; i++) { p += hp[i] * Ws[i * V + j]; }
                 const float z = tanhf(p);
                 float g = G[j];
-                if (clamp > 0.0f) { g = fminf(fmaxf(g, -clamp), clamp); }
+                if (clamp > 0.0f) { g = g > clamp ? clamp : (g < -clamp ? -clamp : g); } // (a NaN passes through)
                 Dm[j] = qr * dys[j] + g;
                 dq += Ht[j] * dys[j];
                 dft += Dm[j] * (hp[j] - z);

@@ -20,8 +20,9 @@ Design (numbers behind it in dev/bench/NOTES.md):
   accumulates 16 tokens of y in one MMA tile (q masked to the step's row), so a forward step reads no shared memory.
 - y_t, dq_t, dk_t, dv_t are computed with extra MMAs (row sums become MMAs against a broadcast vector; the transposes
   they need are movmatrix), off the recurrence's dependency chain. Cross-warp/cross-head sums go through shared memory
-  and are flushed once per chunk. dq/dk are summed over the CTA's heads in shared memory first, so the global fp32
-  atomics see N/HPC adders per address, not N.
+  and are flushed once per sub-chunk. dq/dk are summed over the CTA's heads in shared memory first, so the global fp32
+  atomics see N/HPC adders per address, not N; with m2rnn_deterministic (M2RNN_DETERMINISTIC=1) the CTAs that share
+  a q/k head add in turn, in CTA order, instead, and the backward repeats bit for bit like every other gradient.
 - Backward without the authors' full recompute and without a B*T*N*K*V buffer: the training forward writes H every
   32 tokens (fp32) into the workspace. The backward walks the chunks right to left: from a chunk's checkpoint it
   recomputes 24 steps keeping H at +8, +16, +24 in registers, then for each 8-token sub-chunk (right to left)
@@ -99,19 +100,22 @@ static inline long m2rnn_num_slots(const M2RNNDims *d) {
     return d->B + CEIL_DIV(m2rnn_total_tokens(d), (long)M2RNN_CHUNK) + 1;
 }
 
-// workspace layout: [checkpoints fp32 (slots,N,K,V)] [dq acc fp32 (tok,Nq,K)] [dk acc] [dW partials (B*K/16,N,V,V)]
+// workspace layout: [checkpoints fp32 (slots,N,K,V)] [dq acc fp32 (tok,Nq,K)] [dk acc] [turns int (tok,Nq)]
+// [dW partials (B*K/16,N,V,V)]
 typedef struct {
-    size_t ckpt, dq, dk, dw, total; // byte offsets and total size
+    size_t ckpt, dq, dk, turn, dw, total; // byte offsets and total size
 } M2RNNWorkspace;
 
 static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d) {
     M2RNNWorkspace w;
     size_t state = (size_t)d->N * d->K * d->V * sizeof(float);
     size_t acc = (size_t)m2rnn_total_tokens(d) * d->Nq * d->K * sizeof(float);
+    size_t turns = ((size_t)m2rnn_total_tokens(d) * d->Nq * sizeof(int) + 15) / 16 * 16;
     w.ckpt = 0;
     w.dq = w.ckpt + (size_t)m2rnn_num_slots(d) * state;
     w.dk = w.dq + acc;
-    w.dw = w.dk + acc;
+    w.turn = w.dk + acc;
+    w.dw = w.turn + turns;
     w.total = w.dw + (size_t)d->B * (d->K / 16) * d->N * d->V * d->V * sizeof(float);
     return w;
 }
@@ -446,6 +450,25 @@ __device__ __forceinline__ CtaMap cta_map(const int *cu_seqlens, int T, int N, i
 }
 __device__ __forceinline__ long ckpt_slot(const CtaMap &m, int c) { return m.b + m.tok0 / M2RNN_CHUNK + c; }
 
+// clamp to [-c, c] keeping a NaN (fminf/fmaxf would turn it into -c; NaN must reach the trainer's guard, as in the
+// CPU reference): the NaN-propagating min/max of sm_80+, the same two instructions
+__device__ __forceinline__ float clamp_nan(float x, float c) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(x), "f"(-c));
+    asm("min.NaN.f32 %0, %0, %1;\n" : "+f"(r) : "f"(c));
+    return r;
+}
+
+// a flag between CTAs: the writer's earlier stores are visible to a reader that saw the value
+__device__ __forceinline__ int ld_acquire_gpu(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_gpu(int *p, int v) {
+    asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 } // namespace m2rnn_detail
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -585,9 +608,10 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
 // ZS (V=16 only): the recompute keeps each step's Z_t as fp16 in shared memory and the reverse step reads it instead
 // of re-running the MMA and tanh; that costs 512 B per warp-step (32 KB per 8-warp CTA: 2 CTAs/SM, not 3) and so
 // is built for 2 CTAs/SM, which also lifts the register cap from 80 to 128 (no spills). The launcher picks it.
-template <int V, int HPC, bool BIG, bool ZS>
+template <int V, int HPC, bool BIG, bool ZS, bool DET = false>
 __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
-    m2rnn_backward_kernel(float *__restrict__ dq_acc, float *__restrict__ dk_acc, floatX *__restrict__ dv,
+    m2rnn_backward_kernel(float *__restrict__ dq_acc, float *__restrict__ dk_acc, int *__restrict__ turn,
+                          floatX *__restrict__ dv,
                           float *__restrict__ df, float *__restrict__ dW_part, float *__restrict__ dh0,
                           const floatX *__restrict__ dy, const float *__restrict__ dhT,
                           const float *__restrict__ ckpt, const floatX *__restrict__ q, const floatX *__restrict__ k,
@@ -787,7 +811,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         float gc = G[h][e];
-                        if (clip > 0.0f) { gc = fminf(fmaxf(gc, -clip), clip); }
+                        if (clip > 0.0f) { gc = clamp_nan(gc, clip); }
                         D[h][e] = fmaf((e >> 1) ? q1 : q0, dyv[h][e & 1], gc);
                         const float z = Z[h][e];
                         dX[h][e] = D[h][e] * in.gate * fmaf(-z, z, 1.0f);
@@ -855,9 +879,21 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 for (int i = slen - 1; i >= 0; i--) { reverse(i); }
             }
             __syncthreads();
-            // flush the sub-chunk's sums: dq/dk into the fp32 accumulators (N/HPC adders per address), dv, df
+            // flush the sub-chunk's sums: dq/dk into the fp32 accumulators, dv, df. The Gq/HPC CTAs of one q/k head
+            // add to the same dq/dk rows: with fp32 atomics, or deterministically (DET, m2rnn_deterministic):
+            // they take turns in CTA order (turn[stok, qh] counts the CTAs that have added), so every element is
+            // summed in one fixed order, with plain loads and stores. A CTA waits only for CTAs of lower index,
+            // which the hardware dispatches first (the forward progress CUB's single-pass scans rely on).
             const long stok = ctok + s0;
             const int kq4 = K / 4;
+            int *const my_turn = DET ? turn + stok * Nq + m.qh : nullptr;
+            const int rank = DET ? (int)(blockIdx.x % (N / Nq / HPC)) : 0; // among the CTAs of this q/k head
+            if constexpr (DET) {
+                if (threadIdx.x == 0) {
+                    while (ld_acquire_gpu(my_turn) != rank) { __nanosleep(32); }
+                }
+                __syncthreads();
+            }
             for (int idx = threadIdx.x; idx < slen * kq4; idx += blockDim.x) {
                 const int i = idx / kq4, r = (idx % kq4) * 4; // rows r..r+3 live in row block r/16 of every head
                 float4 sq4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), sk4 = sq4;
@@ -868,13 +904,23 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     sk4.x += b.x; sk4.y += b.y; sk4.z += b.z; sk4.w += b.w;
                 }
                 const size_t off = (size_t)(stok + i) * Nq * K + (size_t)m.qh * K + r;
-#ifdef M2RNN_BENCH_NO_QK_ATOMICS // dev/bench only: plain stores (wrong dq/dk) to time the atomics' cost
-                *(float4 *)(dq_acc + off) = sq4;
-                *(float4 *)(dk_acc + off) = sk4;
-#else
-                red_add_v4(dq_acc + off, sq4);
-                red_add_v4(dk_acc + off, sk4);
-#endif
+                if constexpr (DET) { // in turn (L2, not L1: another CTA of this SM may have read these rows before)
+                    if (rank > 0) {
+                        const float4 a = __ldcg((const float4 *)(dq_acc + off)), b = __ldcg((const float4 *)(dk_acc + off));
+                        sq4.x += a.x; sq4.y += a.y; sq4.z += a.z; sq4.w += a.w;
+                        sk4.x += b.x; sk4.y += b.y; sk4.z += b.z; sk4.w += b.w;
+                    }
+                    __stcg((float4 *)(dq_acc + off), sq4);
+                    __stcg((float4 *)(dk_acc + off), sk4);
+                } else { // fp32 atomics: the order of the adds varies from run to run
+                    red_add_v4(dq_acc + off, sq4);
+                    red_add_v4(dk_acc + off, sk4);
+                }
+            }
+            if constexpr (DET) {
+                __threadfence();
+                __syncthreads();
+                if (threadIdx.x == 0) { st_release_gpu(my_turn, rank + 1); } // the next CTA's turn
             }
             for (int idx = threadIdx.x; idx < slen * HV; idx += blockDim.x) {
                 const int i = idx / HV, hv = idx % HV, h2 = hv / V, col = hv % V;
@@ -982,6 +1028,17 @@ __global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ st
 // 168 CTAs on 132 SMs) the SMs holding two CTAs set the time and HPC=1 is 12% faster.
 static int m2rnn_hpc_override = 0; // tests/benchmarks: 1 or 2 forces HPC where legal, 0 = automatic
 static int m2rnn_zstash_override = -1; // tests/benchmarks: 0 / 1 forces the backward's Z stash (V=16), -1 = automatic
+// 1: dq/dk summed in a fixed order (bitwise repeatable backward; the flushes wait for their turn: backward +10% at
+// B=8, N=84 and +19% at B=4 on an H100, dev/bench/NOTES.md); 0: fp32 atomics (the default, as fast as before the
+// option). -1: from M2RNN_DETERMINISTIC (default 0) at first use.
+static int m2rnn_deterministic = -1;
+static inline bool m2rnn_deterministic_on(void) {
+    if (m2rnn_deterministic < 0) {
+        const char *env = getenv("M2RNN_DETERMINISTIC");
+        m2rnn_deterministic = env != NULL && strcmp(env, "1") == 0;
+    }
+    return m2rnn_deterministic == 1;
+}
 // the SM count of the current device, cached per device (one process may drive GPUs of different sizes)
 static inline int m2rnn_num_sms(void) {
     static int sms[64];
@@ -1039,7 +1096,8 @@ template <typename Kernel> static inline int m2rnn_ctas_per_sm(Kernel kernel, in
 // the whole grid in one wave and the stash would need a second: B=8, N=84 on 132 SMs is 336 CTAs = 2.55 per SM
 // (plain 7.04 ms vs stash 4.54 + 2.94 ms for its tail wave). dev/bench/NOTES.md has the measurements.
 template <int V, int HPC, bool BIG>
-static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, floatX *dv, float *df, float *dW_part, float *dh0,
+static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, int *turn, floatX *dv, float *df, float *dW_part,
+                                  float *dh0,
                                   const floatX *dy, const float *dhT, const float *ckpt, const floatX *q,
                                   const floatX *k, const floatX *v, const float *f, const floatX *W, float clip,
                                   const M2RNNDims *d, cudaStream_t stream) {
@@ -1047,14 +1105,15 @@ static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, floatX *dv, floa
     const dim3 grid(d->N / HPC, d->B);
     auto launch = [&](auto kernel, size_t smem) {
         cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        kernel<<<grid, threads, smem, stream>>>(dq_acc, dk_acc, dv, df, dW_part, dh0, dy, dhT, ckpt, q, k, v, f, W,
+        kernel<<<grid, threads, smem, stream>>>(dq_acc, dk_acc, turn, dv, df, dW_part, dh0, dy, dhT, ckpt, q, k, v, f, W,
                                                 d->cu_seqlens, d->T, d->N, d->Nq, d->K, d->sq, d->sk, d->sv, clip);
         cudaCheck(cudaGetLastError());
     };
-    auto plain = m2rnn_backward_kernel<V, HPC, BIG, false>;
+    const bool det = turn != nullptr;
+    auto plain = det ? m2rnn_backward_kernel<V, HPC, BIG, false, true> : m2rnn_backward_kernel<V, HPC, BIG, false>;
     const size_t smem = m2rnn_backward_smem(d, HPC, false);
     if constexpr (V == 16 && !BIG) {
-        auto stash = m2rnn_backward_kernel<V, HPC, BIG, true>;
+        auto stash = det ? m2rnn_backward_kernel<V, HPC, BIG, true, true> : m2rnn_backward_kernel<V, HPC, BIG, true>;
         const size_t smem_z = m2rnn_backward_smem(d, HPC, true);
         bool use_stash;
         if (m2rnn_zstash_override >= 0) {
@@ -1111,9 +1170,10 @@ static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float 
     const M2RNNWorkspace w = m2rnn_workspace_layout(d);
     char *ws = (char *)workspace;
     float *dq_acc = (float *)(ws + w.dq), *dk_acc = (float *)(ws + w.dk), *dW_part = (float *)(ws + w.dw);
+    int *turn = m2rnn_deterministic_on() ? (int *)(ws + w.turn) : nullptr;
     const long ntok = m2rnn_total_tokens(d);
-    cudaCheck(cudaMemsetAsync(dq_acc, 0, w.dw - w.dq, stream)); // dq and dk accumulators are adjacent
-    M2RNN_DISPATCH(d, m2rnn_backward_launch, dq_acc, dk_acc, dv, df, dW_part, dh0, dy, dhT,
+    cudaCheck(cudaMemsetAsync(dq_acc, 0, w.dw - w.dq, stream)); // the dq, dk accumulators and the turns are adjacent
+    M2RNN_DISPATCH(d, m2rnn_backward_launch, dq_acc, dk_acc, turn, dv, df, dW_part, dh0, dy, dhT,
                    (const float *)(ws + w.ckpt), q, k, v, f, W, clip, d, stream);
     const int QK = d->Nq * d->K, block = 256;
     const long pairs = ntok * QK / 2;

@@ -17,7 +17,7 @@ make -j16 build/test_moe_gpu build/test_moe_gpu_fp32 build/bench_moe train_m2rnn
 dir=build/gpu_moe_train; rm -rf "$dir"; mkdir -p "$dir"
 ./build/test_train --fixtures "$dir/fx" > /dev/null 2>&1
 A=(-e d64:MAMA:ffn=e:xe8:xk2:xf32:xs32:rope -vs 61 -i "$dir/fx/train_*.bin" -j "$dir/fx/val_*.bin" -t 32 -b 4 -x 20 -v 10 -m 2 -u 2 -ex 0)
-M2RNN_PLAIN_RECURRENCE=1 ./build/train_m2rnn_fp32 "${A[@]}" -o "$dir/gpu" > "$OUTD/moe_gpu_fp32.txt" 2>&1 || tail -5 "$OUTD/moe_gpu_fp32.txt"
+./build/train_m2rnn_fp32 "${A[@]}" -o "$dir/gpu" > "$OUTD/moe_gpu_fp32.txt" 2>&1 || tail -5 "$OUTD/moe_gpu_fp32.txt"
 ./train_m2rnn_cpu "${A[@]}" -o "$dir/cpu" > "$OUTD/moe_cpu.txt" 2>&1 || tail -5 "$OUTD/moe_cpu.txt"
 losses() { grep -o 'trl:[0-9.]*\|tel:[0-9.]*\|aux:[0-9.]*' "$1/main.log" | cut -d: -f2; }
 w=$(paste <(losses "$dir/gpu") <(losses "$dir/cpu") | awk 'BEGIN{w=0;n=0} {d=($1-$2)/$2; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n<40) print "missing"; else printf("%.2e", w)}')

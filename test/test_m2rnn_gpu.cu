@@ -321,41 +321,77 @@ static void run_case(const Case &c, uint64_t seed) {
     bool same = memcmp(y.data(), y2.data(), y.size() * sizeof(floatX)) == 0;
     snprintf(name, sizeof(name), "%s inference forward == training", c.name);
     test_result(same, name, "%s", same ? "bitwise equal y" : "y differs");
-    { // repeatability: a second backward on the same inputs (fresh output buffers). dv, df, dW and dh0 have fixed-order
-      // sums and must match bit for bit; dq and dk are summed over head groups with fp32 atomics (NOTES.md, round 4:
-      // their contention costs < 1%; the deterministic cluster reduction cost 18% or a second wave), so the order of
-      // those fp32 adds may differ and a bf16 result may round to a neighbouring value (an element that cancels to
-      // near zero can move by a few of its own ulps): held normwise to 1e-4, where 2.1e-5 was the most measured
-        floatX *d_dconv2 = device_poisoned<floatX>((size_t)ntok * p.conv_dim);
-        float *d_df2 = device_poisoned<float>((size_t)ntok * N), *d_dW2 = device_poisoned<float>((size_t)N * V * V);
-        float *d_dh02 = device_poisoned<float>(state);
-        m2rnn_backward(d_dconv2, d_dconv2 + Nq * K, d_dconv2 + 2 * Nq * K, d_df2, d_dW2, d_dh02, ws, d_dy,
-                       c.use_dhT ? d_dhT : nullptr, q, k, v, d_f, d_W, c.clip, &d, 0);
-        cudaCheck(cudaDeviceSynchronize());
-        const auto dconv2 = to_host(d_dconv2, (size_t)ntok * p.conv_dim);
-        const auto df2 = to_host(d_df2, (size_t)ntok * N), dW2 = to_host(d_dW2, (size_t)N * V * V);
-        const auto dh02 = to_host(d_dh02, state);
-        bool fixed = memcmp(df.data(), df2.data(), df.size() * sizeof(float)) == 0 &&
-                     memcmp(dW.data(), dW2.data(), dW.size() * sizeof(float)) == 0 &&
-                     memcmp(dh0.data(), dh02.data(), dh0.size() * sizeof(float)) == 0;
-        double qk_diff = 0.0, qk_norm = 0.0; // dq/dk: normwise, as cancellation makes single elements jumpy
-        for (long t = 0; t < ntok; t++) {
-            const floatX *r1 = &dconv[(size_t)t * p.conv_dim], *r2 = &dconv2[(size_t)t * p.conv_dim];
-            fixed = fixed && memcmp(r1 + 2 * Nq * K, r2 + 2 * Nq * K, (size_t)N * V * sizeof(floatX)) == 0; // dv
-            for (int j = 0; j < 2 * Nq * K; j++) {
-                const double x = from_bf(r1[j]), x2 = from_bf(r2[j]);
-                qk_diff += (x - x2) * (x - x2);
-                qk_norm += x * x;
-            }
+    { // repeatability. Default (fp32 atomics for dq/dk over head groups): a second backward repeats dv, df, dW, dh0 bit
+      // for bit and dq/dk up to the order of their fp32 adds (a bf16 result may round to a neighbouring value): held
+      // normwise to 1e-4 (2.1e-5 the most measured). Deterministic mode (m2rnn_deterministic: the CTAs add in turn):
+      // two more backwards repeat every gradient bit for bit, and agree with the atomic one to the same 1e-4.
+        std::vector<floatX> runs[3];
+        std::vector<float> df_r[3], dW_r[3], dh0_r[3];
+        for (int run = 0; run < 3; run++) {
+            m2rnn_deterministic = run > 0;
+            floatX *d_dconv2 = device_poisoned<floatX>((size_t)ntok * p.conv_dim);
+            float *d_df2 = device_poisoned<float>((size_t)ntok * N), *d_dW2 = device_poisoned<float>((size_t)N * V * V);
+            float *d_dh02 = device_poisoned<float>(state);
+            m2rnn_backward(d_dconv2, d_dconv2 + Nq * K, d_dconv2 + 2 * Nq * K, d_df2, d_dW2, d_dh02, ws, d_dy,
+                           c.use_dhT ? d_dhT : nullptr, q, k, v, d_f, d_W, c.clip, &d, 0);
+            cudaCheck(cudaDeviceSynchronize());
+            runs[run] = to_host(d_dconv2, (size_t)ntok * p.conv_dim);
+            df_r[run] = to_host(d_df2, (size_t)ntok * N);
+            dW_r[run] = to_host(d_dW2, (size_t)N * V * V);
+            dh0_r[run] = to_host(d_dh02, state);
+            cudaCheck(cudaFree(d_dconv2));
+            cudaCheck(cudaFree(d_df2));
+            cudaCheck(cudaFree(d_dW2));
+            cudaCheck(cudaFree(d_dh02));
         }
-        const double rel = sqrt(qk_diff / fmax(qk_norm, 1e-300));
+        m2rnn_deterministic = 0;
+        auto same_fixed = [&](int a, const std::vector<floatX> &ca, const std::vector<float> &fa,
+                              const std::vector<float> &wa, const std::vector<float> &ha, bool qk) {
+            bool ok = memcmp(fa.data(), df_r[a].data(), fa.size() * sizeof(float)) == 0 &&
+                      memcmp(wa.data(), dW_r[a].data(), wa.size() * sizeof(float)) == 0 &&
+                      memcmp(ha.data(), dh0_r[a].data(), ha.size() * sizeof(float)) == 0;
+            for (long t = 0; t < ntok && ok; t++) { // dv always; dq, dk when asked
+                const size_t from = qk ? 0 : 2 * (size_t)Nq * K;
+                ok = memcmp(&ca[(size_t)t * p.conv_dim + from], &runs[a][(size_t)t * p.conv_dim + from],
+                            ((size_t)p.conv_dim - from) * sizeof(floatX)) == 0;
+            }
+            return ok;
+        };
+        auto qk_rel = [&](const std::vector<floatX> &x1, const std::vector<floatX> &x2) {
+            double diff = 0.0, norm = 0.0; // dq/dk: normwise, as cancellation makes single elements jumpy
+            for (long t = 0; t < ntok; t++) {
+                for (int j = 0; j < 2 * Nq * K; j++) {
+                    const double a = from_bf(x1[(size_t)t * p.conv_dim + j]), b = from_bf(x2[(size_t)t * p.conv_dim + j]);
+                    diff += (a - b) * (a - b);
+                    norm += a * a;
+                }
+            }
+            return sqrt(diff / fmax(norm, 1e-300));
+        };
+        const bool fixed = same_fixed(0, dconv, df, dW, dh0, false);
+        const double rel = qk_rel(dconv, runs[0]);
         snprintf(name, sizeof(name), "%s backward repeatable", c.name);
         test_result(fixed && rel < 1e-4, name, "dv, df, dW, dh0 %s; dq/dk normwise rel diff %.1e (tol 1e-4)",
                     fixed ? "bitwise equal" : "DIFFER", rel);
-        cudaCheck(cudaFree(d_dconv2));
-        cudaCheck(cudaFree(d_df2));
-        cudaCheck(cudaFree(d_dW2));
-        cudaCheck(cudaFree(d_dh02));
+        const bool det = same_fixed(2, runs[1], df_r[1], dW_r[1], dh0_r[1], true);
+        const double rel_det = qk_rel(dconv, runs[1]);
+        snprintf(name, sizeof(name), "%s deterministic backward", c.name);
+        test_result(det && rel_det < 1e-4, name, "two runs %s; dq/dk against the atomic run %.1e (tol 1e-4)",
+                    det ? "bitwise equal" : "DIFFER", rel_det);
+    }
+    if (c.clip > 0 && c.use_dhT) { // a NaN in the carried gradient passes the clamp (and reaches the trainer's guard)
+        std::vector<float> dhT_nan = p.dhT;
+        dhT_nan[0] = NAN; // sequence 0, head 0, row 0, column 0
+        float *d_dhT_nan = to_device(dhT_nan), *d_dh0n = device_poisoned<float>(state);
+        m2rnn_backward(d_dconv, d_dconv + Nq * K, d_dconv + 2 * Nq * K, d_df, d_dW, d_dh0n, ws, d_dy, d_dhT_nan, q, k,
+                       v, d_f, d_W, c.clip, &d, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        const auto dh0n = to_host(d_dh0n, state);
+        const bool nan_out = isnan(dh0n[0]);
+        snprintf(name, sizeof(name), "%s NaN passes the dH clamp", c.name);
+        test_result(nan_out, name, "dh0 of the poisoned element %s", nan_out ? "is NaN" : "is finite (clamped away)");
+        cudaCheck(cudaFree(d_dhT_nan));
+        cudaCheck(cudaFree(d_dh0n));
     }
 
     if (c.window > 0 && c.lens.empty()) { // drift: error per window of t, over all sequences
