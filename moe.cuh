@@ -137,10 +137,14 @@ __global__ void moe_router_kernel(float *probs, float *weights, int *choice, con
         const int e = lane + j * WARP_SIZE;
         if (e < E) { p[e] = expf(v[j] - mx) / sum; }
     }
-    // top-k: each round every lane offers its best untaken (largest value, then lowest expert), the warp picks one
+    // top-k: each round every lane offers its best untaken (largest value, then lowest expert), the warp picks one.
+    // A NaN logit (a diverged step: its loss is NaN and the trainer skips it) competes as −∞, so a pick always exists.
     unsigned taken[EPL];
 #pragma unroll
-    for (int j = 0; j < EPL; j++) { taken[j] = lane + j * WARP_SIZE >= E; }
+    for (int j = 0; j < EPL; j++) {
+        taken[j] = lane + j * WARP_SIZE >= E;
+        if (isnan(v[j])) { v[j] = -INFINITY; }
+    }
     float top0 = 0.0f, wsum = 0.0f, my_val = 0.0f;
     int my_expert = 0;
     for (int k = 0; k < K; k++) {
