@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # launch_multi_node.sh: data-parallel training over several machines, one process per GPU. The hostfile lists each
 # machine with its GPU count ("node1 slots=8"); every machine needs the same checkout (built with `make`), the data
-# at the same path, passwordless ssh from this one, and a network NCCL can use.
+# at the same path, passwordless ssh from this one, and a network NCCL can use. Put -o on a filesystem every machine
+# sees: rank 0 writes the log and the checkpoints, and every rank reads the checkpoint it resumes from (-y).
 # NCCL settings worth knowing (exported to every rank with -x):
 #   NCCL_SOCKET_IFNAME   the interface for NCCL's bootstrap and socket transport (e.g. eth0, ib0)
 #   NCCL_IB_HCA          the InfiniBand/RoCE adapters to use (e.g. mlx5_0,mlx5_1); NCCL_IB_DISABLE=1 forces sockets
