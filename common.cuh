@@ -612,6 +612,7 @@ static inline void *take(DeviceArena *a, size_t bytes) {
 }
 #define TAKE_X(a, n) ((floatX *)take(a, (size_t)(n) * sizeof(floatX)))
 #define TAKE_F(a, n) ((float *)take(a, (size_t)(n) * sizeof(float)))
+#define TAKE_I(a, n) ((int *)take(a, (size_t)(n) * sizeof(int)))
 
 // ----------------------------------------------------------------------------------------------------------------
 // the interface of a layer kind on the GPU, the same as ref/common.h's in everything but precision and the runtime:

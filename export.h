@@ -27,6 +27,14 @@ static inline uint16_t export_bf16(float x) { // round to nearest even, as the G
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// x rounded to the nearest bf16 (even on ties), as a float: what the GPU's cast leaves of it (tests' references)
+static inline float bf16_round(float x) {
+    const uint32_t u = (uint32_t)export_bf16(x) << 16;
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
 static void export_rename(const char *tmp, const char *path) {
     if (rename(tmp, path) != 0) {
         fail_with_hint("check the output directory is writable", "cannot rename '%s' to '%s': %s", tmp, path,

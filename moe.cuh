@@ -43,8 +43,6 @@ typedef struct {
     floatX *sup, *sh;  // (M, 2S), (M, S) the shared expert
 } MoEActs;
 
-#define TAKE_I(a, n) ((int *)take(a, (size_t)(n) * sizeof(int)))
-
 static size_t moe_acts_layout(MoEActs *a, void *base, const ModelConfig *c, int B, int T) {
     const size_t M = (size_t)B * T, E = (size_t)c->moe.experts, K = (size_t)c->moe.top_k, F = (size_t)c->moe.hidden;
     const size_t C = (size_t)c->d_model, S = (size_t)c->moe.shared;
@@ -82,7 +80,7 @@ static size_t moe_scratch_layout(MoEScratch *s, void *base, const ModelConfig *c
     DeviceArena ar = {(char *)base, 0};
     s->logits = TAKE_F(&ar, M * E);
     s->pbar = TAKE_F(&ar, E);
-    s->counts = (int *)take(&ar, E * sizeof(int));
+    s->counts = TAKE_I(&ar, E);
     s->xs = TAKE_X(&ar, M * K * C);
     s->dw = TAKE_F(&ar, M * K);
     s->dlogits = TAKE_F(&ar, M * E);
@@ -327,24 +325,29 @@ __global__ void moe_compact_kernel(int *slot, int *order, const int *choice, con
     }
 }
 
-// a pinned host copy of the offsets, grown as needed, for the process (one model; its ops run one at a time)
-static int *moe_host_offsets = NULL;
+// a pinned host copy of the offsets, for the process (one model; its ops run one at a time)
+static int *moe_host_offsets_buf = NULL;
+static int *moe_host_offsets(void) {
+    if (moe_host_offsets_buf == NULL) {
+        cudaCheck(cudaMallocHost(&moe_host_offsets_buf, (MOE_MAX_EXPERTS + 1) * sizeof(int)));
+    }
+    return moe_host_offsets_buf;
+}
 
 // choice (M·K) → slot, order (M·K), offsets (E + 1) on the device (counts: E ints of scratch); returns the offsets
 // on the host
 static const int *moe_group(MoEActs *a, int *counts, int M, int E, int K, cudaStream_t stream) {
     const long MK = (long)M * K;
-    if (moe_host_offsets == NULL) { cudaCheck(cudaMallocHost(&moe_host_offsets, (MOE_MAX_EXPERTS + 1) * sizeof(int))); }
+    int *off = moe_host_offsets();
     cudaCheck(cudaMemsetAsync(counts, 0, (size_t)E * sizeof(int), stream));
     moe_count_kernel<<<(unsigned)CEIL_DIV(MK, 256L) < 1024 ? (unsigned)CEIL_DIV(MK, 256L) : 1024, 256, 0, stream>>>(
         counts, a->choice, MK);
     moe_offsets_kernel<<<1, 256, 0, stream>>>(a->offsets, counts, E);
     moe_compact_kernel<<<E, 1024, 0, stream>>>(a->slot, a->order, a->choice, a->offsets, MK, K);
     cudaCheck(cudaGetLastError());
-    cudaCheck(cudaMemcpyAsync(moe_host_offsets, a->offsets, ((size_t)E + 1) * sizeof(int), cudaMemcpyDeviceToHost,
-                              stream));
+    cudaCheck(cudaMemcpyAsync(off, a->offsets, ((size_t)E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream));
     cudaCheck(cudaStreamSynchronize(stream));
-    return moe_host_offsets;
+    return off;
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -491,8 +494,7 @@ static void moe_ffn_backward(floatX *dinp, void *scratch, const floatX *dout, co
     cudaStream_t stream = rt->stream;
     const int M = B * T, C = c->d_model, E = c->moe.experts, K = c->moe.top_k, F = c->moe.hidden, S = c->moe.shared;
     const long MK = (long)M * K;
-    if (moe_host_offsets == NULL) { cudaCheck(cudaMallocHost(&moe_host_offsets, (MOE_MAX_EXPERTS + 1) * sizeof(int))); }
-    int *off = moe_host_offsets;
+    int *off = moe_host_offsets();
     cudaCheck(cudaMemcpyAsync(off, a.offsets, ((size_t)E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream));
     moe_gather_kernel<<<(unsigned)MK, 128, 0, stream>>>(s.xs, inp, a.order, C);
     cudaCheck(cudaGetLastError());

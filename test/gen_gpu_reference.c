@@ -85,12 +85,7 @@ int main(int argc, char **argv) {
         const ParamSpec *s = &mp->table.specs[i];
         if (ends_with(s->name, ".A_log") || ends_with(s->name, ".dt_bias")) { continue; }
         for (size_t j = 0; j < s->numel; j++) {
-            float x = mp->params_memory[s->offset + j];
-            uint32_t u;
-            memcpy(&u, &x, 4);
-            u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-            memcpy(&x, &u, 4);
-            mp->params_memory[s->offset + j] = x;
+            mp->params_memory[s->offset + j] = bf16_round(mp->params_memory[s->offset + j]);
         }
     }
     model_zero_grad(mp);

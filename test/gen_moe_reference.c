@@ -17,16 +17,8 @@ usage: build/gen_moe_reference OUT_DIR   → OUT_DIR/moe_<case>.bin
 
 typedef struct { const char *name; int M, C, E, K, F, S; uint64_t seed; } MoECase;
 
-static float round_bf16(float x) { // round to nearest even, as the GPU's cast does
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 static void fill(float *x, size_t n, float scale, Rng *rng) {
-    for (size_t i = 0; i < n; i++) { x[i] = round_bf16(scale * (2.0f * (float)rng_uniform(rng) - 1.0f)); }
+    for (size_t i = 0; i < n; i++) { x[i] = bf16_round(scale * (2.0f * (float)rng_uniform(rng) - 1.0f)); }
 }
 
 int main(int argc, char **argv) {
@@ -57,8 +49,8 @@ int main(int argc, char **argv) {
             memcpy(w[0] + 6 * C, w[0] + 0 * C, C * sizeof(float));
         }
         if (strcmp(k->name, "one") == 0) { // every token has x[0] ≥ 1 and expert 3's row is 16 along it
-            for (size_t m = 0; m < M; m++) { x[m * C] = round_bf16(1.0f + 0.5f * (float)rng_uniform(&rng)); }
-            for (size_t i = 0; i < C; i++) { w[0][3 * C + i] = round_bf16(i == 0 ? 16.0f : 0.01f * w[0][3 * C + i]); }
+            for (size_t m = 0; m < M; m++) { x[m * C] = bf16_round(1.0f + 0.5f * (float)rng_uniform(&rng)); }
+            for (size_t i = 0; i < C; i++) { w[0][3 * C + i] = bf16_round(i == 0 ? 16.0f : 0.01f * w[0][3 * C + i]); }
         }
         MoEActs a;
         MoEGrads gr;
