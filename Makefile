@@ -248,7 +248,7 @@ build/bench_attention: dev/bench/bench_attention.cu $(ATTENTION_GPU_HEADERS)
 TRAINER_GPU_HEADERS = $(REF_HEADERS) $(wildcard *.cuh)
 TRAINER_PROGRAMS = train_m2rnn infer_m2rnn
 TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32 test/test_gpu_nccl.sh build/test_moe_gpu \
-                build/test_moe_gpu_fp32
+                build/test_moe_gpu_fp32 build/test_gdn_gpu build/test_gdn_gpu_fp32
 ifeq ($(PRECISION),FP32)
   TRAINER_PRECISION = -DENABLE_FP32
 endif
@@ -274,10 +274,11 @@ infer_m2rnn: infer_m2rnn.cu $(TRAINER_GPU_HEADERS)
 
 # the CPU reference writes what the GPU test compares against
 build/gpu_ref/.done: test/gen_gpu_reference.c train_m2rnn.c $(REF_HEADERS)
-	@mkdir -p build/gpu_ref/MMAM build/gpu_ref/RUAR
+	@mkdir -p build/gpu_ref/MMAM build/gpu_ref/RUAR build/gpu_ref/GAGM
 	$(CC) $(CFLAGS) -o build/gen_gpu_reference $< $(LDLIBS)
 	./build/gen_gpu_reference build/gpu_ref/MMAM MMAM
 	./build/gen_gpu_reference build/gpu_ref/RUAR RUAR
+	./build/gen_gpu_reference build/gpu_ref/GAGM GAGM
 	touch $@
 
 # the MoE layer's cases, computed by the CPU reference (test/gen_moe_reference.c), for test_moe_gpu
@@ -293,6 +294,18 @@ build/test_moe_gpu: test/test_moe_gpu.cu $(TRAINER_GPU_HEADERS) test/test_common
 build/test_moe_gpu_fp32: test/test_moe_gpu.cu $(TRAINER_GPU_HEADERS) test/test_common.h build/moe_ref/.done
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
+
+# Gated DeltaNet's chunked kernels against a float64 recurrence (bf16 and fp32 builds)
+build/test_gdn_gpu: test/test_gdn_gpu.cu $(TRAINER_GPU_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+build/test_gdn_gpu_fp32: test/test_gdn_gpu.cu $(TRAINER_GPU_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
+
+build/bench_gdn: dev/bench/bench_gdn.cu dev/bench/bench_common.cuh $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -lineinfo -o $@ $< $(NVCC_LDLIBS)
 
 build/test_gpu_trainer: test/test_gpu_trainer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS) test/test_common.h build/gpu_ref/.done
 	@mkdir -p build
@@ -315,8 +328,9 @@ build/bench_infer: dev/bench/bench_infer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS
 
 test/test_gpu_nccl.sh: train_m2rnn build/train_m2rnn_fp32 build/test_train
 
-CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_infer build/bench_moe
+CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_infer build/bench_moe build/bench_gdn
 CUDA_TESTS += $(TRAINER_TESTS)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 

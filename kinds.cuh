@@ -8,13 +8,14 @@ which refuses a letter without an implementation. A new kind adds its include an
 
 #include "common.cuh"
 #include "attention.cuh" // A: causal softmax attention (NoPE / RoPE)
+#include "gdn.cuh"       // G: Gated DeltaNet
 #include "gru.cuh"       // U: GRU baseline
 #include "m2rnn.cuh"     // M: M²RNN
 #include "moe.cuh"       // e: mixture of experts
 #include "rnn.cuh"       // R: RNN baseline
 #include "swiglu.cuh"    // s: SwiGLU feed-forward
 
-static const KindOps *const GPU_KINDS[] = {&M2RNN_OPS, &ATTENTION_OPS, &RNN_OPS, &GRU_OPS, &SWIGLU_OPS, &MOE_OPS};
+static const KindOps *const GPU_KINDS[] = {&M2RNN_OPS, &ATTENTION_OPS, &RNN_OPS, &GRU_OPS, &SWIGLU_OPS, &MOE_OPS, &GDN_OPS};
 
 static const KindOps *kind_ops(char letter) {
     for (size_t i = 0; i < sizeof(GPU_KINDS) / sizeof(GPU_KINDS[0]); i++) {
@@ -22,7 +23,7 @@ static const KindOps *kind_ops(char letter) {
     }
     const LayerKind *row = mixer_kind(letter) != NULL ? mixer_kind(letter) : ffn_kind(letter);
     fail_with_hint("train this model with ./train_m2rnn_cpu (the CPU reference has every kind), or use the kinds the GPU "
-                   "has: M, A, R, U, s, e",
+                   "has: M, A, R, U, G, s, e",
                    "layer kind '%c' (%s) has no GPU implementation yet", letter, row != NULL ? row->name : "unknown");
 }
 

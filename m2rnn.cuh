@@ -389,7 +389,7 @@ static void m2rnn_mixer_forward(floatX *out, void *acts, void *scratch, const fl
     const int N = c->m2rnn.heads, NV = N * c->m2rnn.v, off_v = 2 * c->m2rnn.qk_heads * c->m2rnn.k;
     cudaStream_t stream = rt->stream;
     matmul_forward_strided(a.proj, Rs, inp, w->in_w, BT, C, R, rt);
-    conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj, w->conv_w, B, T, CD, c->m2rnn.conv, Rs, stream);
+    conv1d_silu_forward(a.conv_pre, a.conv_act, a.proj, w->conv_w, NULL, B, T, CD, c->m2rnn.conv, Rs, stream);
     decay_gate_forward(a.f, a.proj + CD, w32->A_log, w32->dt_bias, BT, N, Rs, stream);
     m2rnn_recurrence_forward(a.y, a.rec_saved, a.conv_act, a.f, w->W, c, B, T, m2rnn_use_fast(c, rt), rt);
     output_gate_forward(a.y, a.gated, a.conv_act + off_v, a.proj + CD + N, w->D, BT, NV, CD, Rs, stream);
@@ -417,7 +417,7 @@ static void m2rnn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout
     residual_backward(s.d_conv_act + off_v, g->D, s.reduce, s.d_y, a.conv_act + off_v, w->D, BT, NV, CD, stream);
     decay_gate_backward(s.d_proj + CD, g->A_log, g->dt_bias, s.reduce, s.d_f, a.f, a.proj + CD, w32->A_log,
                         w32->dt_bias, BT, N, Rs, stream);
-    conv1d_silu_backward(s.d_proj, g->conv_w, s.reduce, s.d_conv_act, a.conv_pre, a.proj, w->conv_w, B, T, CD,
+    conv1d_silu_backward(s.d_proj, g->conv_w, NULL, s.reduce, s.d_conv_act, a.conv_pre, a.proj, w->conv_w, B, T, CD,
                          c->m2rnn.conv, Rs, stream);
     matmul_backward_strided(dinp, g->in_w, s.d_proj, Rs, inp, w->in_w, BT, C, R, 0, rt);
 }
@@ -441,7 +441,7 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, const floatX 
     float *window = (float *)state, *H = window + (size_t)(c->m2rnn.conv - 1) * CD;
     cudaStream_t stream = rt->stream;
     matmul_forward_strided(a.proj, Rs, inp, w->in_w, B, C, R, rt);
-    conv1d_silu_step(a.conv_act, window, stride, a.proj, w->conv_w, B, CD, c->m2rnn.conv, Rs, stream);
+    conv1d_silu_step(a.conv_act, window, stride, a.proj, w->conv_w, NULL, B, CD, c->m2rnn.conv, Rs, stream);
     decay_gate_forward(a.f, a.proj + CD, w32->A_log, w32->dt_bias, B, N, Rs, stream);
     const floatX *q = a.conv_act, *k = a.conv_act + Nq * K, *v = a.conv_act + 2 * Nq * K;
 #if !FLOATX_IS_FP32
@@ -473,7 +473,7 @@ static void m2rnn_mixer_advance(floatX *out, void *state, void *work, const floa
     float *window = (float *)state, *H = window + (size_t)(c->m2rnn.conv - 1) * CD;
     cudaStream_t stream = rt->stream;
     matmul_forward_strided(a.proj, Rs, inp, w->in_w, BT, C, R, rt);
-    conv1d_silu_advance(a.conv_pre, a.conv_act, window, stride, a.proj, w->conv_w, B, T, CD, c->m2rnn.conv, Rs, stream);
+    conv1d_silu_advance(a.conv_pre, a.conv_act, window, stride, a.proj, w->conv_w, NULL, B, T, CD, c->m2rnn.conv, Rs, stream);
     decay_gate_forward(a.f, a.proj + CD, w32->A_log, w32->dt_bias, BT, N, Rs, stream);
     const floatX *q = a.conv_act, *k = a.conv_act + Nq * K, *v = a.conv_act + 2 * Nq * K;
 #if !FLOATX_IS_FP32

@@ -167,7 +167,7 @@ static void rnn_mixer_forward(floatX *out, void *acts, void *scratch, const floa
     const int N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V;
     cudaStream_t stream = rt->stream;
     matmul_forward_strided(a.proj, Rs, inp, w->in_w, BT, C, R, rt);
-    conv1d_silu_forward(a.conv_pre, a.u, a.proj, w->conv_w, B, T, NV, c->vrnn.conv, Rs, stream);
+    conv1d_silu_forward(a.conv_pre, a.u, a.proj, w->conv_w, NULL, B, T, NV, c->vrnn.conv, Rs, stream);
     decay_gate_forward(a.f, a.proj + NV, w32->A_log, w32->dt_bias, BT, N, Rs, stream);
     rnn_forward_kernel<<<dim3(N, B), WARP_SIZE, 0, stream>>>(a.y, a.h_all, NULL, NULL, 0, a.u, NV, a.f, w->W, T, N, V);
     cudaCheck(cudaGetLastError());
@@ -198,7 +198,7 @@ static void rnn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, 
     residual_backward(s.d_u, g->D, s.reduce, s.d_y, a.u, w->D, BT, NV, NV, stream);
     decay_gate_backward(s.d_proj + NV, g->A_log, g->dt_bias, s.reduce, s.d_f, a.f, a.proj + NV, w32->A_log,
                         w32->dt_bias, BT, N, Rs, stream);
-    conv1d_silu_backward(s.d_proj, g->conv_w, s.reduce, s.d_u, a.conv_pre, a.proj, w->conv_w, B, T, NV, c->vrnn.conv,
+    conv1d_silu_backward(s.d_proj, g->conv_w, NULL, s.reduce, s.d_u, a.conv_pre, a.proj, w->conv_w, B, T, NV, c->vrnn.conv,
                          Rs, stream);
     matmul_backward_strided(dinp, g->in_w, s.d_proj, Rs, inp, w->in_w, BT, C, R, 0, rt);
 }
@@ -218,7 +218,7 @@ static void rnn_mixer_step(floatX *out, void *state, void *work, const floatX *i
     float *window = (float *)state, *h = window + (size_t)(c->vrnn.conv - 1) * NV;
     cudaStream_t stream = rt->stream;
     matmul_forward_strided(a.proj, Rs, inp, w->in_w, B, C, R, rt);
-    conv1d_silu_step(a.u, window, stride, a.proj, w->conv_w, B, NV, c->vrnn.conv, Rs, stream);
+    conv1d_silu_step(a.u, window, stride, a.proj, w->conv_w, NULL, B, NV, c->vrnn.conv, Rs, stream);
     decay_gate_forward(a.f, a.proj + NV, w32->A_log, w32->dt_bias, B, N, Rs, stream);
     rnn_forward_kernel<<<dim3(N, B), WARP_SIZE, 0, stream>>>(a.y, NULL, h, h, stride, a.u, NV, a.f, w->W, 1, N, V);
     cudaCheck(cudaGetLastError());
@@ -240,7 +240,7 @@ static void rnn_mixer_advance(floatX *out, void *state, void *work, const floatX
     float *window = (float *)state, *h = window + (size_t)(c->vrnn.conv - 1) * NV;
     cudaStream_t stream = rt->stream;
     matmul_forward_strided(a.proj, Rs, inp, w->in_w, BT, C, R, rt);
-    conv1d_silu_advance(a.conv_pre, a.u, window, stride, a.proj, w->conv_w, B, T, NV, c->vrnn.conv, Rs, stream);
+    conv1d_silu_advance(a.conv_pre, a.u, window, stride, a.proj, w->conv_w, NULL, B, T, NV, c->vrnn.conv, Rs, stream);
     decay_gate_forward(a.f, a.proj + NV, w32->A_log, w32->dt_bias, BT, N, Rs, stream);
     rnn_forward_kernel<<<dim3(N, B), WARP_SIZE, 0, stream>>>(a.y, NULL, h, h, stride, a.u, NV, a.f, w->W, T, N, V);
     cudaCheck(cudaGetLastError());

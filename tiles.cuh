@@ -7,7 +7,9 @@ flash-attention kernels next.
   rows g and g+8, columns 2·t4 and 2·t4+1 of each 16×8 accumulator tile);
 - movement: movmatrix (an 8×8 transpose across the warp), ldmatrix x4 (plain and transposed), cp.async (16- and
   4-byte, commit/wait groups), predicated shared stores, vector fp32 reductions into global memory;
-- tanh.approx.f32 (the MUFU tanh the recurrences use).
+- tanh.approx.f32 (the MUFU tanh the recurrences use);
+- warp_gemm: a warp's 16×8·NJ product of bf16 tiles staged in shared memory, either operand plain or transposed
+  (the chunked GDN and Mamba-2 kernels are built from it).
 Everything is __forceinline__ device code in namespace tiles; kernel files say `using namespace tiles;`.
 */
 #ifndef M2RNN_TILES_CUH
@@ -97,6 +99,67 @@ __device__ __forceinline__ void mma16808(float (&d)[4], uint32_t a0, uint32_t a1
     asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// warp GEMM from shared memory: the chunked recurrences' (GDN, Mamba-2) products of staged tiles
+//   acc (16 × 8·NJ, the m16n8k16 accumulator layout) += A (16 × K) · B (K × 8·NJ), bf16 operands, fp32 accumulation
+// A: A_T == false: element (r, k) at A[r·lda + k] (row-major); A_T == true: at A[k·lda + r] (stored K × 16).
+// B: B_T == false: element (k, n) at B[k·ldb + n] (row-major K × N); B_T == true: at B[n·ldb + k] (stored N × K).
+// K a multiple of 16, NJ even; lda, ldb multiples of 8 elements (16-byte rows for ldmatrix), best ≡ 8 (mod 64) so
+// the eight rows of an 8×8 matrix fall in distinct bank groups. Element i (0..3) of n8-tile j held by a lane:
+// row acc_row(i), column acc_col(j, i).
+__device__ __forceinline__ int acc_row(int i) { return ((threadIdx.x & 31) >> 2) + ((i >> 1) << 3); }
+__device__ __forceinline__ int acc_col(int j, int i) { return 8 * j + 2 * (threadIdx.x & 3) + (i & 1); }
+
+template <int NJ, bool A_T, bool B_T>
+__device__ __forceinline__ void warp_gemm(float (&acc)[NJ][4], const __nv_bfloat16 *A, int lda,
+                                          const __nv_bfloat16 *B, int ldb, int K) {
+    static_assert(NJ % 2 == 0, "warp_gemm: NJ must be even (ldmatrix x4 loads two n8 tiles)");
+    const int lane = threadIdx.x & 31;
+    // A's 16×16 block at k0: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15)
+    const int ar = A_T ? ((lane >> 3) & 1) * 8 : (lane & 15);
+    const int ak = A_T ? (lane & 7) + ((lane >> 4) << 3) : (lane >> 4) * 8;
+    const uint32_t a_base = smem_addr(A_T ? A + (size_t)ak * lda + ar : A + (size_t)ar * lda + ak);
+    // B's two n8 tiles × k16 at (k0, n0): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+    const int bn = B_T ? (lane & 7) + ((lane >> 4) << 3) : (lane >> 4) * 8;
+    const int bk = B_T ? ((lane >> 3) & 1) * 8 : (lane & 7) + (((lane >> 3) & 1) << 3);
+    const uint32_t b_base = smem_addr(B_T ? B + (size_t)bn * ldb + bk : B + (size_t)bk * ldb + bn);
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t a[4];
+        const uint32_t a_off = 2u * (uint32_t)(A_T ? k0 * lda : k0);
+        if (A_T) { ldsm_x4_trans(a, a_base + a_off); } else { ldsm_x4(a, a_base + a_off); }
+#pragma unroll
+        for (int j = 0; j < NJ; j += 2) {
+            uint32_t b[4];
+            const uint32_t b_off = 2u * (uint32_t)(B_T ? (8 * j) * ldb + k0 : k0 * ldb + 8 * j);
+            if (B_T) { ldsm_x4(b, b_base + b_off); } else { ldsm_x4_trans(b, b_base + b_off); }
+            mma16816(acc[j], a, b[0], b[1]);
+            mma16816(acc[j + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// The same product from fp32 tiles, on the FMA pipe, with the same fragment layout: the fp32 build (make
+// PRECISION=FP32, floatX = float) stages its operands unrounded and runs the chunked kernels through this.
+template <int NJ, bool A_T, bool B_T>
+__device__ __forceinline__ void warp_gemm(float (&acc)[NJ][4], const float *A, int lda, const float *B, int ldb,
+                                          int K) {
+    const int g = (threadIdx.x & 31) >> 2, t2 = 2 * (threadIdx.x & 3);
+    for (int k = 0; k < K; k++) {
+        const float a0 = A_T ? A[(size_t)k * lda + g] : A[(size_t)g * lda + k];
+        const float a1 = A_T ? A[(size_t)k * lda + g + 8] : A[(size_t)(g + 8) * lda + k];
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const int n = 8 * j + t2;
+            const float b0 = B_T ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n];
+            const float b1 = B_T ? B[(size_t)(n + 1) * ldb + k] : B[(size_t)k * ldb + n + 1];
+            acc[j][0] += a0 * b0;
+            acc[j][1] += a0 * b1;
+            acc[j][2] += a1 * b0;
+            acc[j][3] += a1 * b1;
+        }
+    }
 }
 
 } // namespace tiles

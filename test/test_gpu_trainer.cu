@@ -1,7 +1,8 @@
 /*
 test_gpu_trainer.cu: the CUDA trainer held to the fp32 CPU reference on two tiny hybrids written by
 build/gen_gpu_reference: MMAM (M²RNN with six value heads sharing one q/k head; RoPE attention with GQA, 4 query heads
-over 2 kv heads) and RUAR (the RNN and GRU baselines; RoPE attention with 2 heads). For each: the logits and loss of
+over 2 kv heads), RUAR (the RNN and GRU baselines; RoPE attention with 2 heads) and GAGM (Gated DeltaNet[−1,1] with K
+and V short of the chunk kernels' 64-wide tiles, beside attention and M²RNN). For each: the logits and loss of
 one batch, every parameter gradient (normwise relative error per tensor), the losses of 20 AdamW steps, repeatable
 gradients, and recurrent decoding (each kind's single-token step) against the GPU's own forward logits at every
 position.
@@ -23,7 +24,7 @@ these exceptions, each measured:
 - decoding at 3e-2 against the bf16 forward, which rounds P to bf16 for P·V where the decode kernel keeps it in fp32,
   and whose M²RNN reads bf16 states through the tensor cores while the step kernel rounds them itself.
 Skips cleanly without a GPU.
-usage: build/test_gpu_trainer [REF_DIR]   (default build/gpu_ref, holding MMAM/ and RUAR/)
+usage: build/test_gpu_trainer [REF_DIR]   (default build/gpu_ref, holding MMAM/, RUAR/ and GAGM/)
 */
 #define TESTING
 #include "train_m2rnn.cu"
@@ -271,5 +272,12 @@ int main(int argc, char **argv) {
     snprintf(dir, sizeof(dir), "%s/RUAR", root);
     read_reference(&ru, dir);
     run_case(FLOATX_IS_FP32 ? "RUAR fp32" : "RUAR bf16", dir, &ru, 0, FLOATX_IS_FP32 ? TOL : 3e-2);
+    Reference rg;
+    snprintf(dir, sizeof(dir), "%s/GAGM", root);
+    read_reference(&rg, dir);
+#if !FLOATX_IS_FP32
+    m2rnn_deterministic = 1;
+#endif
+    run_case(FLOATX_IS_FP32 ? "GAGM fp32" : "GAGM bf16", dir, &rg, 0, FLOATX_IS_FP32 ? TOL : 3e-2);
     return test_summary(SUITE);
 }

@@ -1,0 +1,48 @@
+/*
+bench_common.cuh: what the layer benchmarks in dev/bench share: a deterministic device fill (a hash of the index, so
+no host copy and the same numbers every run) and the timing rule of dev/bench/README.md (CUDA events on the stream,
+3 warm-up calls, the median of the repeats).
+*/
+#ifndef M2RNN_BENCH_COMMON_CUH
+#define M2RNN_BENCH_COMMON_CUH
+
+#include <algorithm>
+#include <vector>
+#include "cuda_common.h"
+
+// x[i] = uniform in [offset − scale, offset + scale), from a hash of (i, seed)
+template <typename T>
+__global__ void bench_fill_kernel(T *x, long n, uint32_t seed, float scale, float offset) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
+        x[i] = (T)(offset + ((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
+    }
+}
+template <typename T> static void bench_fill(T *x, size_t n, uint32_t seed, float scale, float offset = 0.0f) {
+    bench_fill_kernel<<<1024, 256>>>(x, (long)n, seed, scale, offset);
+    cudaCheck(cudaGetLastError());
+}
+
+template <class F> static float median_ms(F f, int repeats, cudaStream_t stream) {
+    cudaEvent_t a, b;
+    cudaCheck(cudaEventCreate(&a));
+    cudaCheck(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) { f(); }
+    std::vector<float> ms;
+    for (int i = 0; i < repeats; i++) {
+        cudaCheck(cudaEventRecord(a, stream));
+        f();
+        cudaCheck(cudaEventRecord(b, stream));
+        cudaCheck(cudaEventSynchronize(b));
+        float t = 0;
+        cudaCheck(cudaEventElapsedTime(&t, a, b));
+        ms.push_back(t);
+    }
+    cudaCheck(cudaEventDestroy(a));
+    cudaCheck(cudaEventDestroy(b));
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
+#endif // M2RNN_BENCH_COMMON_CUH

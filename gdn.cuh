@@ -1,0 +1,1133 @@
+/*
+gdn.cuh: Gated DeltaNet (the G row of layers.h; ref/gdn.h gives the layer and its math) on the GPU, in chunked form.
+
+  proj = x W_inᵀ (q | k | v | g | b | a);  q, k, v = SiLU(conv4(.));  q, k ← L2-normalized per head;
+  β = sigmoid(b) (GDN[−1,1]: 2·sigmoid(b));  log α = −exp(A_log) · softplus(a + dt_bias)
+  S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,  o_t = S_tᵀ q_t / sqrt(K);  RMSNorm per head ⊙ SiLU(g); W_out
+
+The recurrence runs in chunks of L = 64 tokens (the WY / UT form, as fla's chunk_gated_delta_rule and the spec's
+oracle): with G_r the cumulative log-decay inside a chunk and Γ_rs = e^{G_r − G_s},
+  A = strict_tril(β_r (k_r·k_s) Γ_rs),  T = (I + A)⁻¹,  W = T (β e^G ∘ k),  U = T (β ∘ v)        (prep, parallel)
+  per chunk in order: h_c = the state at its start;  Vn = U − W h_c;
+                      h_{c+1} = e^{G_L} h_c + kᵀ (e^{G_L − G} ∘ Vn)                                 (state, serial)
+  o = scale (e^G ∘ (q h_c) + P Vn),  P = tril(q kᵀ ∘ Γ)                                              (output, parallel)
+The backward is the oracle's hand-written chunked backward (shared/tools/gdn_mamba2_oracle.py): the dstate kernel
+walks the chunks in reverse for dh and dVn, the dqk kernel sums the products over V for dq, dk, dW and the decay
+terms, the wy kernel takes the UT transform's backward (dT, dA, dβ, dk, dv) and the reverse cumsum for the decay.
+
+Kernels (one CTA each):
+  gdn_chunk_prep_kernel    (chunk, head, sequence)          Gc, W, U, P             4 warps
+  gdn_chunk_state_kernel   (V tile, head, sequence)         h_c, Vn, final state    8 warps, serial over chunks
+  gdn_chunk_output_kernel  (chunk, V tile, sequence·head)   o                       4 warps
+  gdn_chunk_dstate_kernel  (V tile, head, sequence)         dh_c (end), dVn, dS0    8 warps, reverse over chunks
+  gdn_chunk_dqk_kernel     (chunk, K tile, sequence·head)   dq, dk (part), dW, dγ    8 warps, loop over V tiles
+  gdn_chunk_wy_kernel      (chunk, head, sequence)          dk, dv, dβ, d(log α)    4 warps
+  gdn_step_kernel          (V block, head, sequence)        one decode token from the fp32 state
+Products are tiles::warp_gemm on tiles staged in shared memory.
+
+Numeric contract (bf16 build): every product takes bf16 operands and accumulates in fp32; rounded to bf16 are the
+operands as staged (q, k, v, β v, β e^G k, T, W, U, P, h_c, Vn, do, dh, dVn, dT, Tᵀ dT, dA ∘ Γ), as fla rounds them; the
+cumulative decays, T's inversion (forward substitution), the carried state and its gradient, every row sum and the
+stored dVn, dW, dk parts stay fp32. The fp32 build (make PRECISION=FP32) stages fp32 and multiplies on the FMA pipe
+(tiles.cuh's fp32 warp_gemm). Deterministic: no atomics, every sum in a fixed order. The training path starts from
+zero state; the decode advance starts from and writes back each sequence's fp32 state.
+Sizes: K ≤ 256 (padded to a multiple of 64 in shared memory), any V (tiles of 64), any T (the last chunk masked).
+Not yet: packed variable-length sequences (cu_seqlens); the chunk kernels are a first, untuned version.
+*/
+#ifndef M2RNN_GDN_CUH
+#define M2RNN_GDN_CUH
+
+#include "common.cuh"
+#include "conv.cuh"
+#include "gate.cuh"
+#include "tiles.cuh"
+
+typedef struct { GDN_PARAMS(VIEW_FIELD) } GDNParams;      // the layer's tensors, in the layers.h row's order
+typedef struct { GDN_PARAMS(VIEW_FIELD_32) } GDNParams32; // their gradients or fp32 master weights
+
+#define GDN_L 64     // tokens per chunk
+#define GDN_T 64     // columns of a V or K tile
+#define GDN_LD 72    // leading dimension of a 64-wide staged tile (+8: conflict-free ldmatrix rows)
+#define GDN_MAX_K 256
+
+__host__ __device__ inline int gdn_kp(int K) { return (K + GDN_T - 1) / GDN_T * GDN_T; } // K padded in shared memory
+__host__ __device__ inline int gdn_chunks(int T) { return (T + GDN_L - 1) / GDN_L; }
+
+// ----------------------------------------------------------------------------------------------------------------
+// staging and small helpers (device)
+
+// dst (rows × cols, leading dimension ld) = src rows r (token stride tok_stride) × row_scale[r] where r < rv and
+// c < cv, else 0; cols a multiple of 8
+template <typename Src>
+__device__ __forceinline__ void gdn_stage(floatX *dst, int ld, const Src *src, long tok_stride, int rv, int cv,
+                                          int rows, int cols, const float *row_scale) {
+    for (int i = threadIdx.x; i < rows * cols; i += blockDim.x) {
+        const int r = i / cols, c = i - r * cols;
+        float x = 0.0f;
+        if (r < rv && c < cv) {
+            x = (float)src[(long)r * tok_stride + c];
+            if (row_scale != NULL) { x *= row_scale[r]; }
+        }
+        dst[r * ld + c] = (floatX)x;
+    }
+}
+
+// sG[r] = the cumulative decay G_r of the chunk's rows (r ≥ nv: the last valid row's, so padded rows decay nothing),
+// from the per-token cumsum Gc written by the prep kernel (token-head rows r·H apart)
+__device__ __forceinline__ void gdn_load_G(float *sG, const float *Gc, long row0, int H, int nv) {
+    if (threadIdx.x < GDN_L) { sG[threadIdx.x] = Gc[row0 + (long)min((int)threadIdx.x, nv - 1) * H]; }
+}
+
+// sT (64×65 fp32) = (I + A)⁻¹ for A (64×65 fp32) strictly lower triangular: forward substitution, a row at a time,
+// one thread a column (T[i][c] = δ_ic − Σ_{c ≤ j < i} A[i][j] T[j][c], in order)
+__device__ __forceinline__ void gdn_unit_lower_inverse(float *sT, const float *sA) {
+    const int c = threadIdx.x;
+    for (int i = 0; i < GDN_L; i++) {
+        if (c < GDN_L) {
+            float x = c == i ? 1.0f : 0.0f;
+            for (int j = c; j < i; j++) { x -= sA[i * 65 + j] * sT[j * 65 + c]; }
+            sT[i * 65 + c] = x;
+        }
+        __syncthreads();
+    }
+}
+
+// A (strictly lower, fp32) and T = (I + A)⁻¹ of a chunk from its staged k (64 × Kp) and β, G; the raw k·kᵀ ∘ Γ
+// (strict) into sKKG when not NULL. Four warps: warp w the rows 16w..16w+15. Ends synchronized.
+__device__ __forceinline__ void gdn_chunk_A_T(float *sA, float *sT, float *sKKG, const floatX *sk, int ldk, int Kp,
+                                              const float *sb, const float *sG) {
+    const int w = threadIdx.x >> 5;
+    if (w < 4) {
+        float acc[8][4] = {};
+        tiles::warp_gemm<8, false, true>(acc, sk + 16 * w * ldk, ldk, sk, ldk, Kp);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 16 * w + tiles::acc_row(i), s = tiles::acc_col(j, i);
+                const float kkg = s < r ? acc[j][i] * expf(sG[r] - sG[s]) : 0.0f;
+                sA[r * 65 + s] = sb[r] * kkg;
+                if (sKKG != NULL) { sKKG[r * 65 + s] = kkg; }
+            }
+        }
+    }
+    __syncthreads();
+    gdn_unit_lower_inverse(sT, sA);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// forward
+
+// grid (NC, H, B), 128 threads. Gc (B,T,H) fp32 the in-chunk cumsum of g; W (B,T,H,K), U (B,T,H,V); Pm (B,H,NC,64,64)
+// = tril(q kᵀ ∘ Γ). q, k (B,T,H,K) normalized; v a view (token stride v_stride); beta, g (B,T,H) fp32 (g = log α)
+__global__ void gdn_chunk_prep_kernel(floatX *W, floatX *U, floatX *Pm, float *Gc, const floatX *q, const floatX *k,
+                                      const floatX *v, int v_stride, const float *beta, const float *g, int T, int H,
+                                      int K, int V) {
+    extern __shared__ __align__(16) char gdn_smem[];
+    const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * GDN_L, nv = min(GDN_L, T - t0);
+    const int Kp = gdn_kp(K), ldk = Kp + 8, NC = gridDim.x, w = threadIdx.x >> 5;
+    const long row0 = ((long)b * T + t0) * H + h; // the (b, t0, h) token-head row
+    floatX *sk = (floatX *)gdn_smem, *sq = sk + GDN_L * ldk;
+    float *sA = (float *)(sq + GDN_L * ldk), *sT = sA + GDN_L * 65, *sb = sT + GDN_L * 65, *sG = sb + GDN_L;
+    float *srs = sG + GDN_L;
+    floatX *sTx = (floatX *)(srs + GDN_L), *sv = sTx + GDN_L * GDN_LD;
+    gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+    gdn_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+    if (threadIdx.x < GDN_L) {
+        const int r = threadIdx.x;
+        sb[r] = r < nv ? beta[row0 + (long)r * H] : 0.0f;
+        srs[r] = r < nv ? g[row0 + (long)r * H] : 0.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x < GDN_L) { // the in-chunk cumsum, in order
+        const int r = threadIdx.x;
+        float G = 0.0f;
+        for (int s = 0; s <= r; s++) { G += srs[s]; }
+        sG[r] = G;
+        if (r < nv) { Gc[row0 + (long)r * H] = G; }
+    }
+    __syncthreads();
+    { // P = tril(q kᵀ ∘ Γ)
+        float acc[8][4] = {};
+        tiles::warp_gemm<8, false, true>(acc, sq + 16 * w * ldk, ldk, sk, ldk, Kp);
+        floatX *P = Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 16 * w + tiles::acc_row(i), s = tiles::acc_col(j, i);
+                P[r * GDN_L + s] = (floatX)(s <= r ? acc[j][i] * expf(sG[r] - sG[s]) : 0.0f);
+            }
+        }
+    }
+    gdn_chunk_A_T(sA, sT, NULL, sk, ldk, Kp, sb, sG);
+    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) {
+        sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)sT[(i >> 6) * 65 + (i & 63)];
+    }
+    if (threadIdx.x < GDN_L) { srs[threadIdx.x] = sb[threadIdx.x] * expf(sG[threadIdx.x]); }
+    __syncthreads();
+    gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, srs); // β e^G ∘ k
+    __syncthreads();
+    for (int kb = 0; kb < Kp; kb += GDN_T) { // W = T (β e^G ∘ k)
+        float acc[8][4] = {};
+        tiles::warp_gemm<8, false, false>(acc, sTx + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_L);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 16 * w + tiles::acc_row(i), col = kb + tiles::acc_col(j, i);
+                if (r < nv && col < K) { W[(row0 + (long)r * H) * K + col] = (floatX)acc[j][i]; }
+            }
+        }
+    }
+    for (int vb = 0; vb < V; vb += GDN_T) { // U = T (β ∘ v)
+        gdn_stage(sv, GDN_LD, v + ((long)b * T + t0) * v_stride + (long)h * V + vb, v_stride, nv, V - vb, GDN_L,
+                  GDN_T, sb);
+        __syncthreads();
+        float acc[8][4] = {};
+        tiles::warp_gemm<8, false, false>(acc, sTx + 16 * w * GDN_LD, GDN_LD, sv, GDN_LD, GDN_L);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 16 * w + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
+                if (r < nv && col < V) { U[(row0 + (long)r * H) * V + col] = (floatX)acc[j][i]; }
+            }
+        }
+        __syncthreads();
+    }
+}
+static size_t gdn_prep_smem(int K) {
+    const int ldk = gdn_kp(K) + 8;
+    return 2 * (size_t)GDN_L * ldk * sizeof(floatX) + (2 * GDN_L * 65 + 3 * GDN_L) * sizeof(float) +
+           2 * (size_t)GDN_L * GDN_LD * sizeof(floatX);
+}
+
+// grid (VT, H, B), 256 threads: the state's V tile vb..vb+63 walks the chunks. hst (B,H,NC,K,V) the state at each
+// chunk's start; vn (B,T,H,V) = U − W h_c. S0 / S_final: sequence b's (H,K,V) fp32 state at b·stride floats, or NULL
+__global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, floatX *vn, float *S_final, long sf_stride,
+                                                              const float *S0, long s0_stride, const floatX *W,
+                                                              const floatX *U, const floatX *k, const float *Gc, int T,
+                                                              int H, int K, int V) {
+    extern __shared__ __align__(16) char gdn_smem[];
+    const int vb = blockIdx.x * GDN_T, h = blockIdx.y, b = blockIdx.z, NC = gdn_chunks(T);
+    const int Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5, MT = Kp / 16;
+    floatX *sS = (floatX *)gdn_smem, *sW = sS + Kp * GDN_LD, *sk = sW + GDN_L * ldk, *sU = sk + GDN_L * ldk;
+    floatX *sVn = sU + GDN_L * GDN_LD;
+    float *sG = (float *)(sVn + GDN_L * GDN_LD);
+    float S[2][8][4]; // rows 16·(w + 8m) of the state's K, the tile's 64 columns
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 16 * (w + 8 * m) + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
+                S[m][j][i] = (S0 != NULL && r < K && col < V)
+                                 ? S0[(long)b * s0_stride + ((long)h * K + r) * V + col] : 0.0f;
+            }
+        }
+    }
+    for (int c = 0; c < NC; c++) {
+        const int t0 = c * GDN_L, nv = min(GDN_L, T - t0);
+        const long row0 = ((long)b * T + t0) * H + h;
+        floatX *hc = hst + (((long)b * H + h) * NC + c) * K * V;
+        gdn_load_G(sG, Gc, row0, H, nv);
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            if (w + 8 * m >= MT) { continue; }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = 16 * (w + 8 * m) + tiles::acc_row(i), col = tiles::acc_col(j, i);
+                    const floatX x = (floatX)S[m][j][i];
+                    sS[r * GDN_LD + col] = x;
+                    if (r < K && vb + col < V) { hc[(long)r * V + vb + col] = x; }
+                }
+            }
+        }
+        gdn_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        gdn_stage(sU, GDN_LD, U + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        __syncthreads();
+        { // Vn = U − W h_c: warp w rows 16·(w & 3), columns 32·(w >> 2)
+            const int mt = w & 3, half = w >> 2;
+            float acc[4][4] = {};
+            tiles::warp_gemm<4, false, false>(acc, sW + 16 * mt * ldk, ldk, sS + 32 * half, GDN_LD, Kp);
+            const float GL = sG[GDN_L - 1];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = 16 * mt + tiles::acc_row(i), col = 32 * half + tiles::acc_col(j, i);
+                    const floatX x = (floatX)((float)sU[r * GDN_LD + col] - acc[j][i]);
+                    if (r < nv && vb + col < V) { vn[(row0 + (long)r * H) * V + vb + col] = x; }
+                    sVn[r * GDN_LD + col] = (floatX)((float)x * expf(GL - sG[r]));
+                }
+            }
+        }
+        __syncthreads();
+        const float decay = expf(sG[GDN_L - 1]); // h_{c+1} = e^{G_L} h_c + kᵀ (e^{G_L − G} ∘ Vn)
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            if (w + 8 * m >= MT) { continue; }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) { S[m][j][i] *= decay; }
+            }
+            tiles::warp_gemm<8, true, false>(S[m], sk + 16 * (w + 8 * m), ldk, sVn, GDN_LD, GDN_L);
+        }
+        __syncthreads();
+    }
+    if (S_final != NULL) {
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = 16 * (w + 8 * m) + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
+                    if (r < K && col < V) { S_final[(long)b * sf_stride + ((long)h * K + r) * V + col] = S[m][j][i]; }
+                }
+            }
+        }
+    }
+}
+static size_t gdn_state_smem(int K) {
+    const int Kp = gdn_kp(K), ldk = Kp + 8;
+    return ((size_t)Kp * GDN_LD + 2 * (size_t)GDN_L * ldk + 2 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
+           GDN_L * sizeof(float);
+}
+
+// grid (NC, VT, B·H), 128 threads. o (B,T,H,V) = scale (e^G ∘ (q h_c) + P Vn)
+__global__ void gdn_chunk_output_kernel(floatX *o, const floatX *q, const floatX *hst, const floatX *Pm,
+                                        const floatX *vn, const float *Gc, float scale, int T, int H, int K, int V) {
+    extern __shared__ __align__(16) char gdn_smem[];
+    const int c = blockIdx.x, vb = blockIdx.y * GDN_T, h = blockIdx.z % H, b = blockIdx.z / H, NC = gridDim.x;
+    const int t0 = c * GDN_L, nv = min(GDN_L, T - t0), Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5;
+    const long row0 = ((long)b * T + t0) * H + h;
+    floatX *sq = (floatX *)gdn_smem, *sS = sq + GDN_L * ldk, *sP = sS + Kp * GDN_LD, *svn = sP + GDN_L * GDN_LD;
+    float *sG = (float *)(svn + GDN_L * GDN_LD);
+    gdn_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+    gdn_stage(sS, GDN_LD, hst + (((long)b * H + h) * NC + c) * K * V + vb, (long)V, K, V - vb, Kp, GDN_T,
+              (const float *)NULL);
+    gdn_stage(sP, GDN_LD, Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
+              (const float *)NULL);
+    gdn_stage(svn, GDN_LD, vn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+    gdn_load_G(sG, Gc, row0, H, nv);
+    __syncthreads();
+    float acc[8][4] = {}, acc2[8][4] = {};
+    tiles::warp_gemm<8, false, false>(acc, sq + 16 * w * ldk, ldk, sS, GDN_LD, Kp);
+    tiles::warp_gemm<8, false, false>(acc2, sP + 16 * w * GDN_LD, GDN_LD, svn, GDN_LD, GDN_L);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = 16 * w + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
+            if (r < nv && col < V) {
+                o[(row0 + (long)r * H) * V + col] = (floatX)(scale * (expf(sG[r]) * acc[j][i] + acc2[j][i]));
+            }
+        }
+    }
+}
+static size_t gdn_output_smem(int K) {
+    const int Kp = gdn_kp(K);
+    return ((size_t)GDN_L * (Kp + 8) + (size_t)Kp * GDN_LD + 2 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
+           GDN_L * sizeof(float);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// backward
+
+// grid (VT, H, B), 256 threads, chunks in reverse. dhst (B,H,NC,K,V) dL/d(state at each chunk's end); dvn (B,T,H,V)
+// fp32 = dL/dVn; dS0 (sequence stride d0_stride) or NULL; dS_final or NULL (zero). dout (B,T,H,V) = dL/do
+__global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, float *dvn, float *dS0, long d0_stride,
+                                                               const float *dS_final, long df_stride, const floatX *q,
+                                                               const floatX *k, const floatX *W, const floatX *Pm,
+                                                               const floatX *dout, const float *Gc, float scale,
+                                                               int T, int H, int K, int V) {
+    extern __shared__ __align__(16) char gdn_smem[];
+    const int vb = blockIdx.x * GDN_T, h = blockIdx.y, b = blockIdx.z, NC = gdn_chunks(T);
+    const int Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5, MT = Kp / 16;
+    floatX *sdS = (floatX *)gdn_smem, *skd = sdS + Kp * GDN_LD, *sqs = skd + GDN_L * ldk, *sW = sqs + GDN_L * ldk;
+    floatX *sP = sW + GDN_L * ldk, *sdo = sP + GDN_L * GDN_LD, *sdvn = sdo + GDN_L * GDN_LD;
+    float *sG = (float *)(sdvn + GDN_L * GDN_LD), *skdec = sG + GDN_L, *sqsc = skdec + GDN_L;
+    float dS[2][8][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 16 * (w + 8 * m) + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
+                dS[m][j][i] = (dS_final != NULL && r < K && col < V)
+                                  ? dS_final[(long)b * df_stride + ((long)h * K + r) * V + col] : 0.0f;
+            }
+        }
+    }
+    for (int c = NC - 1; c >= 0; c--) {
+        const int t0 = c * GDN_L, nv = min(GDN_L, T - t0);
+        const long row0 = ((long)b * T + t0) * H + h;
+        floatX *dhc = dhst + (((long)b * H + h) * NC + c) * K * V;
+        gdn_load_G(sG, Gc, row0, H, nv);
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            if (w + 8 * m >= MT) { continue; }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = 16 * (w + 8 * m) + tiles::acc_row(i), col = tiles::acc_col(j, i);
+                    const floatX x = (floatX)dS[m][j][i];
+                    sdS[r * GDN_LD + col] = x;
+                    if (r < K && vb + col < V) { dhc[(long)r * V + vb + col] = x; }
+                }
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < GDN_L) {
+            skdec[threadIdx.x] = expf(sG[GDN_L - 1] - sG[threadIdx.x]);
+            sqsc[threadIdx.x] = scale * expf(sG[threadIdx.x]);
+        }
+        __syncthreads();
+        gdn_stage(skd, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, skdec);
+        gdn_stage(sqs, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, sqsc);
+        gdn_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        gdn_stage(sP, GDN_LD, Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L,
+                  GDN_L, (const float *)NULL);
+        gdn_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        __syncthreads();
+        { // dVn = scale Pᵀ do + (e^{G_L − G} ∘ k) dh
+            const int mt = w & 3, half = w >> 2;
+            float a1[4][4] = {}, a2[4][4] = {};
+            tiles::warp_gemm<4, true, false>(a1, sP + 16 * mt, GDN_LD, sdo + 32 * half, GDN_LD, GDN_L);
+            tiles::warp_gemm<4, false, false>(a2, skd + 16 * mt * ldk, ldk, sdS + 32 * half, GDN_LD, Kp);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = 16 * mt + tiles::acc_row(i), col = 32 * half + tiles::acc_col(j, i);
+                    const float x = scale * a1[j][i] + a2[j][i];
+                    if (r < nv && vb + col < V) { dvn[(row0 + (long)r * H) * V + vb + col] = x; }
+                    sdvn[r * GDN_LD + col] = (floatX)(-x);
+                }
+            }
+        }
+        __syncthreads();
+        const float decay = expf(sG[GDN_L - 1]); // dh ← e^{G_L} dh + (scale e^G ∘ q)ᵀ do − Wᵀ dVn
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            if (w + 8 * m >= MT) { continue; }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) { dS[m][j][i] *= decay; }
+            }
+            tiles::warp_gemm<8, true, false>(dS[m], sqs + 16 * (w + 8 * m), ldk, sdo, GDN_LD, GDN_L);
+            tiles::warp_gemm<8, true, false>(dS[m], sW + 16 * (w + 8 * m), ldk, sdvn, GDN_LD, GDN_L);
+        }
+        __syncthreads();
+    }
+    if (dS0 != NULL) {
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = 16 * (w + 8 * m) + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
+                    if (r < K && col < V) { dS0[(long)b * d0_stride + ((long)h * K + r) * V + col] = dS[m][j][i]; }
+                }
+            }
+        }
+    }
+}
+static size_t gdn_dstate_smem(int K) {
+    const int Kp = gdn_kp(K), ldk = Kp + 8;
+    return ((size_t)Kp * GDN_LD + 3 * (size_t)GDN_L * ldk + 3 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
+           3 * GDN_L * sizeof(float);
+}
+
+// grid (NC, KT, B·H), 256 threads: the K columns kb..kb+63 of a chunk. dq (B,T,H,K); dk_part, dW (B,T,H,K) fp32:
+// dk before the WY terms, dL/dW; dgam_part (B,T,H,KT) fp32: this K tile's share of dL/dG_r (the decay terms of
+// q, k and the state; the chunk's last row also takes e^{G_L}⟨h_c, dh⟩ and Σ (dk_state ∘ k))
+__global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *dk_part, float *dW, float *dgam_part,
+                                                            const floatX *q, const floatX *k, const floatX *vn,
+                                                            const float *dvn, const floatX *dout, const floatX *hst,
+                                                            const floatX *dhst, const float *Gc, float scale, int T,
+                                                            int H, int K, int V) {
+    extern __shared__ __align__(16) char gdn_smem[];
+    const int c = blockIdx.x, kt = blockIdx.y, kb = kt * GDN_T, KT = gridDim.y, h = blockIdx.z % H;
+    const int b = blockIdx.z / H, NC = gridDim.x, t0 = c * GDN_L, nv = min(GDN_L, T - t0);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = w & 3, half = w >> 2;
+    const long row0 = ((long)b * T + t0) * H + h;
+    const long hoff = (((long)b * H + h) * NC + c) * K * V + (long)kb * V;
+    const int TILE = GDN_L * GDN_LD;
+    floatX *sdo = (floatX *)gdn_smem, *svn = sdo + TILE, *sdvn = svn + TILE, *sS = sdvn + TILE, *sdSp = sS + TILE;
+    floatX *sdSc = sdSp + TILE, *sq = sdSc + TILE, *sk = sq + TILE;
+    float *sG = (float *)(sk + TILE), *sred = sG + GDN_L; // sred: (2, 64) row sums, then 8 + 8 warp partials
+    gdn_load_G(sG, Gc, row0, H, nv);
+    float a_dq[4][4] = {}, a_dks[4][4] = {}, a_dW[4][4] = {}, a_sc[4][4] = {};
+    float sdot = 0.0f; // ⟨h_c, dh⟩ over this K tile: this thread's share
+    for (int vb = 0; vb < V; vb += GDN_T) {
+        gdn_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        gdn_stage(svn, GDN_LD, vn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        gdn_stage(sdvn, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        gdn_stage(sS, GDN_LD, hst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
+        gdn_stage(sdSp, GDN_LD, dhst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
+        __syncthreads();
+        tiles::warp_gemm<4, false, true>(a_dq, sdo + 16 * mt * GDN_LD, GDN_LD, sS + 32 * half * GDN_LD, GDN_LD, GDN_T);
+        tiles::warp_gemm<4, false, true>(a_dks, svn + 16 * mt * GDN_LD, GDN_LD, sdSp + 32 * half * GDN_LD, GDN_LD,
+                                         GDN_T);
+        tiles::warp_gemm<4, false, true>(a_dW, sdvn + 16 * mt * GDN_LD, GDN_LD, sS + 32 * half * GDN_LD, GDN_LD,
+                                         GDN_T);
+        tiles::warp_gemm<4, false, true>(a_sc, sdo + 16 * mt * GDN_LD, GDN_LD, svn + 32 * half * GDN_LD, GDN_LD,
+                                         GDN_T);
+        for (int i = threadIdx.x; i < GDN_T * GDN_T; i += blockDim.x) {
+            const int r = i >> 6, cc = i & 63;
+            sdot += (float)sS[r * GDN_LD + cc] * (float)sdSp[r * GDN_LD + cc];
+        }
+        __syncthreads();
+    }
+    // dSc = scale (do Vnᵀ) ∘ tril(Γ)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = 16 * mt + tiles::acc_row(i), s = 32 * half + tiles::acc_col(j, i);
+            sdSc[r * GDN_LD + s] = (floatX)(s <= r ? scale * a_sc[j][i] * expf(sG[r] - sG[s]) : 0.0f);
+        }
+    }
+    gdn_stage(sq, GDN_LD, q + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+    gdn_stage(sk, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+    __syncthreads();
+    float a_dq2[4][4] = {}, a_dk2[4][4] = {};
+    tiles::warp_gemm<4, false, false>(a_dq2, sdSc + 16 * mt * GDN_LD, GDN_LD, sk + 32 * half, GDN_LD, GDN_L);
+    tiles::warp_gemm<4, true, false>(a_dk2, sdSc + 16 * mt, GDN_LD, sq + 32 * half, GDN_LD, GDN_L);
+    const float GL = sG[GDN_L - 1];
+    float gam[2] = {0.0f, 0.0f}, ext = 0.0f; // rows acc_row(0), acc_row(2)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = 16 * mt + tiles::acc_row(i), cl = 32 * half + tiles::acc_col(j, i), col = kb + cl;
+            const float dqv = scale * expf(sG[r]) * a_dq[j][i] + a_dq2[j][i];
+            const float dks = expf(GL - sG[r]) * a_dks[j][i];
+            const float dkc = dks + a_dk2[j][i];
+            const float qv = (float)sq[r * GDN_LD + cl], kv = (float)sk[r * GDN_LD + cl];
+            if (r < nv && col < K) {
+                const long o = (row0 + (long)r * H) * K + col;
+                dq[o] = (floatX)dqv;
+                dk_part[o] = dkc;
+                dW[o] = -a_dW[j][i];
+            }
+            gam[i >> 1] += dqv * qv - dkc * kv;
+            ext += dks * kv;
+        }
+    }
+    // row sums: the quad's four lanes, then the two column halves; ext and sdot over the CTA, in fixed orders
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        gam[x] += __shfl_xor_sync(0xffffffffu, gam[x], 1);
+        gam[x] += __shfl_xor_sync(0xffffffffu, gam[x], 2);
+    }
+    ext = warp_reduce_sum(ext);
+    sdot = warp_reduce_sum(sdot);
+    if ((lane & 3) == 0) {
+        sred[half * GDN_L + 16 * mt + (lane >> 2)] = gam[0];
+        sred[half * GDN_L + 16 * mt + (lane >> 2) + 8] = gam[1];
+    }
+    if (lane == 0) {
+        sred[2 * GDN_L + w] = ext;
+        sred[2 * GDN_L + 8 + w] = sdot;
+    }
+    __syncthreads();
+    if (threadIdx.x < nv) {
+        const int r = threadIdx.x;
+        float x = sred[r] + sred[GDN_L + r];
+        if (r == nv - 1) {
+            float e = 0.0f, d = 0.0f;
+            for (int i = 0; i < 8; i++) {
+                e += sred[2 * GDN_L + i];
+                d += sred[2 * GDN_L + 8 + i];
+            }
+            x += expf(GL) * d + e;
+        }
+        dgam_part[(row0 + (long)r * H) * KT + kt] = x;
+    }
+}
+static size_t gdn_dqk_smem() { return 8 * (size_t)GDN_L * GDN_LD * sizeof(floatX) + (3 * GDN_L + 16) * sizeof(float); }
+
+// grid (NC, H, B), 128 threads: the UT transform's backward. dk (B,T,H,K) = dk_part + β (Dm k) + Dmᵀ (β k) + β e^G dKt;
+// dv (view, token stride dv_stride) = β Tᵀ dVn; dbeta (B,T,H); dg (B,T,H) = dL/d(log α) (reverse cumsum of dL/dG)
+__global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *dv, int dv_stride, float *dbeta,
+                                                           float *dg, const floatX *k, const floatX *v, int v_stride,
+                                                           const float *beta, const float *Gc, const float *dW,
+                                                           const float *dvn, const float *dk_part,
+                                                           const float *dgam_part, int T, int H, int K, int V) {
+    extern __shared__ __align__(16) char gdn_smem[];
+    const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * GDN_L, nv = min(GDN_L, T - t0);
+    const int Kp = gdn_kp(K), ldk = Kp + 8, KT = Kp / GDN_T, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long row0 = ((long)b * T + t0) * H + h;
+    const long vrow0 = ((long)b * T + t0) * v_stride + (long)h * V, dvrow0 = ((long)b * T + t0) * dv_stride + (long)h * V;
+    const int TILE = GDN_L * GDN_LD;
+    floatX *sk = (floatX *)gdn_smem, *sTx = sk + GDN_L * ldk, *t1 = sTx + TILE, *t2 = t1 + TILE, *sDm = t2 + TILE;
+    float *sA = (float *)(sDm + TILE), *sT = sA + GDN_L * 65, *sKKG = sT + GDN_L * 65, *sb = sKKG + GDN_L * 65;
+    float *sG = sb + GDN_L, *srs = sG + GDN_L, *sdb = srs + GDN_L, *sdgm = sdb + GDN_L, *swy = sdgm + GDN_L;
+    gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+    gdn_load_G(sG, Gc, row0, H, nv);
+    if (threadIdx.x < GDN_L) { sb[threadIdx.x] = threadIdx.x < nv ? beta[row0 + (long)threadIdx.x * H] : 0.0f; }
+    __syncthreads();
+    if (threadIdx.x < GDN_L) { srs[threadIdx.x] = sb[threadIdx.x] * expf(sG[threadIdx.x]); }
+    gdn_chunk_A_T(sA, sT, sKKG, sk, ldk, Kp, sb, sG);
+    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) {
+        sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)sT[(i >> 6) * 65 + (i & 63)];
+    }
+    __syncthreads();
+    float db[2] = {0.0f, 0.0f}, dgm[2] = {0.0f, 0.0f}; // this lane's rows 16w + g and 16w + g + 8
+    float aT[8][4] = {};                                // dTm = dW Ktᵀ + dVn Vtᵀ
+    for (int vb = 0; vb < V; vb += GDN_T) {
+        gdn_stage(t1, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        gdn_stage(t2, GDN_LD, v + vrow0 + vb, (long)v_stride, nv, V - vb, GDN_L, GDN_T, sb);
+        __syncthreads();
+        tiles::warp_gemm<8, false, true>(aT, t1 + 16 * w * GDN_LD, GDN_LD, t2, GDN_LD, GDN_T);
+        float aV[8][4] = {}; // dVt = Tᵀ dVn
+        tiles::warp_gemm<8, true, false>(aV, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 16 * w + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
+                if (r < nv && col < V) {
+                    dv[dvrow0 + (long)r * dv_stride + col] = (floatX)(sb[r] * aV[j][i]);
+                    db[i >> 1] += aV[j][i] * (float)v[vrow0 + (long)r * v_stride + col];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int kb = 0; kb < Kp; kb += GDN_T) {
+        gdn_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+        gdn_stage(t2, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, srs); // Kt = β e^G k
+        __syncthreads();
+        tiles::warp_gemm<8, false, true>(aT, t1 + 16 * w * GDN_LD, GDN_LD, t2, GDN_LD, GDN_T);
+        __syncthreads();
+    }
+    // dA = −(Tᵀ dTm Tᵀ) on the strict lower triangle
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            t1[(16 * w + tiles::acc_row(i)) * GDN_LD + tiles::acc_col(j, i)] = (floatX)aT[j][i];
+        }
+    }
+    __syncthreads();
+    {
+        float aX[8][4] = {};
+        tiles::warp_gemm<8, true, false>(aX, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                t2[(16 * w + tiles::acc_row(i)) * GDN_LD + tiles::acc_col(j, i)] = (floatX)aX[j][i];
+            }
+        }
+    }
+    __syncthreads();
+    {
+        float aA[8][4] = {};
+        tiles::warp_gemm<8, false, true>(aA, t2 + 16 * w * GDN_LD, GDN_LD, sTx, GDN_LD, GDN_L);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 16 * w + tiles::acc_row(i), s = tiles::acc_col(j, i);
+                const float dA = s < r ? -aA[j][i] : 0.0f;
+                const float kkg = sKKG[r * 65 + s];
+                sDm[r * GDN_LD + s] = (floatX)(s < r ? dA * expf(sG[r] - sG[s]) : 0.0f);
+                db[i >> 1] += dA * kkg;
+                sKKG[r * 65 + s] = dA * sA[r * 65 + s]; // dA ∘ A: its row sums minus its column sums go to dG
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < GDN_L) {
+        const int r = threadIdx.x;
+        float x = 0.0f;
+        for (int s = 0; s < GDN_L; s++) { x += sKKG[r * 65 + s]; }
+        for (int s = 0; s < GDN_L; s++) { x -= sKKG[s * 65 + r]; }
+        swy[r] = x;
+    }
+    for (int kb = 0; kb < Kp; kb += GDN_T) {
+        gdn_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+        gdn_stage(t2, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, sb); // β k
+        __syncthreads();
+        float a1[8][4] = {}, a2[8][4] = {}, a3[8][4] = {};
+        tiles::warp_gemm<8, false, false>(a1, sDm + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_L); // Dm k
+        tiles::warp_gemm<8, true, false>(a2, sDm + 16 * w, GDN_LD, t2, GDN_LD, GDN_L);             // Dmᵀ (β k)
+        tiles::warp_gemm<8, true, false>(a3, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);             // dKt = Tᵀ dW
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 16 * w + tiles::acc_row(i), col = kb + tiles::acc_col(j, i);
+                const float kv = (float)sk[r * ldk + col], eG = expf(sG[r]);
+                if (r < nv && col < K) {
+                    const long o = (row0 + (long)r * H) * K + col;
+                    dk[o] = (floatX)(dk_part[o] + sb[r] * a1[j][i] + a2[j][i] + sb[r] * eG * a3[j][i]);
+                }
+                db[i >> 1] += eG * kv * a3[j][i];
+                dgm[i >> 1] += sb[r] * eG * kv * a3[j][i];
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        db[x] += __shfl_xor_sync(0xffffffffu, db[x], 1);
+        db[x] += __shfl_xor_sync(0xffffffffu, db[x], 2);
+        dgm[x] += __shfl_xor_sync(0xffffffffu, dgm[x], 1);
+        dgm[x] += __shfl_xor_sync(0xffffffffu, dgm[x], 2);
+    }
+    if ((lane & 3) == 0) {
+        const int r = 16 * w + (lane >> 2);
+        sdb[r] = db[0];
+        sdb[r + 8] = db[1];
+        sdgm[r] = dgm[0];
+        sdgm[r + 8] = dgm[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < nv) { // dL/dG_r in full, into srs
+        const int r = threadIdx.x;
+        float x = sdgm[r] + swy[r];
+        for (int i = 0; i < KT; i++) { x += dgam_part[(row0 + (long)r * H) * KT + i]; }
+        srs[r] = x;
+        dbeta[row0 + (long)r * H] = sdb[r];
+    }
+    __syncthreads();
+    if (threadIdx.x < nv) { // G_r = Σ_{s ≤ r} g_s: dg_s = Σ_{r ≥ s} dG_r
+        const int s = threadIdx.x;
+        float x = 0.0f;
+        for (int r = nv - 1; r >= s; r--) { x += srs[r]; }
+        dg[row0 + (long)s * H] = x;
+    }
+}
+static size_t gdn_wy_smem(int K) {
+    const int ldk = gdn_kp(K) + 8;
+    return ((size_t)GDN_L * ldk + 4 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
+           (3 * GDN_L * 65 + 6 * GDN_L) * sizeof(float);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the launchers of the chunked recurrence
+
+typedef struct {
+    floatX *W, *U, *Pm, *hst, *vn; // (B,T,H,K), (B,T,H,V), (B,H,NC,64,64), (B,H,NC,K,V), (B,T,H,V)
+    float *Gc;                     // (B,T,H)
+} GDNChunkBufs;
+
+typedef struct {
+    floatX *dhst, *dq;                      // (B,H,NC,K,V), (B,T,H,K)
+    float *dvn, *dk_part, *dW, *dgam_part;  // (B,T,H,V), (B,T,H,K) ×2, (B,T,H,KT)
+} GDNChunkGrads;
+
+static void gdn_chunk_bufs_take(GDNChunkBufs *f, DeviceArena *ar, int B, int T, int H, int K, int V) {
+    const size_t BTH = (size_t)B * T * H, NC = gdn_chunks(T);
+    f->W = TAKE_X(ar, BTH * K);
+    f->U = TAKE_X(ar, BTH * V);
+    f->Pm = TAKE_X(ar, (size_t)B * H * NC * GDN_L * GDN_L);
+    f->hst = TAKE_X(ar, (size_t)B * H * NC * K * V);
+    f->vn = TAKE_X(ar, BTH * V);
+    f->Gc = TAKE_F(ar, BTH);
+}
+static void gdn_chunk_grads_take(GDNChunkGrads *g, DeviceArena *ar, int B, int T, int H, int K, int V) {
+    const size_t BTH = (size_t)B * T * H, NC = gdn_chunks(T);
+    g->dhst = TAKE_X(ar, (size_t)B * H * NC * K * V);
+    g->dq = TAKE_X(ar, BTH * K);
+    g->dvn = TAKE_F(ar, BTH * V);
+    g->dk_part = TAKE_F(ar, BTH * K);
+    g->dW = TAKE_F(ar, BTH * K);
+    g->dgam_part = TAKE_F(ar, BTH * (gdn_kp(K) / GDN_T));
+}
+
+static void gdn_set_smem(const void *kernel, size_t bytes) {
+    if (bytes > 48 * 1024) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    }
+}
+
+static void gdn_check_dims(int K, int V) {
+    if (K < 1 || K > GDN_MAX_K || V < 1) {
+        fail_with_hint("use a GDN key dim K of at most 256 (gkNN)", "the GPU GDN kernels take K ≤ %d (got K=%d V=%d)",
+                       GDN_MAX_K, K, V);
+    }
+    size_t worst = gdn_state_smem(K);
+    const size_t others[4] = {gdn_prep_smem(K), gdn_dstate_smem(K), gdn_wy_smem(K), gdn_output_smem(K)};
+    for (int i = 0; i < 4; i++) { worst = others[i] > worst ? others[i] : worst; }
+    if (worst > 227 * 1024) {
+        fail_with_hint("use the bf16 build (make train_m2rnn) for this K, or a smaller gkNN", "the GDN chunk kernels "
+                       "need %zu bytes of shared memory at K=%d in this build (227 KB available)", worst, K);
+    }
+}
+
+// o (B,T,H,V) from q, k (B,T,H,K) normalized, v (view, token stride v_stride), beta and g (B,T,H); f: the chunk
+// buffers (filled: the backward reads them). S0 / S_final: per-sequence fp32 states (stride in floats) or NULL; they
+// may be the same memory (the decode advance)
+static void gdn_chunk_forward(floatX *o, GDNChunkBufs *f, float *S_final, long sf_stride, const float *S0,
+                              long s0_stride, const floatX *q, const floatX *k, const floatX *v, int v_stride,
+                              const float *beta, const float *g, int B, int T, int H, int K, int V, bool with_output,
+                              cudaStream_t stream) {
+    gdn_check_dims(K, V);
+    const int NC = gdn_chunks(T), VT = CEIL_DIV(V, GDN_T);
+    const size_t s1 = gdn_prep_smem(K), s2 = gdn_state_smem(K), s3 = gdn_output_smem(K);
+    gdn_set_smem((const void *)gdn_chunk_prep_kernel, s1);
+    gdn_set_smem((const void *)gdn_chunk_state_kernel, s2);
+    gdn_set_smem((const void *)gdn_chunk_output_kernel, s3);
+    gdn_chunk_prep_kernel<<<dim3(NC, H, B), 128, s1, stream>>>(f->W, f->U, f->Pm, f->Gc, q, k, v, v_stride, beta, g, T,
+                                                                 H, K, V);
+    cudaCheck(cudaGetLastError());
+    gdn_chunk_state_kernel<<<dim3(VT, H, B), 256, s2, stream>>>(f->hst, f->vn, S_final, sf_stride, S0, s0_stride, f->W,
+                                                                  f->U, k, f->Gc, T, H, K, V);
+    cudaCheck(cudaGetLastError());
+    if (with_output) {
+        gdn_chunk_output_kernel<<<dim3(NC, VT, B * H), 128, s3, stream>>>(o, q, f->hst, f->Pm, f->vn, f->Gc,
+                                                                            1.0f / sqrtf((float)K), T, H, K, V);
+        cudaCheck(cudaGetLastError());
+    }
+}
+
+// dq, dk (B,T,H,K) (written, in gr), dv (view, token stride dv_stride, written), dbeta, dg (B,T,H) written; dS0 or
+// NULL; from dout (B,T,H,V) and dS_final or NULL; f as the forward left it (or recomputed)
+static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbeta, float *dg, GDNChunkGrads *gr,
+                               float *dS0, long d0_stride, const float *dS_final, long df_stride, const floatX *dout,
+                               const GDNChunkBufs *f, const floatX *q, const floatX *k, const floatX *v, int v_stride,
+                               const float *beta, int B, int T, int H, int K, int V, cudaStream_t stream) {
+    const int NC = gdn_chunks(T), VT = CEIL_DIV(V, GDN_T), KT = gdn_kp(K) / GDN_T;
+    const float scale = 1.0f / sqrtf((float)K);
+    const size_t s1 = gdn_dstate_smem(K), s2 = gdn_dqk_smem(), s3 = gdn_wy_smem(K);
+    gdn_set_smem((const void *)gdn_chunk_dstate_kernel, s1);
+    gdn_set_smem((const void *)gdn_chunk_dqk_kernel, s2);
+    gdn_set_smem((const void *)gdn_chunk_wy_kernel, s3);
+    gdn_chunk_dstate_kernel<<<dim3(VT, H, B), 256, s1, stream>>>(gr->dhst, gr->dvn, dS0, d0_stride, dS_final, df_stride,
+                                                                   q, k, f->W, f->Pm, dout, f->Gc, scale, T, H, K, V);
+    cudaCheck(cudaGetLastError());
+    gdn_chunk_dqk_kernel<<<dim3(NC, KT, B * H), 256, s2, stream>>>(gr->dq, gr->dk_part, gr->dW, gr->dgam_part, q, k,
+                                                                     f->vn, gr->dvn, dout, f->hst, gr->dhst, f->Gc,
+                                                                     scale, T, H, K, V);
+    cudaCheck(cudaGetLastError());
+    gdn_chunk_wy_kernel<<<dim3(NC, H, B), 128, s3, stream>>>(dk, dv, dv_stride, dbeta, dg, k, v, v_stride, beta, f->Gc,
+                                                               gr->dW, gr->dvn, gr->dk_part, gr->dgam_part, T, H, K, V);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// one decode token: grid (CEIL_DIV(V, 128), H, B), 128 threads, a thread per column j of the fp32 state
+// S (sequence b at b·stride floats, (H,K,V)): p = α Sᵀk; u = β (v − p); S ← α S + k uᵀ; o = scale Sᵀq
+
+__global__ void gdn_step_kernel(floatX *o, float *S, long stride, const floatX *q, const floatX *k, const floatX *v,
+                                int v_stride, const float *beta, const float *g, int H, int K, int V) {
+    __shared__ float sq[GDN_MAX_K], sk[GDN_MAX_K];
+    const int h = blockIdx.y, b = blockIdx.z, j = blockIdx.x * blockDim.x + threadIdx.x;
+    const long r = (long)b * H + h;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) {
+        sq[i] = (float)q[r * K + i];
+        sk[i] = (float)k[r * K + i];
+    }
+    __syncthreads();
+    if (j >= V) { return; }
+    float *Sh = S + (long)b * stride + (long)h * K * V + j;
+    const float alpha = expf(g[r]), be = beta[r];
+    float p = 0.0f;
+    for (int i = 0; i < K; i++) { p += Sh[(long)i * V] * sk[i]; }
+    const float u = be * ((float)v[(long)b * v_stride + (long)h * V + j] - alpha * p);
+    float acc = 0.0f;
+    for (int i = 0; i < K; i++) {
+        const float s = alpha * Sh[(long)i * V] + sk[i] * u;
+        Sh[(long)i * V] = s;
+        acc += s * sq[i];
+    }
+    o[r * V + j] = (floatX)(acc / sqrtf((float)K));
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the per-head L2 norm of q and k, and the gates β and log α
+
+// grid (M·H / 4), 128 threads: a warp per (token, head). out (M, H·D) dense = x r, rinv (M,H) = 1/sqrt(Σx² + 1e-6)
+__global__ void l2norm_forward_kernel(floatX *out, float *rinv, const floatX *x, int M, int H, int D, int x_stride) {
+    const long row = (long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= (long)M * H) { return; }
+    const long m = row / H, h = row % H;
+    const floatX *xi = x + m * x_stride + h * D;
+    float ss = 0.0f;
+    for (int i = lane; i < D; i += WARP_SIZE) { ss += (float)xi[i] * (float)xi[i]; }
+    ss = warp_reduce_sum(ss);
+    const float r = rsqrtf(ss + 1e-6f);
+    if (lane == 0) { rinv[row] = r; }
+    for (int i = lane; i < D; i += WARP_SIZE) { out[row * D + i] = (floatX)((float)xi[i] * r); }
+}
+// dx (view) = r (dout − y (y·dout)), y = x r recomputed in fp32
+__global__ void l2norm_backward_kernel(floatX *dx, const floatX *dout, const floatX *x, const float *rinv, int M, int H,
+                                       int D, int x_stride) {
+    const long row = (long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= (long)M * H) { return; }
+    const long m = row / H, h = row % H;
+    const floatX *xi = x + m * x_stride + h * D;
+    const float r = rinv[row];
+    float dot = 0.0f;
+    for (int i = lane; i < D; i += WARP_SIZE) { dot += (float)xi[i] * r * (float)dout[row * D + i]; }
+    dot = warp_reduce_sum(dot);
+    for (int i = lane; i < D; i += WARP_SIZE) {
+        dx[m * x_stride + h * D + i] = (floatX)(r * ((float)dout[row * D + i] - (float)xi[i] * r * dot));
+    }
+}
+static void l2norm_forward(floatX *out, float *rinv, const floatX *x, int M, int H, int D, int x_stride,
+                           cudaStream_t stream) {
+    l2norm_forward_kernel<<<CEIL_DIV((long)M * H, 4), 128, 0, stream>>>(out, rinv, x, M, H, D, x_stride);
+    cudaCheck(cudaGetLastError());
+}
+static void l2norm_backward(floatX *dx, const floatX *dout, const floatX *x, const float *rinv, int M, int H, int D,
+                            int x_stride, cudaStream_t stream) {
+    l2norm_backward_kernel<<<CEIL_DIV((long)M * H, 4), 128, 0, stream>>>(dx, dout, x, rinv, M, H, D, x_stride);
+    cudaCheck(cudaGetLastError());
+}
+
+// beta, g (M,H) fp32 from the b and a rows of proj (token stride `stride`): β = (neg ? 2 : 1) sigmoid(b),
+// g = log α = −exp(A_log) softplus(a + dt_bias)
+__global__ void gdn_gates_forward_kernel(float *beta, float *g, const floatX *b_raw, const floatX *a_raw, int stride,
+                                         const float *A_log, const float *dt_bias, long M, int H, int neg) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= M * H) { return; }
+    const long m = i / H;
+    const int h = (int)(i % H);
+    beta[i] = (neg ? 2.0f : 1.0f) / (1.0f + expf(-(float)b_raw[m * stride + h]));
+    g[i] = -expf(A_log[h]) * softplus_f((float)a_raw[m * stride + h] + dt_bias[h]);
+}
+// db_raw, da_raw (views) written; partial (2, chunks, H): dA_log and ddt_bias per token chunk
+__global__ void gdn_gates_backward_kernel(floatX *db_raw, floatX *da_raw, float *partial, const float *dbeta,
+                                          const float *dg, const floatX *b_raw, const floatX *a_raw, int stride,
+                                          const float *A_log, const float *dt_bias, long M, int H, int neg) {
+    const int h = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    if (h >= H) { return; }
+    const float A = expf(A_log[h]);
+    float sum_dA = 0.0f, sum_db = 0.0f;
+    const long begin = (long)chunk * TOKEN_CHUNK, end = min(begin + TOKEN_CHUNK, M);
+    for (long m = begin; m < end; m++) {
+        const float s = 1.0f / (1.0f + expf(-(float)b_raw[m * stride + h]));
+        db_raw[m * stride + h] = (floatX)(dbeta[m * H + h] * (neg ? 2.0f : 1.0f) * s * (1.0f - s));
+        const float x = (float)a_raw[m * stride + h] + dt_bias[h], d = dg[m * H + h];
+        const float da = -d * A / (1.0f + expf(-x));
+        da_raw[m * stride + h] = (floatX)da;
+        sum_db += da;
+        sum_dA += -d * A * softplus_f(x);
+    }
+    partial[(long)chunk * H + h] = sum_dA;
+    partial[((long)gridDim.y + chunk) * H + h] = sum_db;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the mixer
+
+static inline int gdn_proj_stride(const ModelConfig *c) { return round_up(gdn_proj_rows(c), 8); }
+
+typedef struct {
+    floatX *proj;          // (B,T,Rs) q | k | v | g | b | a
+    floatX *conv_pre;      // (B,T,CD)
+    floatX *conv_act;      // (B,T,CD) q | k | v after SiLU
+    floatX *qn, *kn;       // (B,T,H·K) L2-normalized
+    float *rq, *rk;        // (B,T,H) their 1/norms
+    float *beta, *g;       // (B,T,H) β and log α
+    floatX *o;             // (B,T,H·V) the recurrence's outputs
+    floatX *normed, *gated; // (B,T,H·V)
+    float *rstd;           // (B·T·H)
+} GDNActs;
+
+static size_t gdn_acts_layout(GDNActs *a, void *base, const ModelConfig *c, int B, int T) {
+    const size_t BT = (size_t)B * T, H = c->gdn.heads, HK = H * c->gdn.k, HV = H * c->gdn.v;
+    DeviceArena ar = {(char *)base, 0};
+    a->proj = TAKE_X(&ar, BT * gdn_proj_stride(c));
+    a->conv_pre = TAKE_X(&ar, BT * gdn_conv_dim(c));
+    a->conv_act = TAKE_X(&ar, BT * gdn_conv_dim(c));
+    a->qn = TAKE_X(&ar, BT * HK);
+    a->kn = TAKE_X(&ar, BT * HK);
+    a->rq = TAKE_F(&ar, BT * H);
+    a->rk = TAKE_F(&ar, BT * H);
+    a->beta = TAKE_F(&ar, BT * H);
+    a->g = TAKE_F(&ar, BT * H);
+    a->o = TAKE_X(&ar, BT * HV);
+    a->normed = TAKE_X(&ar, BT * HV);
+    a->gated = TAKE_X(&ar, BT * HV);
+    a->rstd = TAKE_F(&ar, BT * H);
+    return ar.used;
+}
+
+typedef struct {
+    GDNChunkBufs f;  // the chunk kernels' forward buffers (the backward recomputes them)
+    GDNChunkGrads gr;
+    floatX *d_proj, *d_conv_act, *d_o, *d_normed, *d_gated, *dk; // (B,T,Rs), (B,T,CD), (B,T,HV) ×3, (B,T,HK)
+    float *dbeta, *dg; // (B,T,H)
+    float *reduce;     // partial sums of the parameter-gradient reductions
+} GDNScratch;
+
+// the forward part first: the decode advance lays only that out (fwd_only)
+static size_t gdn_scratch_layout(GDNScratch *s, void *base, const ModelConfig *c, int B, int T, int fwd_only) {
+    const size_t BT = (size_t)B * T, H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, HK = H * K, HV = H * V;
+    DeviceArena ar = {(char *)base, 0};
+    gdn_chunk_bufs_take(&s->f, &ar, B, T, (int)H, (int)K, (int)V);
+    if (fwd_only) { return ar.used; }
+    gdn_chunk_grads_take(&s->gr, &ar, B, T, (int)H, (int)K, (int)V);
+    s->d_proj = TAKE_X(&ar, BT * gdn_proj_stride(c));
+    s->d_conv_act = TAKE_X(&ar, BT * gdn_conv_dim(c));
+    s->d_o = TAKE_X(&ar, BT * HV);
+    s->d_normed = TAKE_X(&ar, BT * HV);
+    s->d_gated = TAKE_X(&ar, BT * HV);
+    s->dk = TAKE_X(&ar, BT * HK);
+    s->dbeta = TAKE_F(&ar, BT * H);
+    s->dg = TAKE_F(&ar, BT * H);
+    const size_t chunks = token_chunks((long)BT);
+    size_t reduce = rmsnorm_backward_scratch((int)(BT * H), (int)V);
+    const size_t others[2] = {chunks * gdn_conv_dim(c) * c->gdn.conv, chunks * 2 * H};
+    for (int i = 0; i < 2; i++) { reduce = others[i] > reduce ? others[i] : reduce; }
+    s->reduce = TAKE_F(&ar, reduce);
+    return ar.used;
+}
+
+static size_t gdn_mixer_acts_bytes(const ModelConfig *c, int B, int T, const Runtime *rt) {
+    GDNActs a;
+    return gdn_acts_layout(&a, NULL, c, B, T);
+}
+static size_t gdn_mixer_scratch_bytes(const ModelConfig *c, int B, int T, const Runtime *rt) {
+    GDNScratch s;
+    return gdn_scratch_layout(&s, NULL, c, B, T, 0);
+}
+
+// the projection, conv, norms and gates (from the decode windows when window != NULL)
+static void gdn_inputs(GDNActs *a, float *window, long stride, const floatX *inp, const GDNParams *w,
+                       const GDNParams32 *w32, const ModelConfig *c, int B, int T, const Runtime *rt) {
+    const int BT = B * T, C = c->d_model, R = gdn_proj_rows(c), Rs = gdn_proj_stride(c), CD = gdn_conv_dim(c);
+    const int H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, HK = H * K, boff = 2 * HK + 2 * H * V;
+    cudaStream_t stream = rt->stream;
+    matmul_forward_strided(a->proj, Rs, inp, w->in_w, BT, C, R, rt);
+    if (window != NULL) {
+        conv1d_silu_advance(a->conv_pre, a->conv_act, window, stride, a->proj, w->conv_w, NULL, B, T, CD, c->gdn.conv,
+                            Rs, stream);
+    } else {
+        conv1d_silu_forward(a->conv_pre, a->conv_act, a->proj, w->conv_w, NULL, B, T, CD, c->gdn.conv, Rs, stream);
+    }
+    l2norm_forward(a->qn, a->rq, a->conv_act, BT, H, K, CD, stream);
+    l2norm_forward(a->kn, a->rk, a->conv_act + HK, BT, H, K, CD, stream);
+    gdn_gates_forward_kernel<<<CEIL_DIV((long)BT * H, 256), 256, 0, stream>>>(
+        a->beta, a->g, a->proj + boff, a->proj + boff + H, Rs, w32->A_log, w32->dt_bias, BT, H, c->gdn.neg);
+    cudaCheck(cudaGetLastError());
+}
+
+// per-head RMSNorm, the SiLU(g) gate, the output projection
+static void gdn_outputs(floatX *out, GDNActs *a, const GDNParams *w, const ModelConfig *c, int BT, const Runtime *rt) {
+    const int C = c->d_model, Rs = gdn_proj_stride(c), H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, HV = H * V;
+    rmsnorm_forward(a->normed, a->rstd, NULL, a->o, NULL, w->norm_w, BT * H, V, rt->stream);
+    output_gate_forward(a->normed, a->gated, NULL, a->proj + 2 * H * K + HV, NULL, BT, HV, 0, Rs, rt->stream);
+    matmul_forward(out, a->gated, w->out_w, BT, HV, C, rt);
+}
+
+static void gdn_mixer_forward(floatX *out, void *acts, void *scratch, const floatX *inp, const KindTensors *t,
+                              const ModelConfig *c, int B, int T, const Runtime *rt) {
+    const GDNParams *w = (const GDNParams *)t->w;
+    const GDNParams32 *w32 = (const GDNParams32 *)t->w32;
+    GDNActs a;
+    gdn_acts_layout(&a, acts, c, B, T);
+    GDNScratch s;
+    gdn_scratch_layout(&s, scratch, c, B, T, 1);
+    const int H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, CD = gdn_conv_dim(c);
+    gdn_inputs(&a, NULL, 0, inp, w, w32, c, B, T, rt);
+    gdn_chunk_forward(a.o, &s.f, NULL, 0, NULL, 0, a.qn, a.kn, a.conv_act + 2 * H * K, CD, a.beta, a.g, B, T, H, K, V,
+                      true, rt->stream);
+    gdn_outputs(out, &a, w, c, B * T, rt);
+}
+
+static void gdn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, const floatX *inp, const void *acts,
+                               const KindTensors *t, const ModelConfig *c, int B, int T, const Runtime *rt) {
+    const GDNParams *w = (const GDNParams *)t->w;
+    const GDNParams32 *w32 = (const GDNParams32 *)t->w32, *g = (const GDNParams32 *)t->g;
+    GDNActs a;
+    gdn_acts_layout(&a, (void *)acts, c, B, T);
+    GDNScratch s;
+    gdn_scratch_layout(&s, scratch, c, B, T, 0);
+    const int BT = B * T, C = c->d_model, R = gdn_proj_rows(c), Rs = gdn_proj_stride(c), CD = gdn_conv_dim(c);
+    const int H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, HK = H * K, HV = H * V;
+    const int goff = 2 * HK + HV, boff = 2 * HK + 2 * HV;
+    cudaStream_t stream = rt->stream;
+    matmul_backward(s.d_gated, g->out_w, dout, a.gated, w->out_w, BT, HV, C, 0, rt);
+    output_gate_backward(s.d_normed, s.d_proj + goff, s.d_gated, a.normed, a.proj + goff, BT, HV, Rs, stream);
+    rmsnorm_backward(s.d_o, g->norm_w, s.reduce, s.d_normed, a.o, w->norm_w, a.rstd, BT * H, V, 0, stream);
+    // the chunk buffers again (the forward's scratch is shared by the layers), then the chunked backward
+    gdn_chunk_forward(NULL, &s.f, NULL, 0, NULL, 0, a.qn, a.kn, a.conv_act + 2 * HK, CD, a.beta, a.g, B, T, H, K, V,
+                      false, stream);
+    gdn_chunk_backward(s.dk, s.d_conv_act + 2 * HK, CD, s.dbeta, s.dg, &s.gr, NULL, 0, NULL, 0, s.d_o, &s.f, a.qn, a.kn,
+                       a.conv_act + 2 * HK, CD, a.beta, B, T, H, K, V, stream);
+    const int chunks = token_chunks(BT);
+    gdn_gates_backward_kernel<<<dim3(CEIL_DIV(H, 64), chunks), 64, 0, stream>>>(
+        s.d_proj + boff, s.d_proj + boff + H, s.reduce, s.dbeta, s.dg, a.proj + boff, a.proj + boff + H, Rs,
+        w32->A_log, w32->dt_bias, BT, H, c->gdn.neg);
+    cudaCheck(cudaGetLastError());
+    reduce_partials(g->A_log, s.reduce, chunks, H, stream);
+    reduce_partials(g->dt_bias, s.reduce + (size_t)chunks * H, chunks, H, stream);
+    l2norm_backward(s.d_conv_act, s.gr.dq, a.conv_act, a.rq, BT, H, K, CD, stream);
+    l2norm_backward(s.d_conv_act + HK, s.dk, a.conv_act + HK, a.rk, BT, H, K, CD, stream);
+    conv1d_silu_backward(s.d_proj, g->conv_w, NULL, s.reduce, s.d_conv_act, a.conv_pre, a.proj, w->conv_w, B, T, CD,
+                         c->gdn.conv, Rs, stream);
+    matmul_backward_strided(dinp, g->in_w, s.d_proj, Rs, inp, w->in_w, BT, C, R, 0, rt);
+}
+
+// a sequence's decode state: the conv window (W−1, CD) then S (H,K,V), fp32 (the CPU's order)
+static size_t gdn_mixer_state_bytes(const ModelConfig *c, int context) { return gdn_decode_state(c, context) * sizeof(float); }
+
+static void gdn_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+                           const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
+    const GDNParams *w = (const GDNParams *)t->w;
+    const GDNParams32 *w32 = (const GDNParams32 *)t->w32;
+    GDNActs a;
+    gdn_acts_layout(&a, work, c, B, 1);
+    const int C = c->d_model, R = gdn_proj_rows(c), Rs = gdn_proj_stride(c), CD = gdn_conv_dim(c);
+    const int H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, HK = H * K, boff = 2 * HK + 2 * H * V;
+    const long stride = (long)(gdn_mixer_state_bytes(c, context) / sizeof(float));
+    float *window = (float *)state, *S = window + (size_t)(c->gdn.conv - 1) * CD;
+    cudaStream_t stream = rt->stream;
+    gdn_check_dims(K, V);
+    matmul_forward_strided(a.proj, Rs, inp, w->in_w, B, C, R, rt);
+    conv1d_silu_step(a.conv_act, window, stride, a.proj, w->conv_w, NULL, B, CD, c->gdn.conv, Rs, stream);
+    l2norm_forward(a.qn, a.rq, a.conv_act, B, H, K, CD, stream);
+    l2norm_forward(a.kn, a.rk, a.conv_act + HK, B, H, K, CD, stream);
+    gdn_gates_forward_kernel<<<CEIL_DIV((long)B * H, 256), 256, 0, stream>>>(
+        a.beta, a.g, a.proj + boff, a.proj + boff + H, Rs, w32->A_log, w32->dt_bias, B, H, c->gdn.neg);
+    cudaCheck(cudaGetLastError());
+    gdn_step_kernel<<<dim3(CEIL_DIV(V, 128), H, B), 128, 0, stream>>>(a.o, S, stride, a.qn, a.kn, a.conv_act + 2 * HK,
+                                                                      CD, a.beta, a.g, H, K, V);
+    cudaCheck(cudaGetLastError());
+    gdn_outputs(out, &a, w, c, B, rt);
+}
+
+// B sequences advance by T tokens (a prefill chunk): the chunked forward from and back into each S
+static void gdn_mixer_advance(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+                              const ModelConfig *c, int B, int T, const int *pos, int context, const Runtime *rt) {
+    const GDNParams *w = (const GDNParams *)t->w;
+    const GDNParams32 *w32 = (const GDNParams32 *)t->w32;
+    GDNActs a;
+    const size_t acts = gdn_acts_layout(&a, work, c, B, T);
+    GDNScratch s;
+    gdn_scratch_layout(&s, (char *)work + acts, c, B, T, 1);
+    const int H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, CD = gdn_conv_dim(c);
+    const long stride = (long)(gdn_mixer_state_bytes(c, context) / sizeof(float));
+    float *window = (float *)state, *S = window + (size_t)(c->gdn.conv - 1) * CD;
+    gdn_inputs(&a, window, stride, inp, w, w32, c, B, T, rt);
+    gdn_chunk_forward(a.o, &s.f, S, stride, S, stride, a.qn, a.kn, a.conv_act + 2 * H * K, CD, a.beta, a.g, B, T, H, K,
+                      V, true, rt->stream);
+    gdn_outputs(out, &a, w, c, B * T, rt);
+}
+
+static const KindOps GDN_OPS = {'G', gdn_mixer_acts_bytes, gdn_mixer_scratch_bytes, gdn_mixer_forward,
+                                gdn_mixer_backward, gdn_mixer_state_bytes, gdn_mixer_step, gdn_mixer_advance};
+
+#endif // M2RNN_GDN_CUH
