@@ -274,11 +274,12 @@ infer_m2rnn: infer_m2rnn.cu $(TRAINER_GPU_HEADERS)
 
 # the CPU reference writes what the GPU test compares against
 build/gpu_ref/.done: test/gen_gpu_reference.c train_m2rnn.c $(REF_HEADERS)
-	@mkdir -p build/gpu_ref/MMAM build/gpu_ref/RUAR build/gpu_ref/GAGM
+	@mkdir -p build/gpu_ref/MMAM build/gpu_ref/RUAR build/gpu_ref/GAGM build/gpu_ref/SAMS
 	$(CC) $(CFLAGS) -o build/gen_gpu_reference $< $(LDLIBS)
 	./build/gen_gpu_reference build/gpu_ref/MMAM MMAM
 	./build/gen_gpu_reference build/gpu_ref/RUAR RUAR
 	./build/gen_gpu_reference build/gpu_ref/GAGM GAGM
+	./build/gen_gpu_reference build/gpu_ref/SAMS SAMS
 	touch $@
 
 # the MoE layer's cases, computed by the CPU reference (test/gen_moe_reference.c), for test_moe_gpu
@@ -331,6 +332,23 @@ test/test_gpu_nccl.sh: train_m2rnn build/train_m2rnn_fp32 build/test_train
 CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_infer build/bench_moe build/bench_gdn
 CUDA_TESTS += $(TRAINER_TESTS)
 
+# ---------------------------------------------------------------------------------------------------------------
+# Mamba-2 on the GPU (mamba2.cuh): the recurrence test (bf16 and fp32 builds) and the benchmark
+
+MAMBA2_GPU_HEADERS = mamba2.cuh conv.cuh gate.cuh common.cuh tiles.cuh cuda_common.h $(REF_HEADERS)
+
+build/test_mamba2_gpu: test/test_mamba2_gpu.cu $(MAMBA2_GPU_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+build/test_mamba2_gpu_fp32: test/test_mamba2_gpu.cu $(MAMBA2_GPU_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
+build/bench_mamba2: dev/bench/bench_mamba2.cu dev/bench/bench_common.cuh $(MAMBA2_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -lineinfo -o $@ $< $(NVCC_LDLIBS)
+
+CUDA_PROGRAMS += build/bench_mamba2
+CUDA_TESTS += build/test_mamba2_gpu build/test_mamba2_gpu_fp32
 
 # ---------------------------------------------------------------------------------------------------------------
 

@@ -16,12 +16,12 @@ walks the chunks in reverse for dh and dVn, the dqk kernel sums the products ove
 terms, the wy kernel takes the UT transform's backward (dT, dA, dβ, dk, dv) and the reverse cumsum for the decay.
 
 Kernels (one CTA each):
-  gdn_chunk_prep_kernel    (chunk, head, sequence)          Gc, W, U, P             4 warps
+  gdn_chunk_prep_kernel    (chunk, head, sequence)          Gc, W, U, P, T          8 warps
   gdn_chunk_state_kernel   (V tile, head, sequence)         h_c, Vn, final state    8 warps, serial over chunks
   gdn_chunk_output_kernel  (chunk, V tile, sequence·head)   o                       4 warps
   gdn_chunk_dstate_kernel  (V tile, head, sequence)         dh_c (end), dVn, dS0    8 warps, reverse over chunks
   gdn_chunk_dqk_kernel     (chunk, K tile, sequence·head)   dq, dk (part), dW, dγ    8 warps, loop over V tiles
-  gdn_chunk_wy_kernel      (chunk, head, sequence)          dk, dv, dβ, d(log α)    4 warps
+  gdn_chunk_wy_kernel      (chunk, head, sequence)          dk, dv, dβ, d(log α)    4 warps (T from prep)
   gdn_step_kernel          (V block, head, sequence)        one decode token from the fp32 state
 Products are tiles::warp_gemm on tiles staged in shared memory.
 
@@ -41,6 +41,7 @@ Not yet: packed variable-length sequences (cu_seqlens); the chunk kernels are a 
 #include "conv.cuh"
 #include "gate.cuh"
 #include "tiles.cuh"
+#include <type_traits>
 
 typedef struct { GDN_PARAMS(VIEW_FIELD) } GDNParams;      // the layer's tensors, in the layers.h row's order
 typedef struct { GDN_PARAMS(VIEW_FIELD_32) } GDNParams32; // their gradients or fp32 master weights
@@ -57,19 +58,83 @@ __host__ __device__ inline int gdn_chunks(int T) { return (T + GDN_L - 1) / GDN_
 // staging and small helpers (device)
 
 // dst (rows × cols, leading dimension ld) = src rows r (token stride tok_stride) × row_scale[r] where r < rv and
-// c < cv, else 0; cols a multiple of 8
+// c < cv, else 0; cols a multiple of 8, ld·sizeof(floatX) a multiple of 16. 16-byte pieces: one vector load (two for
+// fp32 into bf16) where the piece is whole and aligned, element by element at the edges; a thread issues the loads
+// of GDN_STAGE_BATCH pieces before it converts and stores any (the staging is latency-bound otherwise).
+#define GDN_STAGE_BATCH 4
 template <typename Src>
-__device__ __forceinline__ void gdn_stage(floatX *dst, int ld, const Src *src, long tok_stride, int rv, int cv,
-                                          int rows, int cols, const float *row_scale) {
-    for (int i = threadIdx.x; i < rows * cols; i += blockDim.x) {
-        const int r = i / cols, c = i - r * cols;
-        float x = 0.0f;
-        if (r < rv && c < cv) {
-            x = (float)src[(long)r * tok_stride + c];
-            if (row_scale != NULL) { x *= row_scale[r]; }
+__device__ __forceinline__ void gdn_stage(floatX *dst, int ld, const Src *__restrict__ src, long tok_stride, int rv,
+                                          int cv, int rows, int cols, const float *row_scale) {
+    constexpr int VEC = 16 / sizeof(floatX), WORDS = VEC * sizeof(Src) / 16;
+    const int cpr = cols / VEC, n = rows * cpr;
+    const bool aligned = ((uintptr_t)src & 15) == 0 && ((tok_stride * (long)sizeof(Src)) & 15) == 0;
+    if constexpr (std::is_same<Src, floatX>::value) {
+        if (row_scale == NULL && aligned) { // a plain copy: cp.async, waited for by gdn_sync()
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const int r = i / cpr, c = (i - r * cpr) * VEC;
+                floatX *d = dst + r * ld + c;
+                if (r < rv && c + VEC <= cv) {
+                    tiles::cp_async16(tiles::smem_addr(d), src + (long)r * tok_stride + c);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) { d[e] = (r < rv && c + e < cv) ? src[(long)r * tok_stride + c + e] : (floatX)0.0f; }
+                }
+            }
+            return;
         }
-        dst[r * ld + c] = (floatX)x;
     }
+    for (int i0 = threadIdx.x; i0 < n; i0 += GDN_STAGE_BATCH * blockDim.x) {
+        uint4 raw[GDN_STAGE_BATCH][WORDS];
+#pragma unroll
+        for (int u = 0; u < GDN_STAGE_BATCH; u++) {
+            const int i = i0 + u * blockDim.x, r = i / cpr, c = (i - r * cpr) * VEC;
+            if (i < n && r < rv && c + VEC <= cv && aligned) {
+                const uint4 *p = (const uint4 *)(src + (long)r * tok_stride + c);
+#pragma unroll
+                for (int w = 0; w < WORDS; w++) { raw[u][w] = __ldg(p + w); }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GDN_STAGE_BATCH; u++) {
+            const int i = i0 + u * blockDim.x, r = i / cpr, c = (i - r * cpr) * VEC;
+            if (i >= n) { break; }
+            float x[VEC];
+            if (r < rv && c + VEC <= cv && aligned) {
+                const Src *v = (const Src *)raw[u];
+#pragma unroll
+                for (int e = 0; e < VEC; e++) { x[e] = (float)v[e]; }
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    x[e] = (r < rv && c + e < cv) ? (float)src[(long)r * tok_stride + c + e] : 0.0f;
+                }
+            }
+            const float sc = (row_scale != NULL && r < rv) ? row_scale[r] : 1.0f;
+            __align__(16) floatX out[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; e++) { out[e] = (floatX)(x[e] * sc); }
+            *(uint4 *)(dst + r * ld + c) = *(const uint4 *)out;
+        }
+    }
+}
+
+// two adjacent outputs of an accumulator fragment (columns 2t4, 2t4 + 1): one 4-byte store where both land and align
+__device__ __forceinline__ void gdn_put2(floatX *dst, float x0, float x1, bool ok0, bool ok1) {
+#if !FLOATX_IS_FP32
+    if (ok0 && ok1 && ((uintptr_t)dst & 3) == 0) {
+        *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(x0, x1);
+        return;
+    }
+#endif
+    if (ok0) { dst[0] = (floatX)x0; }
+    if (ok1) { dst[1] = (floatX)x1; }
+}
+
+// the CTA barrier of the chunk kernels: first this thread's cp.async copies from gdn_stage land
+__device__ __forceinline__ void gdn_sync() {
+    tiles::cp_async_commit();
+    tiles::cp_async_wait<0>();
+    __syncthreads();
 }
 
 // sG[r] = the cumulative decay G_r of the chunk's rows (r ≥ nv: the last valid row's, so padded rows decay nothing),
@@ -78,55 +143,81 @@ __device__ __forceinline__ void gdn_load_G(float *sG, const float *Gc, long row0
     if (threadIdx.x < GDN_L) { sG[threadIdx.x] = Gc[row0 + (long)min((int)threadIdx.x, nv - 1) * H]; }
 }
 
-// sT (64×65 fp32) = (I + A)⁻¹ for A (64×65 fp32) strictly lower triangular: forward substitution, a row at a time,
-// one thread a column (T[i][c] = δ_ic − Σ_{c ≤ j < i} A[i][j] T[j][c], in order)
-__device__ __forceinline__ void gdn_unit_lower_inverse(float *sT, const float *sA) {
-    const int c = threadIdx.x;
-    for (int i = 0; i < GDN_L; i++) {
-        if (c < GDN_L) {
+// sT (64×65 fp32) = (I + A)⁻¹ for A (64×65 fp32) strictly lower triangular, by 16×16 blocks (128 threads): each
+// warp inverts a diagonal block by forward substitution (a lane a column, T[i][c] = δ_ic − Σ_{c ≤ j < i} A[i][j]
+// T[j][c]), then block row bi = 1..3 in turn: X = Σ_{bj ≤ k < bi} A_{bi,k} T_{k,bj}, T_{bi,bj} = −T_{bi,bi} X.
+// scratch: 16×48 fp32. Ends synchronized.
+__device__ __forceinline__ void gdn_unit_lower_inverse(float *sT, const float *sA, float *scratch) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (w < 4 && lane < 16) {
+        const int base = 16 * w, c = lane;
+        for (int i = 0; i < 16; i++) {
             float x = c == i ? 1.0f : 0.0f;
-            for (int j = c; j < i; j++) { x -= sA[i * 65 + j] * sT[j * 65 + c]; }
-            sT[i * 65 + c] = x;
+            for (int j = c; j < i; j++) { x -= sA[(base + i) * 65 + base + j] * sT[(base + j) * 65 + base + c]; }
+            sT[(base + i) * 65 + base + c] = x;
+            __syncwarp(0x0000ffffu);
+        }
+    }
+    for (int e = threadIdx.x; e < GDN_L * GDN_L; e += blockDim.x) { // the blocks above the diagonal
+        const int r = e >> 6, c = e & 63;
+        if ((c >> 4) > (r >> 4)) { sT[r * 65 + c] = 0.0f; }
+    }
+    __syncthreads();
+    for (int bi = 1; bi < 4; bi++) {
+        const int n = 16 * bi; // columns 0..n−1 of block row bi
+        for (int e = threadIdx.x; e < 16 * n; e += blockDim.x) {
+            const int r = e / n, cc = e - r * n;
+            float x = 0.0f;
+            for (int k = (cc >> 4) << 4; k < n; k++) { x += sA[(n + r) * 65 + k] * sT[k * 65 + cc]; }
+            scratch[r * 48 + cc] = x;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < 16 * n; e += blockDim.x) {
+            const int r = e / n, cc = e - r * n;
+            float x = 0.0f;
+            for (int m = 0; m < 16; m++) { x += sT[(n + r) * 65 + n + m] * scratch[m * 48 + cc]; }
+            sT[(n + r) * 65 + cc] = -x;
         }
         __syncthreads();
     }
 }
 
-// A (strictly lower, fp32) and T = (I + A)⁻¹ of a chunk from its staged k (64 × Kp) and β, G; the raw k·kᵀ ∘ Γ
-// (strict) into sKKG when not NULL. Four warps: warp w the rows 16w..16w+15. Ends synchronized.
-__device__ __forceinline__ void gdn_chunk_A_T(float *sA, float *sT, float *sKKG, const floatX *sk, int ldk, int Kp,
+// the raw k·kᵀ ∘ Γ of a chunk (strictly lower, fp32) into sKKG and, when sA != NULL, A = β_r (k·kᵀ ∘ Γ) into sA, from
+// the staged k (64 × Kp), β and G. 4 or 8 warps: warp w the rows 16·(w & 3), the column halves from w >> 2 on.
+__device__ __forceinline__ void gdn_chunk_kkg(float *sA, float *sKKG, const floatX *sk, int ldk, int Kp,
                                               const float *sb, const float *sG) {
-    const int w = threadIdx.x >> 5;
-    if (w < 4) {
-        float acc[8][4] = {};
-        tiles::warp_gemm<8, false, true>(acc, sk + 16 * w * ldk, ldk, sk, ldk, Kp);
+    const int w = threadIdx.x >> 5, mt = w & 3;
+    for (int half = w >> 2; half < 2; half += blockDim.x / 128) {
+        float acc[4][4] = {};
+        tiles::warp_gemm<4, false, true>(acc, sk + 16 * mt * ldk, ldk, sk + 32 * half * ldk, ldk, Kp);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 4; j++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int r = 16 * w + tiles::acc_row(i), s = tiles::acc_col(j, i);
+                const int r = 16 * mt + tiles::acc_row(i), s = 32 * half + tiles::acc_col(j, i);
                 const float kkg = s < r ? acc[j][i] * expf(sG[r] - sG[s]) : 0.0f;
-                sA[r * 65 + s] = sb[r] * kkg;
+                if (sA != NULL) { sA[r * 65 + s] = sb[r] * kkg; }
                 if (sKKG != NULL) { sKKG[r * 65 + s] = kkg; }
             }
         }
     }
-    __syncthreads();
-    gdn_unit_lower_inverse(sT, sA);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
 // forward
 
-// grid (NC, H, B), 128 threads. Gc (B,T,H) fp32 the in-chunk cumsum of g; W (B,T,H,K), U (B,T,H,V); Pm (B,H,NC,64,64)
-// = tril(q kᵀ ∘ Γ). q, k (B,T,H,K) normalized; v a view (token stride v_stride); beta, g (B,T,H) fp32 (g = log α)
-__global__ void gdn_chunk_prep_kernel(floatX *W, floatX *U, floatX *Pm, float *Gc, const floatX *q, const floatX *k,
-                                      const floatX *v, int v_stride, const float *beta, const float *g, int T, int H,
-                                      int K, int V) {
+// grid (NC, H, B), 256 threads. Gc (B,T,H) fp32 the in-chunk cumsum of g; W (B,T,H,K), U (B,T,H,V); Pm, Tm
+// (B,H,NC,64,64): P = tril(q kᵀ ∘ Γ) and T = (I + A)⁻¹ (the wy kernel reads it back). q, k (B,T,H,K) normalized; v a
+// view (token stride v_stride); beta, g (B,T,H) fp32 (g = log α). Warp w: rows 16·(w & 3), column half w >> 2.
+__global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *U, floatX *Pm, floatX *Tm, float *Gc,
+                                                             const floatX *q, const floatX *k, const floatX *v,
+                                                             int v_stride, const float *beta, const float *g, int T,
+                                                             int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
     const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * GDN_L, nv = min(GDN_L, T - t0);
-    const int Kp = gdn_kp(K), ldk = Kp + 8, NC = gridDim.x, w = threadIdx.x >> 5;
+    const int Kp = gdn_kp(K), ldk = Kp + 8, NC = gridDim.x, w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
     const long row0 = ((long)b * T + t0) * H + h; // the (b, t0, h) token-head row
+    const long crow = (((long)b * H + h) * NC + c) * GDN_L * GDN_L; // this chunk's 64×64 in Pm, Tm
     floatX *sk = (floatX *)gdn_smem, *sq = sk + GDN_L * ldk;
     float *sA = (float *)(sq + GDN_L * ldk), *sT = sA + GDN_L * 65, *sb = sT + GDN_L * 65, *sG = sb + GDN_L;
     float *srs = sG + GDN_L;
@@ -138,7 +229,7 @@ __global__ void gdn_chunk_prep_kernel(floatX *W, floatX *U, floatX *Pm, float *G
         sb[r] = r < nv ? beta[row0 + (long)r * H] : 0.0f;
         srs[r] = r < nv ? g[row0 + (long)r * H] : 0.0f;
     }
-    __syncthreads();
+    gdn_sync();
     if (threadIdx.x < GDN_L) { // the in-chunk cumsum, in order
         const int r = threadIdx.x;
         float G = 0.0f;
@@ -146,55 +237,64 @@ __global__ void gdn_chunk_prep_kernel(floatX *W, floatX *U, floatX *Pm, float *G
         sG[r] = G;
         if (r < nv) { Gc[row0 + (long)r * H] = G; }
     }
-    __syncthreads();
+    gdn_sync();
     { // P = tril(q kᵀ ∘ Γ)
-        float acc[8][4] = {};
-        tiles::warp_gemm<8, false, true>(acc, sq + 16 * w * ldk, ldk, sk, ldk, Kp);
-        floatX *P = Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L;
+        float acc[4][4] = {};
+        tiles::warp_gemm<4, false, true>(acc, sq + 16 * mt * ldk, ldk, sk + 32 * half * ldk, ldk, Kp);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 4; j++) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = 16 * w + tiles::acc_row(i), s = tiles::acc_col(j, i);
-                P[r * GDN_L + s] = (floatX)(s <= r ? acc[j][i] * expf(sG[r] - sG[s]) : 0.0f);
+            for (int i = 0; i < 4; i += 2) {
+                const int r = 16 * mt + tiles::acc_row(i), s = 32 * half + tiles::acc_col(j, i);
+                gdn_put2(Pm + crow + r * GDN_L + s, s <= r ? acc[j][i] * expf(sG[r] - sG[s]) : 0.0f,
+                         s + 1 <= r ? acc[j][i + 1] * expf(sG[r] - sG[s + 1]) : 0.0f, true, true);
             }
         }
     }
-    gdn_chunk_A_T(sA, sT, NULL, sk, ldk, Kp, sb, sG);
-    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) {
-        sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)sT[(i >> 6) * 65 + (i & 63)];
-    }
+    gdn_chunk_kkg(sA, NULL, sk, ldk, Kp, sb, sG);
+    gdn_sync();
+    gdn_unit_lower_inverse(sT, sA, (float *)sv); // sv: free until U
     if (threadIdx.x < GDN_L) { srs[threadIdx.x] = sb[threadIdx.x] * expf(sG[threadIdx.x]); }
-    __syncthreads();
-    gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, srs); // β e^G ∘ k
-    __syncthreads();
-    for (int kb = 0; kb < Kp; kb += GDN_T) { // W = T (β e^G ∘ k)
-        float acc[8][4] = {};
-        tiles::warp_gemm<8, false, false>(acc, sTx + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_L);
+    gdn_sync();
+    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T diag(β e^G): W's factor; T itself out
+        const float t = sT[(i >> 6) * 65 + (i & 63)];
+        sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)(t * srs[i & 63]);
+        Tm[crow + i] = (floatX)t;
+    }
+    gdn_sync();
+    for (int kb = 0; kb < Kp; kb += GDN_T) { // W = T (β e^G ∘ k) = (T diag(β e^G)) k
+        float acc[4][4] = {};
+        tiles::warp_gemm<4, false, false>(acc, sTx + 16 * mt * GDN_LD, GDN_LD, sk + kb + 32 * half, ldk, GDN_L);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 4; j++) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = 16 * w + tiles::acc_row(i), col = kb + tiles::acc_col(j, i);
-                if (r < nv && col < K) { W[(row0 + (long)r * H) * K + col] = (floatX)acc[j][i]; }
+            for (int i = 0; i < 4; i += 2) {
+                const int r = 16 * mt + tiles::acc_row(i), col = kb + 32 * half + tiles::acc_col(j, i);
+                gdn_put2(W + (row0 + (long)r * H) * K + col, acc[j][i], acc[j][i + 1], r < nv && col < K,
+                         r < nv && col + 1 < K);
             }
         }
     }
-    for (int vb = 0; vb < V; vb += GDN_T) { // U = T (β ∘ v)
+    gdn_sync();
+    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T diag(β): U's factor
+        sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)(sT[(i >> 6) * 65 + (i & 63)] * sb[i & 63]);
+    }
+    for (int vb = 0; vb < V; vb += GDN_T) { // U = T (β ∘ v) = (T diag(β)) v
         gdn_stage(sv, GDN_LD, v + ((long)b * T + t0) * v_stride + (long)h * V + vb, v_stride, nv, V - vb, GDN_L,
-                  GDN_T, sb);
-        __syncthreads();
-        float acc[8][4] = {};
-        tiles::warp_gemm<8, false, false>(acc, sTx + 16 * w * GDN_LD, GDN_LD, sv, GDN_LD, GDN_L);
+                  GDN_T, (const float *)NULL);
+        gdn_sync();
+        float acc[4][4] = {};
+        tiles::warp_gemm<4, false, false>(acc, sTx + 16 * mt * GDN_LD, GDN_LD, sv + 32 * half, GDN_LD, GDN_L);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 4; j++) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = 16 * w + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
-                if (r < nv && col < V) { U[(row0 + (long)r * H) * V + col] = (floatX)acc[j][i]; }
+            for (int i = 0; i < 4; i += 2) {
+                const int r = 16 * mt + tiles::acc_row(i), col = vb + 32 * half + tiles::acc_col(j, i);
+                gdn_put2(U + (row0 + (long)r * H) * V + col, acc[j][i], acc[j][i + 1], r < nv && col < V,
+                         r < nv && col + 1 < V);
             }
         }
-        __syncthreads();
+        gdn_sync();
     }
 }
 static size_t gdn_prep_smem(int K) {
@@ -202,6 +302,24 @@ static size_t gdn_prep_smem(int K) {
     return 2 * (size_t)GDN_L * ldk * sizeof(floatX) + (2 * GDN_L * 65 + 3 * GDN_L) * sizeof(float) +
            2 * (size_t)GDN_L * GDN_LD * sizeof(floatX);
 }
+
+// the state tile sS (Kp × 64, staged) into dst rows (K × V, row stride V) at column vb: 16-byte stores where whole
+__device__ __forceinline__ void gdn_store_state(floatX *dst, const floatX *sS, int K, int V, int vb) {
+    constexpr int VEC = 16 / sizeof(floatX);
+    const bool vec = (V % VEC) == 0 && ((uintptr_t)dst & 15) == 0;
+    for (int i = threadIdx.x; i < K * (GDN_T / VEC); i += blockDim.x) {
+        const int r = i / (GDN_T / VEC), c = (i % (GDN_T / VEC)) * VEC;
+        if (vec && vb + c + VEC <= V) {
+            *(uint4 *)(dst + (long)r * V + vb + c) = *(const uint4 *)(sS + r * GDN_LD + c);
+        } else {
+            for (int e = 0; e < VEC && vb + c + e < V; e++) { dst[(long)r * V + vb + c + e] = sS[r * GDN_LD + c + e]; }
+        }
+    }
+}
+
+// the serial kernels' buffers: two sets in the bf16 build (the next chunk's tiles load while this one computes), one
+// in the fp32 build (its tiles are twice the size)
+#define GDN_NBUF (FLOATX_IS_FP32 ? 1 : 2)
 
 // grid (VT, H, B), 256 threads: the state's V tile vb..vb+63 walks the chunks. hst (B,H,NC,K,V) the state at each
 // chunk's start; vn (B,T,H,V) = U − W h_c. S0 / S_final: sequence b's (H,K,V) fp32 state at b·stride floats, or NULL
@@ -212,9 +330,9 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
     extern __shared__ __align__(16) char gdn_smem[];
     const int vb = blockIdx.x * GDN_T, h = blockIdx.y, b = blockIdx.z, NC = gdn_chunks(T);
     const int Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5, MT = Kp / 16;
-    floatX *sS = (floatX *)gdn_smem, *sW = sS + Kp * GDN_LD, *sk = sW + GDN_L * ldk, *sU = sk + GDN_L * ldk;
-    floatX *sVn = sU + GDN_L * GDN_LD;
-    float *sG = (float *)(sVn + GDN_L * GDN_LD);
+    const int BUF = 2 * GDN_L * ldk + GDN_L * GDN_LD; // one buffer: W, k, U
+    floatX *sS = (floatX *)gdn_smem, *sVn = sS + Kp * GDN_LD, *sbuf = sVn + GDN_L * GDN_LD;
+    float *sGb = (float *)(sbuf + GDN_NBUF * BUF); // (GDN_NBUF, 64)
     float S[2][8][4]; // rows 16·(w + 8m) of the state's K, the tile's 64 columns
 #pragma unroll
     for (int m = 0; m < 2; m++) {
@@ -228,11 +346,22 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
             }
         }
     }
-    for (int c = 0; c < NC; c++) {
+    auto stage_chunk = [&](int c, int buf) { // issue the chunk's copies (cp.async) and its decays
         const int t0 = c * GDN_L, nv = min(GDN_L, T - t0);
         const long row0 = ((long)b * T + t0) * H + h;
-        floatX *hc = hst + (((long)b * H + h) * NC + c) * K * V;
-        gdn_load_G(sG, Gc, row0, H, nv);
+        floatX *sW = sbuf + buf * BUF, *sk = sW + GDN_L * ldk, *sU = sk + GDN_L * ldk;
+        gdn_load_G(sGb + buf * GDN_L, Gc, row0, H, nv);
+        gdn_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        gdn_stage(sU, GDN_LD, U + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+    };
+    if (GDN_NBUF == 2) { stage_chunk(0, 0); }
+    for (int c = 0; c < NC; c++) {
+        const int buf = c % GDN_NBUF, t0 = c * GDN_L, nv = min(GDN_L, T - t0);
+        const long row0 = ((long)b * T + t0) * H + h;
+        floatX *sW = sbuf + buf * BUF, *sk = sW + GDN_L * ldk, *sU = sk + GDN_L * ldk;
+        const float *sG = sGb + buf * GDN_L;
+        if (GDN_NBUF == 1) { stage_chunk(c, 0); }
 #pragma unroll
         for (int m = 0; m < 2; m++) {
             if (w + 8 * m >= MT) { continue; }
@@ -240,17 +369,13 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
             for (int j = 0; j < 8; j++) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const int r = 16 * (w + 8 * m) + tiles::acc_row(i), col = tiles::acc_col(j, i);
-                    const floatX x = (floatX)S[m][j][i];
-                    sS[r * GDN_LD + col] = x;
-                    if (r < K && vb + col < V) { hc[(long)r * V + vb + col] = x; }
+                    sS[(16 * (w + 8 * m) + tiles::acc_row(i)) * GDN_LD + tiles::acc_col(j, i)] = (floatX)S[m][j][i];
                 }
             }
         }
-        gdn_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        gdn_stage(sU, GDN_LD, U + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        __syncthreads();
+        gdn_sync(); // chunk c's copies (issued last iteration) have landed, sS is whole
+        if (GDN_NBUF == 2 && c + 1 < NC) { stage_chunk(c + 1, buf ^ 1); } // lands during this chunk's products
+        gdn_store_state(hst + (((long)b * H + h) * NC + c) * K * V, sS, K, V, vb);
         { // Vn = U − W h_c: warp w rows 16·(w & 3), columns 32·(w >> 2)
             const int mt = w & 3, half = w >> 2;
             float acc[4][4] = {};
@@ -259,15 +384,24 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
 #pragma unroll
             for (int j = 0; j < 4; j++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
+                for (int i = 0; i < 4; i += 2) {
                     const int r = 16 * mt + tiles::acc_row(i), col = 32 * half + tiles::acc_col(j, i);
-                    const floatX x = (floatX)((float)sU[r * GDN_LD + col] - acc[j][i]);
-                    if (r < nv && vb + col < V) { vn[(row0 + (long)r * H) * V + vb + col] = x; }
-                    sVn[r * GDN_LD + col] = (floatX)((float)x * expf(GL - sG[r]));
+                    const floatX x0 = (floatX)((float)sU[r * GDN_LD + col] - acc[j][i]);
+                    const floatX x1 = (floatX)((float)sU[r * GDN_LD + col + 1] - acc[j][i + 1]);
+                    floatX *dst = vn + (row0 + (long)r * H) * V + vb + col;
+                    if (r < nv && vb + col + 1 < V) {
+                        dst[0] = x0;
+                        dst[1] = x1;
+                    } else if (r < nv && vb + col < V) {
+                        dst[0] = x0;
+                    }
+                    const float dec = expf(GL - sG[r]);
+                    sVn[r * GDN_LD + col] = (floatX)((float)x0 * dec);
+                    sVn[r * GDN_LD + col + 1] = (floatX)((float)x1 * dec);
                 }
             }
         }
-        __syncthreads();
+        __syncthreads(); // (not gdn_sync: the prefetch stays in flight)
         const float decay = expf(sG[GDN_L - 1]); // h_{c+1} = e^{G_L} h_c + kᵀ (e^{G_L − G} ∘ Vn)
 #pragma unroll
         for (int m = 0; m < 2; m++) {
@@ -297,8 +431,9 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
 }
 static size_t gdn_state_smem(int K) {
     const int Kp = gdn_kp(K), ldk = Kp + 8;
-    return ((size_t)Kp * GDN_LD + 2 * (size_t)GDN_L * ldk + 2 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
-           GDN_L * sizeof(float);
+    return ((size_t)Kp * GDN_LD + (size_t)GDN_L * GDN_LD +
+            GDN_NBUF * (2 * (size_t)GDN_L * ldk + (size_t)GDN_L * GDN_LD)) * sizeof(floatX) +
+           GDN_NBUF * GDN_L * sizeof(float);
 }
 
 // grid (NC, VT, B·H), 128 threads. o (B,T,H,V) = scale (e^G ∘ (q h_c) + P Vn)
@@ -317,18 +452,18 @@ __global__ void gdn_chunk_output_kernel(floatX *o, const floatX *q, const floatX
               (const float *)NULL);
     gdn_stage(svn, GDN_LD, vn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
     gdn_load_G(sG, Gc, row0, H, nv);
-    __syncthreads();
+    gdn_sync();
     float acc[8][4] = {}, acc2[8][4] = {};
     tiles::warp_gemm<8, false, false>(acc, sq + 16 * w * ldk, ldk, sS, GDN_LD, Kp);
     tiles::warp_gemm<8, false, false>(acc2, sP + 16 * w * GDN_LD, GDN_LD, svn, GDN_LD, GDN_L);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 4; i += 2) {
             const int r = 16 * w + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
-            if (r < nv && col < V) {
-                o[(row0 + (long)r * H) * V + col] = (floatX)(scale * (expf(sG[r]) * acc[j][i] + acc2[j][i]));
-            }
+            const float eG = scale * expf(sG[r]);
+            gdn_put2(o + (row0 + (long)r * H) * V + col, eG * acc[j][i] + scale * acc2[j][i],
+                     eG * acc[j][i + 1] + scale * acc2[j][i + 1], r < nv && col < V, r < nv && col + 1 < V);
         }
     }
 }
@@ -343,7 +478,7 @@ static size_t gdn_output_smem(int K) {
 
 // grid (VT, H, B), 256 threads, chunks in reverse. dhst (B,H,NC,K,V) dL/d(state at each chunk's end); dvn (B,T,H,V)
 // fp32 = dL/dVn; dS0 (sequence stride d0_stride) or NULL; dS_final or NULL (zero). dout (B,T,H,V) = dL/do
-__global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, float *dvn, float *dS0, long d0_stride,
+__global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, floatX *dvn, float *dS0, long d0_stride,
                                                                const float *dS_final, long df_stride, const floatX *q,
                                                                const floatX *k, const floatX *W, const floatX *Pm,
                                                                const floatX *dout, const float *Gc, float scale,
@@ -351,9 +486,10 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
     extern __shared__ __align__(16) char gdn_smem[];
     const int vb = blockIdx.x * GDN_T, h = blockIdx.y, b = blockIdx.z, NC = gdn_chunks(T);
     const int Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5, MT = Kp / 16;
-    floatX *sdS = (floatX *)gdn_smem, *skd = sdS + Kp * GDN_LD, *sqs = skd + GDN_L * ldk, *sW = sqs + GDN_L * ldk;
+    floatX *sdS = (floatX *)gdn_smem, *sk = sdS + Kp * GDN_LD, *sq = sk + GDN_L * ldk, *sW = sq + GDN_L * ldk;
     floatX *sP = sW + GDN_L * ldk, *sdo = sP + GDN_L * GDN_LD, *sdvn = sdo + GDN_L * GDN_LD;
-    float *sG = (float *)(sdvn + GDN_L * GDN_LD), *skdec = sG + GDN_L, *sqsc = skdec + GDN_L;
+    floatX *sdos = sdvn + GDN_L * GDN_LD; // do ∘ scale e^G (rows)
+    float *sG = (float *)(sdos + GDN_L * GDN_LD), *skdec = sG + GDN_L;
     float dS[2][8][4];
 #pragma unroll
     for (int m = 0; m < 2; m++) {
@@ -372,6 +508,12 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
         const long row0 = ((long)b * T + t0) * H + h;
         floatX *dhc = dhst + (((long)b * H + h) * NC + c) * K * V;
         gdn_load_G(sG, Gc, row0, H, nv);
+        gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        gdn_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        gdn_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        gdn_stage(sP, GDN_LD, Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L,
+                  GDN_L, (const float *)NULL);
+        gdn_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
 #pragma unroll
         for (int m = 0; m < 2; m++) {
             if (w + 8 * m >= MT) { continue; }
@@ -379,43 +521,35 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
             for (int j = 0; j < 8; j++) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const int r = 16 * (w + 8 * m) + tiles::acc_row(i), col = tiles::acc_col(j, i);
-                    const floatX x = (floatX)dS[m][j][i];
-                    sdS[r * GDN_LD + col] = x;
-                    if (r < K && vb + col < V) { dhc[(long)r * V + vb + col] = x; }
+                    sdS[(16 * (w + 8 * m) + tiles::acc_row(i)) * GDN_LD + tiles::acc_col(j, i)] = (floatX)dS[m][j][i];
                 }
             }
         }
-        __syncthreads();
-        if (threadIdx.x < GDN_L) {
-            skdec[threadIdx.x] = expf(sG[GDN_L - 1] - sG[threadIdx.x]);
-            sqsc[threadIdx.x] = scale * expf(sG[threadIdx.x]);
+        gdn_sync();
+        gdn_store_state(dhc, sdS, K, V, vb);
+        if (threadIdx.x < GDN_L) { skdec[threadIdx.x] = expf(sG[GDN_L - 1] - sG[threadIdx.x]); }
+        for (int i = threadIdx.x; i < GDN_L * GDN_T; i += blockDim.x) {
+            const int r = i >> 6, cc = i & 63;
+            sdos[r * GDN_LD + cc] = (floatX)((float)sdo[r * GDN_LD + cc] * scale * expf(sG[r]));
         }
-        __syncthreads();
-        gdn_stage(skd, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, skdec);
-        gdn_stage(sqs, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, sqsc);
-        gdn_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        gdn_stage(sP, GDN_LD, Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L,
-                  GDN_L, (const float *)NULL);
-        gdn_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        __syncthreads();
+        gdn_sync();
         { // dVn = scale Pᵀ do + (e^{G_L − G} ∘ k) dh
             const int mt = w & 3, half = w >> 2;
             float a1[4][4] = {}, a2[4][4] = {};
             tiles::warp_gemm<4, true, false>(a1, sP + 16 * mt, GDN_LD, sdo + 32 * half, GDN_LD, GDN_L);
-            tiles::warp_gemm<4, false, false>(a2, skd + 16 * mt * ldk, ldk, sdS + 32 * half, GDN_LD, Kp);
+            tiles::warp_gemm<4, false, false>(a2, sk + 16 * mt * ldk, ldk, sdS + 32 * half, GDN_LD, Kp);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int r = 16 * mt + tiles::acc_row(i), col = 32 * half + tiles::acc_col(j, i);
-                    const float x = scale * a1[j][i] + a2[j][i];
+                    const floatX x = (floatX)(scale * a1[j][i] + skdec[r] * a2[j][i]);
                     if (r < nv && vb + col < V) { dvn[(row0 + (long)r * H) * V + vb + col] = x; }
-                    sdvn[r * GDN_LD + col] = (floatX)(-x);
+                    sdvn[r * GDN_LD + col] = (floatX)(-(float)x);
                 }
             }
         }
-        __syncthreads();
+        gdn_sync();
         const float decay = expf(sG[GDN_L - 1]); // dh ← e^{G_L} dh + (scale e^G ∘ q)ᵀ do − Wᵀ dVn
 #pragma unroll
         for (int m = 0; m < 2; m++) {
@@ -425,10 +559,10 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
 #pragma unroll
                 for (int i = 0; i < 4; i++) { dS[m][j][i] *= decay; }
             }
-            tiles::warp_gemm<8, true, false>(dS[m], sqs + 16 * (w + 8 * m), ldk, sdo, GDN_LD, GDN_L);
+            tiles::warp_gemm<8, true, false>(dS[m], sq + 16 * (w + 8 * m), ldk, sdos, GDN_LD, GDN_L);
             tiles::warp_gemm<8, true, false>(dS[m], sW + 16 * (w + 8 * m), ldk, sdvn, GDN_LD, GDN_L);
         }
-        __syncthreads();
+        gdn_sync();
     }
     if (dS0 != NULL) {
 #pragma unroll
@@ -446,16 +580,16 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
 }
 static size_t gdn_dstate_smem(int K) {
     const int Kp = gdn_kp(K), ldk = Kp + 8;
-    return ((size_t)Kp * GDN_LD + 3 * (size_t)GDN_L * ldk + 3 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
-           3 * GDN_L * sizeof(float);
+    return ((size_t)Kp * GDN_LD + 3 * (size_t)GDN_L * ldk + 4 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
+           2 * GDN_L * sizeof(float);
 }
 
 // grid (NC, KT, B·H), 256 threads: the K columns kb..kb+63 of a chunk. dq (B,T,H,K); dk_part, dW (B,T,H,K) fp32:
 // dk before the WY terms, dL/dW; dgam_part (B,T,H,KT) fp32: this K tile's share of dL/dG_r (the decay terms of
 // q, k and the state; the chunk's last row also takes e^{G_L}⟨h_c, dh⟩ and Σ (dk_state ∘ k))
-__global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *dk_part, float *dW, float *dgam_part,
+__global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *dk_part, floatX *dW, float *dgam_part,
                                                             const floatX *q, const floatX *k, const floatX *vn,
-                                                            const float *dvn, const floatX *dout, const floatX *hst,
+                                                            const floatX *dvn, const floatX *dout, const floatX *hst,
                                                             const floatX *dhst, const float *Gc, float scale, int T,
                                                             int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
@@ -477,7 +611,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
         gdn_stage(sdvn, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
         gdn_stage(sS, GDN_LD, hst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
         gdn_stage(sdSp, GDN_LD, dhst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
-        __syncthreads();
+        gdn_sync();
         tiles::warp_gemm<4, false, true>(a_dq, sdo + 16 * mt * GDN_LD, GDN_LD, sS + 32 * half * GDN_LD, GDN_LD, GDN_T);
         tiles::warp_gemm<4, false, true>(a_dks, svn + 16 * mt * GDN_LD, GDN_LD, sdSp + 32 * half * GDN_LD, GDN_LD,
                                          GDN_T);
@@ -489,7 +623,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
             const int r = i >> 6, cc = i & 63;
             sdot += (float)sS[r * GDN_LD + cc] * (float)sdSp[r * GDN_LD + cc];
         }
-        __syncthreads();
+        gdn_sync();
     }
     // dSc = scale (do Vnᵀ) ∘ tril(Γ)
 #pragma unroll
@@ -502,7 +636,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
     }
     gdn_stage(sq, GDN_LD, q + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
     gdn_stage(sk, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-    __syncthreads();
+    gdn_sync();
     float a_dq2[4][4] = {}, a_dk2[4][4] = {};
     tiles::warp_gemm<4, false, false>(a_dq2, sdSc + 16 * mt * GDN_LD, GDN_LD, sk + 32 * half, GDN_LD, GDN_L);
     tiles::warp_gemm<4, true, false>(a_dk2, sdSc + 16 * mt, GDN_LD, sq + 32 * half, GDN_LD, GDN_L);
@@ -521,7 +655,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
                 const long o = (row0 + (long)r * H) * K + col;
                 dq[o] = (floatX)dqv;
                 dk_part[o] = dkc;
-                dW[o] = -a_dW[j][i];
+                dW[o] = (floatX)(-a_dW[j][i]);
             }
             gam[i >> 1] += dqv * qv - dkc * kv;
             ext += dks * kv;
@@ -543,7 +677,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
         sred[2 * GDN_L + w] = ext;
         sred[2 * GDN_L + 8 + w] = sdot;
     }
-    __syncthreads();
+    gdn_sync();
     if (threadIdx.x < nv) {
         const int r = threadIdx.x;
         float x = sred[r] + sred[GDN_L + r];
@@ -564,35 +698,36 @@ static size_t gdn_dqk_smem() { return 8 * (size_t)GDN_L * GDN_LD * sizeof(floatX
 // dv (view, token stride dv_stride) = β Tᵀ dVn; dbeta (B,T,H); dg (B,T,H) = dL/d(log α) (reverse cumsum of dL/dG)
 __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *dv, int dv_stride, float *dbeta,
                                                            float *dg, const floatX *k, const floatX *v, int v_stride,
-                                                           const float *beta, const float *Gc, const float *dW,
-                                                           const float *dvn, const float *dk_part,
-                                                           const float *dgam_part, int T, int H, int K, int V) {
+                                                           const float *beta, const float *Gc, const floatX *dW,
+                                                           const floatX *dvn, const float *dk_part,
+                                                           const float *dgam_part, const floatX *Tm, int T, int H,
+                                                           int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
     const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * GDN_L, nv = min(GDN_L, T - t0);
+    const int NC = gridDim.x;
     const int Kp = gdn_kp(K), ldk = Kp + 8, KT = Kp / GDN_T, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long row0 = ((long)b * T + t0) * H + h;
     const long vrow0 = ((long)b * T + t0) * v_stride + (long)h * V, dvrow0 = ((long)b * T + t0) * dv_stride + (long)h * V;
     const int TILE = GDN_L * GDN_LD;
     floatX *sk = (floatX *)gdn_smem, *sTx = sk + GDN_L * ldk, *t1 = sTx + TILE, *t2 = t1 + TILE, *sDm = t2 + TILE;
-    float *sA = (float *)(sDm + TILE), *sT = sA + GDN_L * 65, *sKKG = sT + GDN_L * 65, *sb = sKKG + GDN_L * 65;
+    float *sKKG = (float *)(sDm + TILE), *sb = sKKG + GDN_L * 65;
     float *sG = sb + GDN_L, *srs = sG + GDN_L, *sdb = srs + GDN_L, *sdgm = sdb + GDN_L, *swy = sdgm + GDN_L;
     gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
     gdn_load_G(sG, Gc, row0, H, nv);
     if (threadIdx.x < GDN_L) { sb[threadIdx.x] = threadIdx.x < nv ? beta[row0 + (long)threadIdx.x * H] : 0.0f; }
-    __syncthreads();
-    if (threadIdx.x < GDN_L) { srs[threadIdx.x] = sb[threadIdx.x] * expf(sG[threadIdx.x]); }
-    gdn_chunk_A_T(sA, sT, sKKG, sk, ldk, Kp, sb, sG);
-    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) {
-        sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)sT[(i >> 6) * 65 + (i & 63)];
-    }
-    __syncthreads();
+    gdn_stage(sTx, GDN_LD, Tm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
+              (const float *)NULL); // T = (I + A)⁻¹ as the prep kernel left it
+    gdn_sync();
+    gdn_chunk_kkg(NULL, sKKG, sk, ldk, Kp, sb, sG);
+    gdn_sync();
     float db[2] = {0.0f, 0.0f}, dgm[2] = {0.0f, 0.0f}; // this lane's rows 16w + g and 16w + g + 8
-    float aT[8][4] = {};                                // dTm = dW Ktᵀ + dVn Vtᵀ
+    // dTm = dW Ktᵀ + dVn Vtᵀ = (dW kᵀ diag(e^G) + dVn vᵀ) diag(β): the two products apart, the column scales after
+    float aTv[8][4] = {}, aTk[8][4] = {};
     for (int vb = 0; vb < V; vb += GDN_T) {
         gdn_stage(t1, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_stage(t2, GDN_LD, v + vrow0 + vb, (long)v_stride, nv, V - vb, GDN_L, GDN_T, sb);
-        __syncthreads();
-        tiles::warp_gemm<8, false, true>(aT, t1 + 16 * w * GDN_LD, GDN_LD, t2, GDN_LD, GDN_T);
+        gdn_stage(t2, GDN_LD, v + vrow0 + vb, (long)v_stride, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        gdn_sync();
+        tiles::warp_gemm<8, false, true>(aTv, t1 + 16 * w * GDN_LD, GDN_LD, t2, GDN_LD, GDN_T);
         float aV[8][4] = {}; // dVt = Tᵀ dVn
         tiles::warp_gemm<8, true, false>(aV, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);
 #pragma unroll
@@ -606,24 +741,24 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
                 }
             }
         }
-        __syncthreads();
+        gdn_sync();
     }
     for (int kb = 0; kb < Kp; kb += GDN_T) {
         gdn_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_stage(t2, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, srs); // Kt = β e^G k
-        __syncthreads();
-        tiles::warp_gemm<8, false, true>(aT, t1 + 16 * w * GDN_LD, GDN_LD, t2, GDN_LD, GDN_T);
-        __syncthreads();
+        gdn_sync();
+        tiles::warp_gemm<8, false, true>(aTk, t1 + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_T);
+        gdn_sync();
     }
     // dA = −(Tᵀ dTm Tᵀ) on the strict lower triangle
 #pragma unroll
     for (int j = 0; j < 8; j++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            t1[(16 * w + tiles::acc_row(i)) * GDN_LD + tiles::acc_col(j, i)] = (floatX)aT[j][i];
+            const int s = tiles::acc_col(j, i);
+            t1[(16 * w + tiles::acc_row(i)) * GDN_LD + s] = (floatX)(sb[s] * (aTv[j][i] + expf(sG[s]) * aTk[j][i]));
         }
     }
-    __syncthreads();
+    gdn_sync();
     {
         float aX[8][4] = {};
         tiles::warp_gemm<8, true, false>(aX, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);
@@ -635,7 +770,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
             }
         }
     }
-    __syncthreads();
+    gdn_sync();
     {
         float aA[8][4] = {};
         tiles::warp_gemm<8, false, true>(aA, t2 + 16 * w * GDN_LD, GDN_LD, sTx, GDN_LD, GDN_L);
@@ -648,11 +783,11 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
                 const float kkg = sKKG[r * 65 + s];
                 sDm[r * GDN_LD + s] = (floatX)(s < r ? dA * expf(sG[r] - sG[s]) : 0.0f);
                 db[i >> 1] += dA * kkg;
-                sKKG[r * 65 + s] = dA * sA[r * 65 + s]; // dA ∘ A: its row sums minus its column sums go to dG
+                sKKG[r * 65 + s] = dA * sb[r] * kkg; // dA ∘ A: its row sums minus its column sums go to dG
             }
         }
     }
-    __syncthreads();
+    gdn_sync();
     if (threadIdx.x < GDN_L) {
         const int r = threadIdx.x;
         float x = 0.0f;
@@ -660,13 +795,16 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         for (int s = 0; s < GDN_L; s++) { x -= sKKG[s * 65 + r]; }
         swy[r] = x;
     }
+    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // t2 = diag(β) Dm: Dmᵀ (β k) = (diag(β) Dm)ᵀ k
+        const int r = i >> 6, cc = i & 63;
+        t2[r * GDN_LD + cc] = (floatX)((float)sDm[r * GDN_LD + cc] * sb[r]);
+    }
     for (int kb = 0; kb < Kp; kb += GDN_T) {
         gdn_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_stage(t2, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, sb); // β k
-        __syncthreads();
+        gdn_sync();
         float a1[8][4] = {}, a2[8][4] = {}, a3[8][4] = {};
         tiles::warp_gemm<8, false, false>(a1, sDm + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_L); // Dm k
-        tiles::warp_gemm<8, true, false>(a2, sDm + 16 * w, GDN_LD, t2, GDN_LD, GDN_L);             // Dmᵀ (β k)
+        tiles::warp_gemm<8, true, false>(a2, t2 + 16 * w, GDN_LD, sk + kb, ldk, GDN_L);            // Dmᵀ (β k)
         tiles::warp_gemm<8, true, false>(a3, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);             // dKt = Tᵀ dW
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -682,7 +820,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
                 dgm[i >> 1] += sb[r] * eG * kv * a3[j][i];
             }
         }
-        __syncthreads();
+        gdn_sync();
     }
 #pragma unroll
     for (int x = 0; x < 2; x++) {
@@ -698,7 +836,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         sdgm[r] = dgm[0];
         sdgm[r + 8] = dgm[1];
     }
-    __syncthreads();
+    gdn_sync();
     if (threadIdx.x < nv) { // dL/dG_r in full, into srs
         const int r = threadIdx.x;
         float x = sdgm[r] + swy[r];
@@ -706,7 +844,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         srs[r] = x;
         dbeta[row0 + (long)r * H] = sdb[r];
     }
-    __syncthreads();
+    gdn_sync();
     if (threadIdx.x < nv) { // G_r = Σ_{s ≤ r} g_s: dg_s = Σ_{r ≥ s} dG_r
         const int s = threadIdx.x;
         float x = 0.0f;
@@ -716,21 +854,21 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
 }
 static size_t gdn_wy_smem(int K) {
     const int ldk = gdn_kp(K) + 8;
-    return ((size_t)GDN_L * ldk + 4 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
-           (3 * GDN_L * 65 + 6 * GDN_L) * sizeof(float);
+    return ((size_t)GDN_L * ldk + 4 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) + (GDN_L * 65 + 6 * GDN_L) * sizeof(float);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
 // the launchers of the chunked recurrence
 
 typedef struct {
-    floatX *W, *U, *Pm, *hst, *vn; // (B,T,H,K), (B,T,H,V), (B,H,NC,64,64), (B,H,NC,K,V), (B,T,H,V)
+    floatX *W, *U, *Pm, *Tm, *hst, *vn; // (B,T,H,K), (B,T,H,V), (B,H,NC,64,64) ×2, (B,H,NC,K,V), (B,T,H,V)
     float *Gc;                     // (B,T,H)
 } GDNChunkBufs;
 
 typedef struct {
     floatX *dhst, *dq;                      // (B,H,NC,K,V), (B,T,H,K)
-    float *dvn, *dk_part, *dW, *dgam_part;  // (B,T,H,V), (B,T,H,K) ×2, (B,T,H,KT)
+    floatX *dvn, *dW;                       // (B,T,H,V), (B,T,H,K)
+    float *dk_part, *dgam_part;             // (B,T,H,K), (B,T,H,KT)
 } GDNChunkGrads;
 
 static void gdn_chunk_bufs_take(GDNChunkBufs *f, DeviceArena *ar, int B, int T, int H, int K, int V) {
@@ -738,6 +876,7 @@ static void gdn_chunk_bufs_take(GDNChunkBufs *f, DeviceArena *ar, int B, int T, 
     f->W = TAKE_X(ar, BTH * K);
     f->U = TAKE_X(ar, BTH * V);
     f->Pm = TAKE_X(ar, (size_t)B * H * NC * GDN_L * GDN_L);
+    f->Tm = TAKE_X(ar, (size_t)B * H * NC * GDN_L * GDN_L);
     f->hst = TAKE_X(ar, (size_t)B * H * NC * K * V);
     f->vn = TAKE_X(ar, BTH * V);
     f->Gc = TAKE_F(ar, BTH);
@@ -746,9 +885,9 @@ static void gdn_chunk_grads_take(GDNChunkGrads *g, DeviceArena *ar, int B, int T
     const size_t BTH = (size_t)B * T * H, NC = gdn_chunks(T);
     g->dhst = TAKE_X(ar, (size_t)B * H * NC * K * V);
     g->dq = TAKE_X(ar, BTH * K);
-    g->dvn = TAKE_F(ar, BTH * V);
+    g->dvn = TAKE_X(ar, BTH * V);
     g->dk_part = TAKE_F(ar, BTH * K);
-    g->dW = TAKE_F(ar, BTH * K);
+    g->dW = TAKE_X(ar, BTH * K);
     g->dgam_part = TAKE_F(ar, BTH * (gdn_kp(K) / GDN_T));
 }
 
@@ -785,8 +924,8 @@ static void gdn_chunk_forward(floatX *o, GDNChunkBufs *f, float *S_final, long s
     gdn_set_smem((const void *)gdn_chunk_prep_kernel, s1);
     gdn_set_smem((const void *)gdn_chunk_state_kernel, s2);
     gdn_set_smem((const void *)gdn_chunk_output_kernel, s3);
-    gdn_chunk_prep_kernel<<<dim3(NC, H, B), 128, s1, stream>>>(f->W, f->U, f->Pm, f->Gc, q, k, v, v_stride, beta, g, T,
-                                                                 H, K, V);
+    gdn_chunk_prep_kernel<<<dim3(NC, H, B), 256, s1, stream>>>(f->W, f->U, f->Pm, f->Tm, f->Gc, q, k, v, v_stride,
+                                                                 beta, g, T, H, K, V);
     cudaCheck(cudaGetLastError());
     gdn_chunk_state_kernel<<<dim3(VT, H, B), 256, s2, stream>>>(f->hst, f->vn, S_final, sf_stride, S0, s0_stride, f->W,
                                                                   f->U, k, f->Gc, T, H, K, V);
@@ -818,7 +957,8 @@ static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbe
                                                                      scale, T, H, K, V);
     cudaCheck(cudaGetLastError());
     gdn_chunk_wy_kernel<<<dim3(NC, H, B), 128, s3, stream>>>(dk, dv, dv_stride, dbeta, dg, k, v, v_stride, beta, f->Gc,
-                                                               gr->dW, gr->dvn, gr->dk_part, gr->dgam_part, T, H, K, V);
+                                                               gr->dW, gr->dvn, gr->dk_part, gr->dgam_part, f->Tm, T,
+                                                               H, K, V);
     cudaCheck(cudaGetLastError());
 }
 
@@ -835,7 +975,7 @@ __global__ void gdn_step_kernel(floatX *o, float *S, long stride, const floatX *
         sq[i] = (float)q[r * K + i];
         sk[i] = (float)k[r * K + i];
     }
-    __syncthreads();
+    gdn_sync();
     if (j >= V) { return; }
     float *Sh = S + (long)b * stride + (long)h * K * V + j;
     const float alpha = expf(g[r]), be = beta[r];

@@ -11,11 +11,12 @@ which refuses a letter without an implementation. A new kind adds its include an
 #include "gdn.cuh"       // G: Gated DeltaNet
 #include "gru.cuh"       // U: GRU baseline
 #include "m2rnn.cuh"     // M: M²RNN
+#include "mamba2.cuh"    // S: Mamba-2
 #include "moe.cuh"       // e: mixture of experts
 #include "rnn.cuh"       // R: RNN baseline
 #include "swiglu.cuh"    // s: SwiGLU feed-forward
 
-static const KindOps *const GPU_KINDS[] = {&M2RNN_OPS, &ATTENTION_OPS, &RNN_OPS, &GRU_OPS, &SWIGLU_OPS, &MOE_OPS, &GDN_OPS};
+static const KindOps *const GPU_KINDS[] = {&M2RNN_OPS, &ATTENTION_OPS, &RNN_OPS, &GRU_OPS, &SWIGLU_OPS, &MOE_OPS, &GDN_OPS, &MAMBA2_OPS};
 
 static const KindOps *kind_ops(char letter) {
     for (size_t i = 0; i < sizeof(GPU_KINDS) / sizeof(GPU_KINDS[0]); i++) {
@@ -23,7 +24,7 @@ static const KindOps *kind_ops(char letter) {
     }
     const LayerKind *row = mixer_kind(letter) != NULL ? mixer_kind(letter) : ffn_kind(letter);
     fail_with_hint("train this model with ./train_m2rnn_cpu (the CPU reference has every kind), or use the kinds the GPU "
-                   "has: M, A, R, U, G, s, e",
+                   "has: M, A, R, U, G, S, s, e",
                    "layer kind '%c' (%s) has no GPU implementation yet", letter, row != NULL ? row->name : "unknown");
 }
 

@@ -6,12 +6,13 @@ and loss of the first batch, every parameter gradient of that batch, and the los
 logits, loss and gradients once more with the weights rounded to bf16 as the bf16 GPU build holds them (all but A_log
 and dt_bias, which the GPU reads from its fp32 master). The bf16 build is compared with the latter: some gradients
 (A_log, dt_bias and W of a layer) move by 3-5e-2 from that rounding alone, in exact fp32 arithmetic, which no kernel
-can undo. Three models: MMAM (M²RNN, six value heads sharing one q/k head, RoPE attention of 4 query heads over 2 kv
+can undo. Four models: MMAM (M²RNN, six value heads sharing one q/k head, RoPE attention of 4 query heads over 2 kv
 heads: GQA), RUAR (the RNN and GRU baselines with RoPE attention, 2 heads) and GAGM (Gated DeltaNet[−1,1], 2 heads of
-K=32, V=48, beside attention and M²RNN). (RUAR with 4 attention heads is a
+K=32, V=48, beside attention and M²RNN) and SAMS (Mamba-2: 4 heads of P=32, state N=24, 2 groups, beside attention
+and M²RNN). (RUAR with 4 attention heads is a
 chaotic trainer: on an H100 the fp32 GPU build tracks the CPU for 4 steps, then the gap grows about 2× a step to 1e-2
 at step 20, with or without GQA, while its first-step gradients agree at 2e-6: rounding amplified, not a wrong op.)
-usage: build/gen_gpu_reference OUT_DIR PATTERN [HEADS KV_HEADS]  (PATTERN: MMAM, RUAR or GAGM)   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/gpu_ref_data.bin
+usage: build/gen_gpu_reference OUT_DIR PATTERN [HEADS KV_HEADS]  (PATTERN: MMAM, RUAR, GAGM or SAMS)   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/gpu_ref_data.bin
 */
 #define TESTING
 #include "train_m2rnn.c"
@@ -34,8 +35,10 @@ int main(int argc, char **argv) {
     config.swiglu.hidden = 128; config.m2rnn.grad_clamp = 1.0f; config.attn.rope = 1;
     config.vrnn.heads = 8; config.vrnn.head_dim = 16;
     config.gdn.heads = 2; config.gdn.k = 32; config.gdn.v = 48; config.gdn.neg = 1; // K, V short of the 64-wide tiles
-    if (strcmp(argv[2], "MMAM") != 0 && strcmp(argv[2], "RUAR") != 0 && strcmp(argv[2], "GAGM") != 0) {
-        fail_with_hint("the references are MMAM, RUAR and GAGM", "unknown reference pattern '%s'", argv[2]);
+    config.mamba2.inner = 128; config.mamba2.head_dim = 32; config.mamba2.state = 24; config.mamba2.groups = 2;
+    if (strcmp(argv[2], "MMAM") != 0 && strcmp(argv[2], "RUAR") != 0 && strcmp(argv[2], "GAGM") != 0 &&
+        strcmp(argv[2], "SAMS") != 0) {
+        fail_with_hint("the references are MMAM, RUAR, GAGM and SAMS", "unknown reference pattern '%s'", argv[2]);
     }
     if (strcmp(argv[2], "MMAM") == 0) { config.attn.heads = 4; config.attn.kv_heads = 2; } // GQA: 2 q heads a kv head
     if (argc == 5) { config.attn.heads = atoi(argv[3]); config.attn.kv_heads = atoi(argv[4]); } // other attention shapes

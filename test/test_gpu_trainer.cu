@@ -1,11 +1,11 @@
 /*
-test_gpu_trainer.cu: the CUDA trainer held to the fp32 CPU reference on two tiny hybrids written by
+test_gpu_trainer.cu: the CUDA trainer held to the fp32 CPU reference on four tiny hybrids written by
 build/gen_gpu_reference: MMAM (M²RNN with six value heads sharing one q/k head; RoPE attention with GQA, 4 query heads
-over 2 kv heads), RUAR (the RNN and GRU baselines; RoPE attention with 2 heads) and GAGM (Gated DeltaNet[−1,1] with K
-and V short of the chunk kernels' 64-wide tiles, beside attention and M²RNN). For each: the logits and loss of
-one batch, every parameter gradient (normwise relative error per tensor), the losses of 20 AdamW steps, repeatable
-gradients, and recurrent decoding (each kind's single-token step) against the GPU's own forward logits at every
-position.
+over 2 kv heads), RUAR (the RNN and GRU baselines; RoPE attention with 2 heads), GAGM (Gated DeltaNet[−1,1] with K and
+V short of the chunk kernels' 64-wide tiles, beside attention and M²RNN) and SAMS (Mamba-2 with 2 groups and a state
+of 24, beside attention and M²RNN). For each: the logits and loss of one batch, every parameter gradient (normwise
+relative error per tensor), the losses of 20 AdamW steps, repeatable gradients, and recurrent decoding (each kind's
+single-token step) against the GPU's own forward logits at every position.
 The fp32 build (make PRECISION=FP32) is held at 1e-4 to the reference with the exact weights, all 20 steps included.
 The bf16 build, where the tensor-core recurrence and the plain fp32 recurrence are both checked, is held at 2e-2 to
 the reference evaluated at the same bf16-rounded weights it computes with (its losses to the exact reference), with
@@ -16,6 +16,9 @@ these exceptions, each measured:
   for their products) A_log and dt_bias of the layer under the attention 2.8e-2 and W of the layer above it 3.0e-2 on
   an H100, while the attention's own gradients were at 1.0e-2 (the attention kernels alone meet 3e-3 against float64
   in test_attention_gpu);
+- SAMS's M²RNN decay gates (A_log, dt_bias of layer 2, under the Mamba-2 layer) at 8e-2: 6.2e-2 on an H100, while
+  the fp32 build of the same kernels meets 3.3e-6 on every SAMS tensor and the bf16 losses track the CPU's at 8e-4
+  for 10 steps: the cancelling token sums of the decay gradient amplify the Mamba-2 layer's bf16 rounding;
 - every RUAR gradient at 3e-2: its RMSNorm and conv weight gradients are token sums with the same cancellation
   (2.3e-2 and 2.0e-2 on an H100), while the fp32 build of the same kernels meets 4e-6;
 - the losses for the first 10 steps only: the bf16 and exact trajectories separate after that as rounding differences
@@ -24,7 +27,7 @@ these exceptions, each measured:
 - decoding at 3e-2 against the bf16 forward, which rounds P to bf16 for P·V where the decode kernel keeps it in fp32,
   and whose M²RNN reads bf16 states through the tensor cores while the step kernel rounds them itself.
 Skips cleanly without a GPU.
-usage: build/test_gpu_trainer [REF_DIR]   (default build/gpu_ref, holding MMAM/, RUAR/ and GAGM/)
+usage: build/test_gpu_trainer [REF_DIR]   (default build/gpu_ref, holding MMAM/, RUAR/, GAGM/ and SAMS/)
 */
 #define TESTING
 #include "train_m2rnn.cu"
@@ -38,6 +41,7 @@ usage: build/test_gpu_trainer [REF_DIR]   (default build/gpu_ref, holding MMAM/,
 #define SUITE "test_gpu_trainer"
 #endif
 #define BF16_TRACKED_STEPS 10 // see the top
+static double decay_tol = 2 * TOL; // the bf16 bound of the decay gates' and M²RNN W's gradients (see the top)
 
 typedef struct {
     int B, T, steps, n, Vp;
@@ -199,7 +203,7 @@ static void run_case(const char *label, const char *dir, const Reference *r, int
         const double e = rel_err(grads + s->offset, r->grads + s->offset, s->numel);
         double tol = tol_grad; // see the comment at the top
         if (!FLOATX_IS_FP32 && (ends_with(s->name, ".A_log") || ends_with(s->name, ".dt_bias") || ends_with(s->name, "m2rnn.W"))) {
-            tol = fmax(tol, 2 * TOL);
+            tol = fmax(tol, decay_tol);
         }
         if (e > worst) { worst = e; worst_name = s->name; }
         if (e >= tol || getenv("M2RNN_TEST_VERBOSE") != NULL) { printf("     %s: rel err %.2e (tol %.0e)\n", s->name, e, tol); }
@@ -279,5 +283,10 @@ int main(int argc, char **argv) {
     m2rnn_deterministic = 1;
 #endif
     run_case(FLOATX_IS_FP32 ? "GAGM fp32" : "GAGM bf16", dir, &rg, 0, FLOATX_IS_FP32 ? TOL : 3e-2);
+    Reference rs;
+    snprintf(dir, sizeof(dir), "%s/SAMS", root);
+    read_reference(&rs, dir);
+    decay_tol = 8e-2; // see the top: the M²RNN under the Mamba-2 layer
+    run_case(FLOATX_IS_FP32 ? "SAMS fp32" : "SAMS bf16", dir, &rs, 0, FLOATX_IS_FP32 ? TOL : 3e-2);
     return test_summary(SUITE);
 }

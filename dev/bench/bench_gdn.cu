@@ -92,12 +92,12 @@ int main(int argc, char **argv) {
         const int VT = CEIL_DIV(V, GDN_T), KTi = gdn_kp(K) / GDN_T;
         const float scale = 1.0f / sqrtf((float)K);
         float kms[6];
-        kms[0] = median_ms([&]() { gdn_chunk_prep_kernel<<<dim3(NC, H, B), 128, gdn_prep_smem(K), st>>>(f.W, f.U, f.Pm, f.Gc, qn, kn, v, CD, beta, g, T, H, K, V); }, repeats, st);
+        kms[0] = median_ms([&]() { gdn_chunk_prep_kernel<<<dim3(NC, H, B), 256, gdn_prep_smem(K), st>>>(f.W, f.U, f.Pm, f.Tm, f.Gc, qn, kn, v, CD, beta, g, T, H, K, V); }, repeats, st);
         kms[1] = median_ms([&]() { gdn_chunk_state_kernel<<<dim3(VT, H, B), 256, gdn_state_smem(K), st>>>(f.hst, f.vn, NULL, 0, NULL, 0, f.W, f.U, kn, f.Gc, T, H, K, V); }, repeats, st);
         kms[2] = median_ms([&]() { gdn_chunk_output_kernel<<<dim3(NC, VT, B * H), 128, gdn_output_smem(K), st>>>(o, qn, f.hst, f.Pm, f.vn, f.Gc, scale, T, H, K, V); }, repeats, st);
         kms[3] = median_ms([&]() { gdn_chunk_dstate_kernel<<<dim3(VT, H, B), 256, gdn_dstate_smem(K), st>>>(gr.dhst, gr.dvn, NULL, 0, NULL, 0, qn, kn, f.W, f.Pm, dout, f.Gc, scale, T, H, K, V); }, repeats, st);
         kms[4] = median_ms([&]() { gdn_chunk_dqk_kernel<<<dim3(NC, KTi, B * H), 256, gdn_dqk_smem(), st>>>(gr.dq, gr.dk_part, gr.dW, gr.dgam_part, qn, kn, f.vn, gr.dvn, dout, f.hst, gr.dhst, f.Gc, scale, T, H, K, V); }, repeats, st);
-        kms[5] = median_ms([&]() { gdn_chunk_wy_kernel<<<dim3(NC, H, B), 128, gdn_wy_smem(K), st>>>(dk, dx + 2 * HK, CD, dbeta, dg, kn, v, CD, beta, f.Gc, gr.dW, gr.dvn, gr.dk_part, gr.dgam_part, T, H, K, V); }, repeats, st);
+        kms[5] = median_ms([&]() { gdn_chunk_wy_kernel<<<dim3(NC, H, B), 128, gdn_wy_smem(K), st>>>(dk, dx + 2 * HK, CD, dbeta, dg, kn, v, CD, beta, f.Gc, gr.dW, gr.dvn, gr.dk_part, gr.dgam_part, f.Tm, T, H, K, V); }, repeats, st);
         cudaCheck(cudaGetLastError());
         // the floor: bytes (q, k, v read, o written; h written and read back by the output kernel) at the device's
         // bandwidth, FLOPs at the dense bf16 mma.sync rate (≈ 660 TFLOP/s measured for FlashAttention-2-class kernels)

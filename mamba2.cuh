@@ -1,0 +1,912 @@
+/*
+mamba2.cuh: Mamba-2 (the S row of layers.h) on the GPU, mirroring ref/mamba2.h (whose comment gives the layer): the
+projection z | x | B | C | dt, the causal conv with bias + SiLU on x|B|C (conv.cuh), dt = softplus(dt_raw + dt_bias),
+the SSD recurrence in chunked form on the tensor cores, the gate y ⊙ SiLU(z) (gate.cuh), the RMSNorm per group of
+DI/G channels, the output projection; the backward in reverse; the single-token step and the T-token advance of
+decoding.
+
+The recurrence, per sequence b and head h (group g = h / (H/G) supplies B and C), state S ∈ R^{P×N}, A = −exp(A_log):
+    S_t = exp(dt_t A) S_{t−1} + dt_t x_t B_tᵀ,   y_t = S_t C_t + D x_t          (S_{−1} = h0 or 0)
+Chunked (SSD) form over chunks of L = 64 tokens (the float64 oracle shared/tools/gdn_mamba2_oracle.py,
+ssd_chunk_fwd / ssd_chunk_bwd, is the spec): Acs = the chunk's inclusive cumsum of dt·A,
+    state pass:  S_start[c+1] = e^{Acs_last} S_start[c] + Σ_s e^{Acs_last − Acs_s} dt_s x_s B_sᵀ
+    chunk scan:  y_l = Σ_{s≤l} (C_l·B_s) e^{Acs_l − Acs_s} dt_s x_s + e^{Acs_l} S_start C_l + D x_l
+The backward runs the same state pass in reverse for the state gradients dS_end[c] (dS ← e^{Acs_last} dS +
+Σ_l e^{Acs_l} dy_l C_lᵀ, from dh_final; what is left after chunk 0 is dh0), then one kernel per (b, chunk, group)
+computes dx, ddt, dB, dC and the dA_log, dD partials from S_start[c] and dS_end[c] (formulas at the kernel).
+
+Numeric contract: the tensor-core products take bf16 operands (x, B, C, dy as stored in bf16) and accumulate in fp32;
+the fp32 build (PRECISION=FP32) stages fp32 tiles and multiplies them on the FMA pipe (tiles.cuh's fp32 warp_gemm),
+unrounded. Rounded to bf16 (floatX) besides the inputs: S_start and dS_end (stored between kernels), the decay-weighted operands
+(x·e^{Acs_last−Acs}·dt, dy·e^{Acs}, x·e^{Acs_last−Acs}·dt in the backward), the masked chunk matrices
+(C Bᵀ ∘ Λ ∘ dt in the forward, its transpose-use in dx), and the head-summed d(C Bᵀ) before its two last products.
+The carried state of a pass, the cumsums, every decay, dt, ddt, the final state, dh0 and all reductions are fp32.
+Gradients are deterministic: no float atomics; B and C, shared by the heads of a group, get their gradients summed
+over the heads inside one CTA in head order; dA_log, dD go through per-(b, chunk, head) partials reduced in a fixed
+order (reduce_partials).
+
+Kernels (launcher in parentheses):
+    mamba2_state_pass_kernel   (mamba2_forward, mamba2_backward)  per (P-slice of 32, h, b), chunks in sequence
+    mamba2_chunk_scan_kernel   (mamba2_forward)                    per (chunk, h, b)
+    mamba2_chunk_bwd_kernel    (mamba2_backward)                   per (chunk, group, b), heads of the group in turn
+    mamba2_step_kernel         (mamba2_step)                       one token from the fp32 decode state
+    mamba2_dt_forward_kernel / mamba2_dt_backward_kernel, group_rmsnorm_* (the layer's pointwise parts)
+Layouts (tok = b·T + t):
+    x (tok, H·P), B, C (tok, G·N): floatX views with token stride `stride` (columns of the (B,T,conv_dim) buffer);
+    dx, dB, dC the same views of the gradient buffer (written); y, dy (tok, H·P) floatX dense;
+    dt, ddt (tok, H) fp32 (dt after the softplus; ddt written); A_log, D (H) fp32; dA_log, dD (H) fp32 (+=);
+    h0, h_final, dh0, dh_final: (H, P, N) fp32 per sequence at b·state_stride floats, each optional (NULL).
+Limits: any T ≥ 1, G dividing H, P ≤ 128, N ≤ 256 and the backward's shared memory (it grows with P and N: P=64,
+N=128 take 199 KB; P=19, N=216 take 185 KB) within the device's opt-in limit; mamba2_check_dims says which.
+*/
+#ifndef M2RNN_MAMBA2_CUH
+#define M2RNN_MAMBA2_CUH
+
+#include "common.cuh"
+#include "conv.cuh"
+#include "gate.cuh"
+#include "tiles.cuh"
+
+typedef struct { MAMBA2_PARAMS(VIEW_FIELD) } Mamba2Params;      // the layer's tensors, in the layers.h row's order
+typedef struct { MAMBA2_PARAMS(VIEW_FIELD_32) } Mamba2Params32; // their gradients or fp32 master weights
+
+#define MAMBA2_L 64         // chunk length (tokens)
+#define MAMBA2_PS 32        // rows of P per state-pass CTA (16 was slower: NOTES.md)
+#define MAMBA2_LDL 72       // pitch (elements) of the bf16 L×L tiles
+#define MAMBA2_LDF 65       // pitch (floats) of the fp32 L×L tiles
+#define MAMBA2_BWD_WARPS 8
+
+typedef struct {
+    int B, T, H, P, N, G; // sequences, tokens per sequence, heads, head dim, state size, B/C groups
+    int stride;           // token stride (elements) of the x, B, C views and of their gradients
+} Mamba2Dims;
+
+__host__ __device__ static inline int mamba2_pad(int x) { return (x + 31) / 32 * 32; } // P and N padded to 32 while staged
+static inline int mamba2_chunks(const Mamba2Dims *d) { return CEIL_DIV(d->T, MAMBA2_L); }
+
+// shared memory of the three chunk kernels (bytes), the same carving as in the kernels
+static inline size_t mamba2_pass_smem(int P, int N) {
+    const int Np = mamba2_pad(N);
+    return (size_t)MAMBA2_L * (MAMBA2_PS + 8) * sizeof(floatX) + (size_t)MAMBA2_L * (Np + 8) * sizeof(floatX) + (size_t)MAMBA2_PS * Np * 4 +
+           3 * MAMBA2_L * 4;
+}
+static inline size_t mamba2_scan_smem(int P, int N) {
+    const int Np = mamba2_pad(N), Pp = mamba2_pad(P);
+    return (size_t)2 * MAMBA2_L * (Np + 8) * sizeof(floatX) + (size_t)MAMBA2_L * (Pp + 8) * sizeof(floatX) + (size_t)Pp * (Np + 8) * sizeof(floatX) +
+           (size_t)MAMBA2_L * MAMBA2_LDL * sizeof(floatX) + 2 * MAMBA2_L * 4;
+}
+static inline size_t mamba2_bwd_smem(int P, int N) {
+    const int Np = mamba2_pad(N), Pp = mamba2_pad(P);
+    return (size_t)2 * MAMBA2_L * (Np + 8) * sizeof(floatX)         // sB, sC
+           + (size_t)2 * MAMBA2_L * MAMBA2_LDF * 4     // sCB, sdCB
+           + (size_t)4 * MAMBA2_L * (Pp + 8) * sizeof(floatX)       // sX, sXw, sdY, sdYe
+           + (size_t)2 * Pp * (Np + 8) * sizeof(floatX)             // sS, sdS
+           + (size_t)MAMBA2_L * MAMBA2_LDL * sizeof(floatX)         // sW1
+           + (size_t)MAMBA2_L * MAMBA2_LDF * 4         // sQ
+           + (size_t)2 * MAMBA2_L * (Pp + 1) * 4       // sSB, sYS
+           + (size_t)8 * MAMBA2_L * 4;                 // per-token vectors
+}
+
+static const char *mamba2_check_dims(const Mamba2Dims *d) {
+    if (d->B < 1 || d->T < 1 || d->H < 1 || d->P < 1 || d->N < 1 || d->G < 1) { return "B, T, H, P, N, G must be >= 1"; }
+    if (d->H % d->G != 0) { return "G must divide H"; }
+    if (d->P > 128) { return "P must be <= 128"; }
+    if (d->N > 256) { return "N must be <= 256"; }
+    if (d->stride < d->H * d->P + 2 * d->G * d->N) { return "the token stride is smaller than x | B | C"; }
+    if (mamba2_bwd_smem(d->P, d->N) > 227 * 1024) { return "P and N too large for the backward's shared memory"; }
+    return NULL;
+}
+
+static void mamba2_validate_dims(const Mamba2Dims *d) {
+    const char *why = mamba2_check_dims(d);
+    if (why != NULL) {
+        fail_with_hint("see the limits in mamba2.cuh", "mamba2: unsupported shape B=%d T=%d H=%d P=%d N=%d G=%d: %s",
+                       d->B, d->T, d->H, d->P, d->N, d->G, why);
+    }
+}
+
+// workspace of mamba2_forward / mamba2_backward: S_start (and dS_end) bf16 (B,H,chunks,P,N), partials (2, B·chunks, H)
+static inline size_t mamba2_work_bytes(const Mamba2Dims *d) {
+    const size_t states = (size_t)d->B * d->H * mamba2_chunks(d) * d->P * d->N;
+    DeviceArena a = {NULL, 0};
+    take(&a, states * sizeof(floatX));
+    take(&a, states * sizeof(floatX));
+    take(&a, (size_t)2 * d->B * mamba2_chunks(d) * d->H * sizeof(float));
+    return a.used;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// device helpers
+
+using namespace tiles;
+
+__device__ __forceinline__ floatX m2_bf(float x) { return (floatX)x; }
+__device__ __forceinline__ float m2_f(floatX x) { return (float)x; }
+#if !FLOATX_IS_FP32
+__device__ __forceinline__ float m2_f(float x) { return x; }
+#endif
+
+// warp 0: Acs (64) = inclusive cumsum of dt·A over the chunk, sdt (64) = dt (0 past the sequence's end)
+__device__ __forceinline__ void m2_chunk_cumsum(float *sAcs, float *sdt, const float *dt, int valid, int H, float A) {
+    if (threadIdx.x >= 32) { return; }
+    const int lane = threadIdx.x, s0 = 2 * lane;
+    const float d0 = s0 < valid ? dt[(long)s0 * H] : 0.0f, d1 = s0 + 1 < valid ? dt[(long)(s0 + 1) * H] : 0.0f;
+    const float a0 = d0 * A, a1 = d1 * A;
+    float incl = a0 + a1;
+    for (int off = 1; off < 32; off <<= 1) {
+        const float v = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) { incl += v; }
+    }
+    const float excl = incl - (a0 + a1);
+    sAcs[s0] = excl + a0;
+    sAcs[s0 + 1] = excl + a0 + a1;
+    sdt[s0] = d0;
+    sdt[s0 + 1] = d1;
+}
+
+// dst (rows × cols, pitch ld) bf16 = src (row r at src + r·src_stride, valid_rows × valid_cols) · (scale ? scale[r]
+// : 1), zeros elsewhere. Full-width rows on 16-byte boundaries go 16 bytes at a time, four loads in flight per thread
+// before the first store (a load-then-store loop leaves one load in flight: the first version's kernels were 10×
+// slower for it); other shapes (P = 19, ...) element by element.
+template <typename Tin>
+__device__ __forceinline__ void m2_stage(floatX *dst, int ld, const Tin *src, long src_stride, int rows,
+                                         int cols, int valid_rows, int valid_cols, const float *scale) {
+    constexpr int V = 16 / (int)sizeof(Tin); // elements per 16-byte load
+    const bool vec = valid_cols == cols && src_stride % V == 0 && ((uintptr_t)src & 15) == 0;
+    if (vec) {
+        const int cpr = cols / V, total = rows * cpr;
+        for (int base = threadIdx.x; base < total; base += 4 * blockDim.x) {
+            uint4 buf[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = base + u * blockDim.x, r = i / cpr, c = (i - r * cpr) * V;
+                buf[u] = make_uint4(0, 0, 0, 0);
+                if (i < total && r < valid_rows) { buf[u] = *(const uint4 *)(src + (long)r * src_stride + c); }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = base + u * blockDim.x, r = i / cpr, c = (i - r * cpr) * V;
+                if (i >= total) { continue; }
+                const float sc = (scale != NULL && r < valid_rows) ? scale[r] : 1.0f;
+                const Tin *e = (const Tin *)&buf[u];
+                __align__(16) floatX o[V];
+#pragma unroll
+                for (int k = 0; k < V; k++) { o[k] = m2_bf(m2_f(e[k]) * sc); }
+                if (V * sizeof(floatX) == 16) {
+                    *(uint4 *)(dst + r * ld + c) = *(const uint4 *)o;
+                } else {
+                    *(uint2 *)(dst + r * ld + c) = *(const uint2 *)o;
+                }
+            }
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < rows * cols; i += blockDim.x) {
+        const int r = i / cols, c = i - r * cols;
+        float v = 0.0f;
+        if (r < valid_rows && c < valid_cols) {
+            v = m2_f(src[(long)r * src_stride + c]);
+            if (scale != NULL) { v *= scale[r]; }
+        }
+        dst[r * ld + c] = m2_bf(v);
+    }
+}
+
+// the M × NC product A (M × K) · B (K × NC) in 16×32 tiles spread over the warps; f(row, col, value) per element
+template <bool A_T, bool B_T, typename F>
+__device__ __forceinline__ void m2_tiles(int M, int NC, int K, const floatX *A, int lda, const floatX *B,
+                                         int ldb, int warp, int nwarps, F f) {
+    const int nct = NC / 32, ntiles = (M / 16) * nct;
+    for (int tile = warp; tile < ntiles; tile += nwarps) {
+        const int tr = tile / nct, tc = tile - tr * nct;
+        float acc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) { acc[j][i] = 0.0f; }
+        }
+        warp_gemm<4, A_T, B_T>(acc, A_T ? A + tr * 16 : A + (size_t)tr * 16 * lda, lda,
+                               B_T ? B + (size_t)tc * 32 * ldb : B + tc * 32, ldb, K);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) { f(tr * 16 + acc_row(i), tc * 32 + acc_col(j, i), acc[j][i]); }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the state pass: one CTA per (32 rows of P, head, sequence), chunks in order (reverse: last to first)
+//   forward: Sst[c] = S before chunk c;  S ← e^{Acs_last} S + (U ∘ e^{Acs_last − Acs} dt)ᵀ V   (U = x, V = B)
+//   reverse: Sst[c] = dS after chunk c;  dS ← e^{Acs_last} dS + (U ∘ e^{Acs})ᵀ V              (U = dy, V = C)
+// Sst (B,H,chunks,P,N) bf16; init / fin (H,P,N) fp32 at b·state_stride or NULL (may be the same memory);
+// U (tok, H·P) view with token stride su; V (tok, G·N) view with token stride sv; dt (tok, H) fp32
+__global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, float *fin, const float *init,
+                                                                long state_stride, const floatX *U, long su,
+                                                                const floatX *V, long sv, const float *dt,
+                                                                const float *A_log, int T, int H, int P, int N, int G,
+                                                                int reverse) {
+    extern __shared__ __align__(16) unsigned char m2_smem[];
+    const int p0 = blockIdx.x * MAMBA2_PS, h = blockIdx.y, b = blockIdx.z, g = h / (H / G);
+    const int Np = mamba2_pad(N), ldu = MAMBA2_PS + 8, ldv = Np + 8, nc = CEIL_DIV(T, MAMBA2_L);
+    const int warp = threadIdx.x / 32, prows = min(MAMBA2_PS, P - p0);
+    floatX *sU = (floatX *)m2_smem;                      // (L, ldu): U rows · weight
+    floatX *sV = sU + MAMBA2_L * ldu;                           // (L, ldv)
+    float *sS = (float *)(sV + MAMBA2_L * ldv);                        // (PS, Np) the carried state
+    float *sAcs = sS + MAMBA2_PS * Np, *sdt = sAcs + MAMBA2_L, *sw = sdt + MAMBA2_L;
+    const float A = -expf(A_log[h]);
+    const long bh = (long)b * H + h;
+    for (int i = threadIdx.x; i < MAMBA2_PS * Np; i += blockDim.x) {
+        const int r = i / Np, n = i - r * Np;
+        sS[i] = (init != NULL && r < prows && n < N) ? init[b * state_stride + ((long)h * P + p0 + r) * N + n] : 0.0f;
+    }
+    for (int it = 0; it < nc; it++) {
+        const int c = reverse ? nc - 1 - it : it, t0 = c * MAMBA2_L, valid = min(MAMBA2_L, T - t0);
+        const long tok0 = (long)b * T + t0;
+        m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, A);
+        __syncthreads();
+        if (threadIdx.x < MAMBA2_L) {
+            const int s = threadIdx.x;
+            sw[s] = reverse ? expf(sAcs[s]) : expf(sAcs[MAMBA2_L - 1] - sAcs[s]) * sdt[s];
+        }
+        __syncthreads();
+        m2_stage(sU, ldu, U + tok0 * su + (long)h * P + p0, su, MAMBA2_L, MAMBA2_PS, valid, prows, sw);
+        m2_stage(sV, ldv, V + tok0 * sv + (long)g * N, sv, MAMBA2_L, Np, valid, N, (const float *)NULL);
+        __syncthreads();
+        const float decay = expf(sAcs[MAMBA2_L - 1]);
+        floatX *out = Sst + ((bh * nc + c) * P + p0) * N;
+        m2_tiles<true, false>(MAMBA2_PS, Np, MAMBA2_L, sU, ldu, sV, ldv, warp, 4, [&](int r, int n, float v) {
+            const float old = sS[r * Np + n];
+            if (r < prows && n < N) { out[(long)r * N + n] = m2_bf(old); }
+            sS[r * Np + n] = decay * old + v;
+        });
+        __syncthreads();
+    }
+    if (fin != NULL) {
+        for (int i = threadIdx.x; i < prows * N; i += blockDim.x) {
+            const int r = i / N, n = i - r * N;
+            fin[b * state_stride + ((long)h * P + p0 + r) * N + n] = sS[r * Np + n];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the chunk scan: one CTA per (chunk, head, sequence), 4 warps
+//   M = (C Bᵀ) ∘ Λ ∘ dt (Λ_ls = e^{Acs_l − Acs_s} for s ≤ l, else 0), bf16;  y = M x + e^{Acs} (C S_startᵀ) + D x
+// y (tok, H·P); Sst (B,H,chunks,P,N) bf16 from the state pass; the rest as mamba2_forward
+__global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const floatX *Sst, const floatX *x,
+                                                                const floatX *Bm, const floatX *Cm, int stride,
+                                                                const float *dt, const float *A_log, const float *D,
+                                                                int T, int H, int P, int N, int G) {
+    extern __shared__ __align__(16) unsigned char m2_smem[];
+    const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (H / G), nc = gridDim.x;
+    const int Np = mamba2_pad(N), Pp = mamba2_pad(P), ldN = Np + 8, ldP = Pp + 8, warp = threadIdx.x / 32;
+    const int t0 = c * MAMBA2_L, valid = min(MAMBA2_L, T - t0);
+    const long tok0 = (long)b * T + t0, HP = (long)H * P;
+    floatX *sC = (floatX *)m2_smem, *sB = sC + MAMBA2_L * ldN, *sX = sB + MAMBA2_L * ldN;
+    floatX *sS = sX + MAMBA2_L * ldP, *sM = sS + Pp * ldN;
+    float *sAcs = (float *)(sM + MAMBA2_L * MAMBA2_LDL), *sdt = sAcs + MAMBA2_L;
+    m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, -expf(A_log[h]));
+    m2_stage(sC, ldN, Cm + tok0 * stride + (long)g * N, stride, MAMBA2_L, Np, valid, N, (const float *)NULL);
+    m2_stage(sB, ldN, Bm + tok0 * stride + (long)g * N, stride, MAMBA2_L, Np, valid, N, (const float *)NULL);
+    m2_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, MAMBA2_L, Pp, valid, P, (const float *)NULL);
+    m2_stage(sS, ldN, Sst + (((long)b * H + h) * nc + c) * P * N, N, Pp, Np, P, N, (const float *)NULL);
+    __syncthreads();
+    m2_tiles<false, true>(MAMBA2_L, MAMBA2_L, Np, sC, ldN, sB, ldN, warp, 4, [&](int l, int s, float v) {
+        sM[l * MAMBA2_LDL + s] = m2_bf(s <= l ? v * expf(sAcs[l] - sAcs[s]) * sdt[s] : 0.0f);
+    });
+    __syncthreads();
+    const float Dh = D[h];
+    const int nct = Pp / 32;
+    for (int tile = warp; tile < 4 * nct; tile += 4) {
+        const int tr = tile / nct, tc = tile - tr * nct;
+        float acc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) { acc[j][i] = 0.0f; }
+        }
+        warp_gemm<4, false, true>(acc, sC + tr * 16 * ldN, ldN, sS + tc * 32 * ldN, ldN, Np); // C S_startᵀ
+        const float e0 = expf(sAcs[tr * 16 + acc_row(0)]), e1 = expf(sAcs[tr * 16 + acc_row(2)]);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            acc[j][0] *= e0;
+            acc[j][1] *= e0;
+            acc[j][2] *= e1;
+            acc[j][3] *= e1;
+        }
+        warp_gemm<4, false, false>(acc, sM + tr * 16 * MAMBA2_LDL, MAMBA2_LDL, sX + tc * 32, ldP, MAMBA2_L);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int l = tr * 16 + acc_row(i), p = tc * 32 + acc_col(j, i);
+                if (l < valid && p < P) {
+                    const float xv = to_float(x[(tok0 + l) * stride + (long)h * P + p]);
+                    y[(tok0 + l) * HP + (long)h * P + p] = (floatX)(acc[j][i] + Dh * xv);
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the backward of a chunk: one CTA per (chunk, group, sequence), 8 warps, the group's heads in turn. Per head, with
+// S = S_start[c], dS = dS_end[c], Λ as in the scan, dec_s = e^{Acs_last − Acs_s}, CB = C Bᵀ (shared by the heads):
+//   Q = CB ∘ Λ ∘ (dy xᵀ)                 dCB = Λ ∘ dt_s ∘ (dy xᵀ) (summed over the heads)
+//   dx_s  = Σ_l (CB∘Λ)_ls dt_s dy_l + dec_s dt_s (dS B_s) + D dy_s
+//   ddt_s = Σ_l Q_ls + dec_s x_s·(dS B_s) + da_s A
+//   dB    = dCBᵀ C + Σ_h diag(dec dt) X dS;     dC = dCB B + Σ_h diag(e^{Acs}) dY S
+//   dAcs_l = Σ_s Q_ls dt_s − dt_l Σ_s' Q_s'l + e^{Acs_l} dy_l·(S C_l) − E_l,  E_l = dec_l dt_l x_l·(dS B_l);
+//   dAcs_last += Σ E + e^{Acs_last} <S, dS>;  da = reverse cumsum of dAcs;  dA += Σ da dt;  dD += Σ dy·x
+// dx, dB, dC views (token stride `stride`) written; ddt (tok, H) written; part (2, B·chunks, H): dA_log and dD
+// partials per (b, chunk, head); Sst, dSst (B,H,chunks,P,N) bf16 from the two state passes
+template <int TPW> // 16×32 tiles of dB (and of dC) per warp: 4·Np/32 tiles over 8 warps
+__global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, floatX *dB, floatX *dC, float *ddt,
+                                                               float *part, const floatX *dy,
+                                                               const floatX *Sst, const floatX *dSst,
+                                                               const floatX *x, const floatX *Bm, const floatX *Cm,
+                                                               int stride, const float *dt, const float *A_log,
+                                                               const float *D, int T, int H, int P, int N, int G) {
+    extern __shared__ __align__(16) unsigned char m2_smem[];
+    const int c = blockIdx.x, g = blockIdx.y, b = blockIdx.z, nc = gridDim.x, B = gridDim.z, hpg = H / G;
+    const int Np = mamba2_pad(N), Pp = mamba2_pad(P), ldN = Np + 8, ldP = Pp + 8, ldPf = Pp + 1;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int t0 = c * MAMBA2_L, valid = min(MAMBA2_L, T - t0);
+    const long tok0 = (long)b * T + t0, HP = (long)H * P;
+    floatX *sB = (floatX *)m2_smem, *sC = sB + MAMBA2_L * ldN;
+    float *sCB = (float *)(sC + MAMBA2_L * ldN), *sdCB = sCB + MAMBA2_L * MAMBA2_LDF;
+    floatX *sX = (floatX *)(sdCB + MAMBA2_L * MAMBA2_LDF), *sXw = sX + MAMBA2_L * ldP;
+    floatX *sdY = sXw + MAMBA2_L * ldP, *sdYe = sdY + MAMBA2_L * ldP;
+    floatX *sS = sdYe + MAMBA2_L * ldP, *sdS = sS + Pp * ldN, *sW1 = sdS + Pp * ldN;
+    float *sQ = (float *)(sW1 + MAMBA2_L * MAMBA2_LDL), *sSB = sQ + MAMBA2_L * MAMBA2_LDF, *sYS = sSB + MAMBA2_L * ldPf;
+    float *sAcs = sYS + MAMBA2_L * ldPf, *sdt = sAcs + MAMBA2_L, *sw = sdt + MAMBA2_L, *se = sw + MAMBA2_L;
+    float *sdAcs = se + MAMBA2_L, *sddt = sdAcs + MAMBA2_L, *sE = sddt + MAMBA2_L, *sDD = sE + MAMBA2_L;
+
+    m2_stage(sB, ldN, Bm + tok0 * stride + (long)g * N, stride, MAMBA2_L, Np, valid, N, (const float *)NULL);
+    m2_stage(sC, ldN, Cm + tok0 * stride + (long)g * N, stride, MAMBA2_L, Np, valid, N, (const float *)NULL);
+    for (int i = threadIdx.x; i < MAMBA2_L * MAMBA2_LDF; i += blockDim.x) { sdCB[i] = 0.0f; }
+    __syncthreads();
+    m2_tiles<false, true>(MAMBA2_L, MAMBA2_L, Np, sC, ldN, sB, ldN, warp, MAMBA2_BWD_WARPS,
+                          [&](int l, int s, float v) { sCB[l * MAMBA2_LDF + s] = v; });
+    const int nctN = Np / 32, ntBC = 4 * nctN;
+    float accB[TPW][4][4], accC[TPW][4][4];
+#pragma unroll
+    for (int k = 0; k < TPW; k++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) { accB[k][j][i] = 0.0f; accC[k][j][i] = 0.0f; }
+        }
+    }
+    for (int h = g * hpg; h < (g + 1) * hpg; h++) {
+        const float A = -expf(A_log[h]), Dh = D[h];
+        __syncthreads(); // the previous head's readers are done
+        m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, A);
+        __syncthreads();
+        if (threadIdx.x < MAMBA2_L) {
+            const int s = threadIdx.x;
+            const float dec = expf(sAcs[MAMBA2_L - 1] - sAcs[s]);
+            sw[s] = dec * sdt[s];
+            se[s] = expf(sAcs[s]);
+        }
+        __syncthreads();
+        const long sidx = (((long)b * H + h) * nc + c) * P * N;
+        m2_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, MAMBA2_L, Pp, valid, P, (const float *)NULL);
+        m2_stage(sXw, ldP, x + tok0 * stride + (long)h * P, stride, MAMBA2_L, Pp, valid, P, sw);
+        m2_stage(sdY, ldP, dy + tok0 * HP + (long)h * P, HP, MAMBA2_L, Pp, valid, P, (const float *)NULL);
+        m2_stage(sdYe, ldP, dy + tok0 * HP + (long)h * P, HP, MAMBA2_L, Pp, valid, P, se);
+        m2_stage(sS, ldN, Sst + sidx, N, Pp, Np, P, N, (const float *)NULL);
+        m2_stage(sdS, ldN, dSst + sidx, N, Pp, Np, P, N, (const float *)NULL);
+        __syncthreads();
+        // dy xᵀ → Q, dCB, W1 = CB ∘ Λ ∘ dt (bf16)
+        m2_tiles<false, true>(MAMBA2_L, MAMBA2_L, Pp, sdY, ldP, sX, ldP, warp, MAMBA2_BWD_WARPS,
+                              [&](int l, int s, float v) {
+                                  float q = 0.0f, w1 = 0.0f, dcb = 0.0f;
+                                  if (s <= l) {
+                                      const float lam = expf(sAcs[l] - sAcs[s]), cl = sCB[l * MAMBA2_LDF + s] * lam;
+                                      q = cl * v;
+                                      w1 = cl * sdt[s];
+                                      dcb = lam * sdt[s] * v;
+                                  }
+                                  sQ[l * MAMBA2_LDF + s] = q;
+                                  sdCB[l * MAMBA2_LDF + s] += dcb;
+                                  sW1[l * MAMBA2_LDL + s] = m2_bf(w1);
+                              });
+        // SB = B dSᵀ, YS = C Sᵀ (L × P)
+        m2_tiles<false, true>(MAMBA2_L, Pp, Np, sB, ldN, sdS, ldN, warp, MAMBA2_BWD_WARPS,
+                              [&](int l, int p, float v) { sSB[l * ldPf + p] = v; });
+        m2_tiles<false, true>(MAMBA2_L, Pp, Np, sC, ldN, sS, ldN, warp, MAMBA2_BWD_WARPS,
+                              [&](int l, int p, float v) { sYS[l * ldPf + p] = v; });
+        // the state terms of dB and dC, summed over the heads in registers
+#pragma unroll
+        for (int k = 0; k < TPW; k++) {
+            const int tile = warp + MAMBA2_BWD_WARPS * k;
+            if (tile < ntBC) {
+                const int tr = tile / nctN, tc = tile - tr * nctN;
+                warp_gemm<4, false, false>(accB[k], sXw + tr * 16 * ldP, ldP, sdS + tc * 32, ldN, Pp);
+                warp_gemm<4, false, false>(accC[k], sdYe + tr * 16 * ldP, ldP, sS + tc * 32, ldN, Pp);
+            }
+        }
+        __syncthreads();
+        // dx = W1ᵀ dy + dec dt SB + D dy
+        m2_tiles<true, false>(MAMBA2_L, Pp, MAMBA2_L, sW1, MAMBA2_LDL, sdY, ldP, warp, MAMBA2_BWD_WARPS,
+                              [&](int s, int p, float v) {
+                                  if (s < valid && p < P) {
+                                      const float dyv = to_float(dy[(tok0 + s) * HP + (long)h * P + p]);
+                                      dx[(tok0 + s) * stride + (long)h * P + p] =
+                                          (floatX)(v + sw[s] * sSB[s * ldPf + p] + Dh * dyv);
+                                  }
+                              });
+        // per-token sums, one warp per token row
+        for (int r = warp; r < MAMBA2_L; r += MAMBA2_BWD_WARPS) {
+            float rowM = 0.0f, colQ = 0.0f, xsb = 0.0f, dys = 0.0f, dyx = 0.0f;
+            for (int s = lane; s < MAMBA2_L; s += 32) {
+                rowM += sQ[r * MAMBA2_LDF + s] * sdt[s];
+                colQ += sQ[s * MAMBA2_LDF + r];
+            }
+            for (int p = lane; p < Pp; p += 32) {
+                const float xv = m2_f(sX[r * ldP + p]), dv = m2_f(sdY[r * ldP + p]);
+                xsb += xv * sSB[r * ldPf + p];
+                dys += dv * sYS[r * ldPf + p];
+                dyx += dv * xv;
+            }
+            rowM = warp_reduce_sum(rowM);
+            colQ = warp_reduce_sum(colQ);
+            xsb = warp_reduce_sum(xsb);
+            dys = warp_reduce_sum(dys);
+            dyx = warp_reduce_sum(dyx);
+            if (lane == 0) {
+                const float dec = expf(sAcs[MAMBA2_L - 1] - sAcs[r]), E = sw[r] * xsb;
+                sE[r] = E;
+                sdAcs[r] = rowM - sdt[r] * colQ + se[r] * dys - E;
+                sddt[r] = colQ + dec * xsb;
+                sDD[r] = dyx;
+            }
+        }
+        // <S, dS> (the bf16 values both products used)
+        float sds = 0.0f;
+        for (int i = threadIdx.x; i < Pp * Np; i += blockDim.x) {
+            const int r = i / Np, n = i - r * Np;
+            sds += m2_f(sS[r * ldN + n]) * m2_f(sdS[r * ldN + n]);
+        }
+        sds = block_reduce_sum(sds); // synchronizes the block: the per-token sums are visible after it
+        __syncthreads();
+        if (warp == 0) {
+            const int s0 = 2 * lane;
+            float Esum = sE[s0] + sE[s0 + 1];
+            Esum = warp_reduce_sum(Esum);
+            float d0 = sdAcs[s0], d1 = sdAcs[s0 + 1];
+            if (s0 + 1 == MAMBA2_L - 1) { d1 += Esum + expf(sAcs[MAMBA2_L - 1]) * sds; }
+            // reverse inclusive cumsum over the 64 tokens
+            float suf = d0 + d1;
+            for (int off = 1; off < 32; off <<= 1) {
+                const float v = __shfl_down_sync(0xffffffffu, suf, off);
+                if (lane + off < 32) { suf += v; }
+            }
+            const float da1 = suf - d0, da0 = suf; // da_s = Σ_{s' ≥ s} dAcs_s'
+            if (s0 < valid) { ddt[(tok0 + s0) * H + h] = sddt[s0] + da0 * A; }
+            if (s0 + 1 < valid) { ddt[(tok0 + s0 + 1) * H + h] = sddt[s0 + 1] + da1 * A; }
+            float dA = da0 * sdt[s0] + da1 * sdt[s0 + 1], dDs = sDD[s0] + sDD[s0 + 1];
+            dA = warp_reduce_sum(dA);
+            dDs = warp_reduce_sum(dDs);
+            if (lane == 0) {
+                const long row = (long)b * nc + c;
+                part[row * H + h] = dA * A; // dA_log = dA · A
+                part[((long)B * nc + row) * H + h] = dDs;
+            }
+        }
+    }
+    __syncthreads();
+    // dB = dCBᵀ C + accB, dC = dCB B + accC (dCB rounded to bf16 into sW1)
+    for (int i = threadIdx.x; i < MAMBA2_L * MAMBA2_L; i += blockDim.x) {
+        const int l = i / MAMBA2_L, s = i - l * MAMBA2_L;
+        sW1[l * MAMBA2_LDL + s] = m2_bf(sdCB[l * MAMBA2_LDF + s]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < TPW; k++) {
+        const int tile = warp + MAMBA2_BWD_WARPS * k;
+        if (tile < ntBC) {
+            const int tr = tile / nctN, tc = tile - tr * nctN;
+            warp_gemm<4, true, false>(accB[k], sW1 + tr * 16, MAMBA2_LDL, sC + tc * 32, ldN, MAMBA2_L);
+            warp_gemm<4, false, false>(accC[k], sW1 + tr * 16 * MAMBA2_LDL, MAMBA2_LDL, sB + tc * 32, ldN, MAMBA2_L);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int s = tr * 16 + acc_row(i), n = tc * 32 + acc_col(j, i);
+                    if (s < valid && n < N) {
+                        dB[(tok0 + s) * stride + (long)g * N + n] = (floatX)accB[k][j][i];
+                        dC[(tok0 + s) * stride + (long)g * N + n] = (floatX)accC[k][j][i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// launchers
+
+static void mamba2_set_smem(const void *kernel, size_t smem) {
+    if (smem > 48 * 1024) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); }
+}
+
+// the state pass (see the kernel)
+static void mamba2_state_pass(floatX *Sst, float *fin, const float *init, long state_stride, const floatX *U,
+                              long su, const floatX *V, long sv, const float *dt, const float *A_log,
+                              const Mamba2Dims *d, int reverse, cudaStream_t stream) {
+    const size_t smem = mamba2_pass_smem(d->P, d->N);
+    mamba2_set_smem((const void *)mamba2_state_pass_kernel, smem);
+    mamba2_state_pass_kernel<<<dim3(CEIL_DIV(d->P, MAMBA2_PS), d->H, d->B), 128, smem, stream>>>(
+        Sst, fin, init, state_stride, U, su, V, sv, dt, A_log, d->T, d->H, d->P, d->N, d->G, reverse);
+    cudaCheck(cudaGetLastError());
+}
+
+// y (tok, H·P) = the recurrence from h0 (or zeros); h_final (or NULL) = the state after the last token (may be h0:
+// the decode advance updates the states in place); work: mamba2_work_bytes(d)
+static void mamba2_forward(floatX *y, float *h_final, const floatX *x, const floatX *Bm, const floatX *Cm,
+                           const float *dt, const float *A_log, const float *D, const float *h0, long state_stride,
+                           const Mamba2Dims *d, void *work, cudaStream_t stream) {
+    mamba2_validate_dims(d);
+    floatX *Sst = (floatX *)work;
+    mamba2_state_pass(Sst, h_final, h0, state_stride, x, d->stride, Bm, d->stride, dt, A_log, d, 0, stream);
+    const size_t smem = mamba2_scan_smem(d->P, d->N);
+    mamba2_set_smem((const void *)mamba2_chunk_scan_kernel, smem);
+    mamba2_chunk_scan_kernel<<<dim3(mamba2_chunks(d), d->H, d->B), 128, smem, stream>>>(
+        y, Sst, x, Bm, Cm, d->stride, dt, A_log, D, d->T, d->H, d->P, d->N, d->G);
+    cudaCheck(cudaGetLastError());
+}
+
+// dx, dB, dC (views) and ddt (tok, H) written; dA_log, dD (H) +=; dh0 (or NULL) written; from dy (tok, H·P) and
+// dh_final (or NULL); states at b·state_stride floats; work: mamba2_work_bytes(d)
+static void mamba2_backward(floatX *dx, floatX *dB, floatX *dC, float *ddt, float *dA_log, float *dD, float *dh0,
+                            const floatX *dy, const float *dh_final, const floatX *x, const floatX *Bm,
+                            const floatX *Cm, const float *dt, const float *A_log, const float *D, const float *h0,
+                            long state_stride, const Mamba2Dims *d, void *work, cudaStream_t stream) {
+    mamba2_validate_dims(d);
+    const int nc = mamba2_chunks(d);
+    const size_t states = (size_t)d->B * d->H * nc * d->P * d->N;
+    DeviceArena a = {(char *)work, 0};
+    floatX *Sst = (floatX *)take(&a, states * sizeof(floatX)), *dSst = (floatX *)take(&a, states * sizeof(floatX));
+    float *part = TAKE_F(&a, (size_t)2 * d->B * nc * d->H);
+    mamba2_state_pass(Sst, NULL, h0, state_stride, x, d->stride, Bm, d->stride, dt, A_log, d, 0, stream);
+    mamba2_state_pass(dSst, dh0, dh_final, state_stride, dy, (long)d->H * d->P, Cm, d->stride, dt, A_log, d, 1, stream);
+    const size_t smem = mamba2_bwd_smem(d->P, d->N);
+    const dim3 grid(nc, d->G, d->B);
+    const int tpw = CEIL_DIV(4 * mamba2_pad(d->N) / 32, MAMBA2_BWD_WARPS);
+#define MAMBA2_BWD_LAUNCH(K)                                                                                           \
+    mamba2_set_smem((const void *)mamba2_chunk_bwd_kernel<K>, smem);                                                   \
+    mamba2_chunk_bwd_kernel<K><<<grid, 256, smem, stream>>>(dx, dB, dC, ddt, part, dy, Sst, dSst, x, Bm, Cm,           \
+                                                            d->stride, dt, A_log, D, d->T, d->H, d->P, d->N, d->G)
+    if (tpw <= 1) { MAMBA2_BWD_LAUNCH(1); } else if (tpw == 2) { MAMBA2_BWD_LAUNCH(2); }
+    else if (tpw == 3) { MAMBA2_BWD_LAUNCH(3); } else { MAMBA2_BWD_LAUNCH(4); }
+#undef MAMBA2_BWD_LAUNCH
+    cudaCheck(cudaGetLastError());
+    reduce_partials(dA_log, part, d->B * nc, d->H, stream);
+    reduce_partials(dD, part + (size_t)d->B * nc * d->H, d->B * nc, d->H, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the single-token step: grid (H, B), 4 warps, one warp per row p of the state (lanes over n, fp32)
+//   S ← e^{dt A} S + dt x Bᵀ;  y = S C + D x
+// y (B, H·P); state: sequence b's (H,P,N) fp32 at b·state_stride; x, Bm, Cm rows `stride` apart; dt (B, H)
+__global__ void mamba2_step_kernel(floatX *y, float *state, long state_stride, const floatX *x, const floatX *Bm,
+                                   const floatX *Cm, int stride, const float *dt, const float *A_log, const float *D,
+                                   int H, int P, int N, int G) {
+    const int h = blockIdx.x, b = blockIdx.y, g = h / (H / G), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float d = dt[(long)b * H + h], a = expf(-expf(A_log[h]) * d);
+    const floatX *xb = x + (long)b * stride + (long)h * P, *Bb = Bm + (long)b * stride + (long)g * N;
+    const floatX *Cb = Cm + (long)b * stride + (long)g * N;
+    float *S = state + (long)b * state_stride + (long)h * P * N;
+    for (int p = warp; p < P; p += blockDim.x / 32) {
+        const float xv = to_float(xb[p]), dx = d * xv;
+        float acc = 0.0f;
+        for (int n = lane; n < N; n += 32) {
+            const float s = a * S[(long)p * N + n] + dx * to_float(Bb[n]);
+            S[(long)p * N + n] = s;
+            acc += s * to_float(Cb[n]);
+        }
+        acc = warp_reduce_sum(acc);
+        if (lane == 0) { y[(long)b * H * P + (long)h * P + p] = (floatX)(acc + D[h] * xv); }
+    }
+}
+
+static void mamba2_step(floatX *y, float *state, long state_stride, const floatX *x, const floatX *Bm,
+                        const floatX *Cm, const float *dt, const float *A_log, const float *D, const Mamba2Dims *d,
+                        cudaStream_t stream) {
+    mamba2_step_kernel<<<dim3(d->H, d->B), 128, 0, stream>>>(y, state, state_stride, x, Bm, Cm, d->stride, dt, A_log,
+                                                             D, d->H, d->P, d->N, d->G);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// dt = softplus(dt_raw + dt_bias) (fp32; dt_bias from the fp32 master weights, as gate.cuh's decay gate)
+
+// one block per token; dt (BT, H); dt_raw a view with token stride `stride`
+__global__ void mamba2_dt_forward_kernel(float *dt, const floatX *dt_raw, const float *dt_bias, int H, int stride) {
+    const long m = blockIdx.x;
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+        dt[m * H + h] = softplus_f(to_float(dt_raw[m * stride + h]) + dt_bias[h]);
+    }
+}
+
+// ddt_raw (view) = ddt · sigmoid(dt_raw + dt_bias); partial (chunks, H) of ddt_bias
+__global__ void mamba2_dt_backward_kernel(floatX *ddt_raw, float *partial, const float *ddt, const floatX *dt_raw,
+                                          const float *dt_bias, long BT, int H, int stride) {
+    const int h = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    if (h >= H) { return; }
+    float acc = 0.0f;
+    const long begin = (long)chunk * TOKEN_CHUNK, end = min(begin + TOKEN_CHUNK, BT);
+    for (long m = begin; m < end; m++) {
+        const float u = to_float(dt_raw[m * stride + h]) + dt_bias[h];
+        const float gv = ddt[m * H + h] / (1.0f + expf(-u));
+        ddt_raw[m * stride + h] = (floatX)gv;
+        acc += gv;
+    }
+    partial[(long)chunk * H + h] = acc;
+}
+
+static void mamba2_dt_forward(float *dt, const floatX *dt_raw, const float *dt_bias, long BT, int H, int stride,
+                              cudaStream_t stream) {
+    mamba2_dt_forward_kernel<<<(unsigned)BT, 64, 0, stream>>>(dt, dt_raw, dt_bias, H, stride);
+    cudaCheck(cudaGetLastError());
+}
+
+// ddt_bias (H) +=; scratch: token_chunks(BT)·H floats
+static void mamba2_dt_backward(floatX *ddt_raw, float *ddt_bias, float *scratch, const float *ddt, const floatX *dt_raw,
+                               const float *dt_bias, long BT, int H, int stride, cudaStream_t stream) {
+    const int chunks = token_chunks(BT);
+    mamba2_dt_backward_kernel<<<dim3(CEIL_DIV(H, 64), chunks), 64, 0, stream>>>(ddt_raw, scratch, ddt, dt_raw, dt_bias,
+                                                                                BT, H, stride);
+    cudaCheck(cudaGetLastError());
+    reduce_partials(ddt_bias, scratch, chunks, H, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the group RMSNorm: out = inp · rstd · weight per group of DI/G channels (mamba_ssm's RMSNormGated, the gate applied
+// before it); inp, out (M, DI); rstd (M, G); weight (DI)
+
+// one warp per (row, group)
+__global__ void group_rmsnorm_forward_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *weight, long M,
+                                             int DI, int G) {
+    const long item = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32, cg = DI / G;
+    if (item >= M * G) { return; }
+    const long m = item / G;
+    const int g = (int)(item - m * G);
+    const floatX *xr = inp + m * DI + (long)g * cg;
+    float ss = 0.0f;
+    for (int i = lane; i < cg; i += 32) { ss += to_float(xr[i]) * to_float(xr[i]); }
+    ss = warp_reduce_sum(ss);
+    const float s = rsqrtf(ss / cg + 1e-5f);
+    if (lane == 0) { rstd[item] = s; }
+    for (int i = lane; i < cg; i += 32) {
+        out[m * DI + (long)g * cg + i] = (floatX)(to_float(xr[i]) * s * to_float(weight[g * cg + i]));
+    }
+}
+
+// dinp = s w dout − (Σ dout w x) s³ / cg · x (written), one warp per (row, group)
+__global__ void group_rmsnorm_backward_kernel(floatX *dinp, const floatX *dout, const floatX *inp, const floatX *weight,
+                                              const float *rstd, long M, int DI, int G) {
+    const long item = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32, cg = DI / G;
+    if (item >= M * G) { return; }
+    const long m = item / G;
+    const int g = (int)(item - m * G);
+    const long o = m * DI + (long)g * cg;
+    const float s = rstd[item];
+    float dot = 0.0f;
+    for (int i = lane; i < cg; i += 32) { dot += to_float(dout[o + i]) * to_float(weight[g * cg + i]) * to_float(inp[o + i]); }
+    dot = warp_reduce_sum(dot);
+    const float coef = dot * s * s * s / cg;
+    for (int i = lane; i < cg; i += 32) {
+        dinp[o + i] = (floatX)(s * to_float(weight[g * cg + i]) * to_float(dout[o + i]) - coef * to_float(inp[o + i]));
+    }
+}
+
+// partial (chunks, DI): per chunk of tokens Σ dout · inp · rstd
+__global__ void group_rmsnorm_dweight_kernel(float *partial, const floatX *dout, const floatX *inp, const float *rstd,
+                                             long M, int DI, int G) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y, g = i / (DI / G);
+    if (i >= DI) { return; }
+    float acc = 0.0f;
+    const long begin = (long)chunk * TOKEN_CHUNK, end = min(begin + TOKEN_CHUNK, M);
+    for (long m = begin; m < end; m++) { acc += to_float(dout[m * DI + i]) * to_float(inp[m * DI + i]) * rstd[m * G + g]; }
+    partial[(long)chunk * DI + i] = acc;
+}
+
+static void group_rmsnorm_forward(floatX *out, float *rstd, const floatX *inp, const floatX *weight, long M, int DI,
+                                  int G, cudaStream_t stream) {
+    group_rmsnorm_forward_kernel<<<(unsigned)CEIL_DIV(M * G, 8L), 256, 0, stream>>>(out, rstd, inp, weight, M, DI, G);
+    cudaCheck(cudaGetLastError());
+}
+
+// dinp written, dweight (DI) +=; scratch: token_chunks(M)·DI floats
+static void group_rmsnorm_backward(floatX *dinp, float *dweight, float *scratch, const floatX *dout, const floatX *inp,
+                                   const floatX *weight, const float *rstd, long M, int DI, int G, cudaStream_t stream) {
+    group_rmsnorm_backward_kernel<<<(unsigned)CEIL_DIV(M * G, 8L), 256, 0, stream>>>(dinp, dout, inp, weight, rstd, M,
+                                                                                   DI, G);
+    cudaCheck(cudaGetLastError());
+    const int chunks = token_chunks(M);
+    group_rmsnorm_dweight_kernel<<<dim3(CEIL_DIV(DI, 128), chunks), 128, 0, stream>>>(scratch, dout, inp, rstd, M, DI, G);
+    cudaCheck(cudaGetLastError());
+    reduce_partials(dweight, scratch, chunks, DI, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// the mixer
+
+static inline int mamba2_proj_stride(const ModelConfig *c) { return round_up(mamba2_proj_rows(c), 8); }
+
+static inline Mamba2Dims mamba2_dims(const ModelConfig *c, int B, int T) {
+    Mamba2Dims d = {B, T, mamba2_heads(c), c->mamba2.head_dim, c->mamba2.state, c->mamba2.groups, mamba2_conv_dim(c)};
+    return d;
+}
+
+typedef struct {
+    floatX *proj;     // (B,T,Rs) z | x | B | C | dt_raw
+    floatX *conv_pre; // (B,T,CD) conv output (with bias) before SiLU
+    floatX *conv_act; // (B,T,CD) x | B | C after SiLU
+    float *dt;        // (B,T,H) softplus(dt_raw + dt_bias)
+    floatX *y;        // (B,T,DI) the recurrence's outputs (with D x)
+    floatX *gated;    // (B,T,DI) y ⊙ SiLU(z)
+    floatX *normed;   // (B,T,DI)
+    float *rstd;      // (B,T,G)
+} Mamba2Acts;
+
+static size_t mamba2_acts_layout(Mamba2Acts *a, void *base, const ModelConfig *c, int B, int T) {
+    const size_t BT = (size_t)B * T, DI = mamba2_inner(c), H = mamba2_heads(c), CD = mamba2_conv_dim(c);
+    DeviceArena ar = {(char *)base, 0};
+    a->proj = TAKE_X(&ar, BT * mamba2_proj_stride(c));
+    a->conv_pre = TAKE_X(&ar, BT * CD);
+    a->conv_act = TAKE_X(&ar, BT * CD);
+    a->dt = TAKE_F(&ar, BT * H);
+    a->y = TAKE_X(&ar, BT * DI);
+    a->gated = TAKE_X(&ar, BT * DI);
+    a->normed = TAKE_X(&ar, BT * DI);
+    a->rstd = TAKE_F(&ar, BT * c->mamba2.groups);
+    return ar.used;
+}
+
+typedef struct {
+    floatX *d_proj, *d_conv_act, *d_y, *d_gated, *d_normed; // shapes of the activations
+    float *d_dt;    // (B,T,H)
+    void *work;     // the recurrence's workspace (mamba2_work_bytes)
+    float *reduce;  // partial sums of the parameter-gradient reductions
+} Mamba2Scratch;
+
+static size_t mamba2_scratch_layout(Mamba2Scratch *s, void *base, const ModelConfig *c, int B, int T) {
+    const size_t BT = (size_t)B * T, DI = mamba2_inner(c), H = mamba2_heads(c), CD = mamba2_conv_dim(c);
+    const Mamba2Dims d = mamba2_dims(c, B, T);
+    DeviceArena ar = {(char *)base, 0};
+    s->d_proj = TAKE_X(&ar, BT * mamba2_proj_stride(c));
+    s->d_conv_act = TAKE_X(&ar, BT * CD);
+    s->d_y = TAKE_X(&ar, BT * DI);
+    s->d_gated = TAKE_X(&ar, BT * DI);
+    s->d_normed = TAKE_X(&ar, BT * DI);
+    s->d_dt = TAKE_F(&ar, BT * H);
+    s->work = take(&ar, mamba2_work_bytes(&d));
+    const size_t chunks = token_chunks((long)BT);
+    const size_t need[3] = {chunks * CD * (c->mamba2.conv + 1), chunks * DI, chunks * H};
+    size_t reduce = 0;
+    for (int i = 0; i < 3; i++) { reduce = need[i] > reduce ? need[i] : reduce; }
+    s->reduce = TAKE_F(&ar, reduce);
+    return ar.used;
+}
+
+static size_t mamba2_mixer_acts_bytes(const ModelConfig *c, int B, int T, const Runtime *rt) {
+    Mamba2Acts a;
+    return mamba2_acts_layout(&a, NULL, c, B, T);
+}
+static size_t mamba2_mixer_scratch_bytes(const ModelConfig *c, int B, int T, const Runtime *rt) {
+    Mamba2Scratch s;
+    return mamba2_scratch_layout(&s, NULL, c, B, T);
+}
+
+// the forward from the projection on; with state (decoding: B sequences' states, `stride` floats apart) the conv and
+// h continue from it and are left updated, without (training) both start from zeros
+static void mamba2_mixer_run(floatX *out, Mamba2Acts *a, void *work, const floatX *inp, const KindTensors *t,
+                             const ModelConfig *c, int B, int T, float *state, long stride, const Runtime *rt) {
+    const Mamba2Params *w = (const Mamba2Params *)t->w;
+    const Mamba2Params32 *w32 = (const Mamba2Params32 *)t->w32;
+    const int BT = B * T, C = c->d_model, R = mamba2_proj_rows(c), Rs = mamba2_proj_stride(c);
+    const int DI = mamba2_inner(c), CD = mamba2_conv_dim(c), H = mamba2_heads(c), G = c->mamba2.groups;
+    const int GN = G * c->mamba2.state, Wc = c->mamba2.conv;
+    const Mamba2Dims d = mamba2_dims(c, B, T);
+    cudaStream_t stream = rt->stream;
+    matmul_forward_strided(a->proj, Rs, inp, w->in_w, BT, C, R, rt);
+    float *h = state != NULL ? state + (size_t)(Wc - 1) * CD : NULL;
+    if (state != NULL) {
+        conv1d_silu_advance(a->conv_pre, a->conv_act, state, stride, a->proj + DI, w->conv_w, w->conv_b, B, T, CD, Wc,
+                            Rs, stream);
+    } else {
+        conv1d_silu_forward(a->conv_pre, a->conv_act, a->proj + DI, w->conv_w, w->conv_b, B, T, CD, Wc, Rs, stream);
+    }
+    mamba2_dt_forward(a->dt, a->proj + DI + CD, w32->dt_bias, BT, H, Rs, stream);
+    mamba2_forward(a->y, h, a->conv_act, a->conv_act + DI, a->conv_act + DI + GN, a->dt, w32->A_log, w32->D, h, stride,
+                   &d, work, stream);
+    output_gate_forward(a->y, a->gated, NULL, a->proj, NULL, BT, DI, 0, Rs, stream);
+    group_rmsnorm_forward(a->normed, a->rstd, a->gated, w->norm_w, BT, DI, G, stream);
+    matmul_forward(out, a->normed, w->out_w, BT, DI, C, rt);
+}
+
+static void mamba2_mixer_forward(floatX *out, void *acts, void *scratch, const floatX *inp, const KindTensors *t,
+                                 const ModelConfig *c, int B, int T, const Runtime *rt) {
+    Mamba2Acts a;
+    mamba2_acts_layout(&a, acts, c, B, T);
+    Mamba2Scratch s;
+    mamba2_scratch_layout(&s, scratch, c, B, T);
+    mamba2_mixer_run(out, &a, s.work, inp, t, c, B, T, NULL, 0, rt);
+}
+
+static void mamba2_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, const floatX *inp, const void *acts,
+                                  const KindTensors *t, const ModelConfig *c, int B, int T, const Runtime *rt) {
+    const Mamba2Params *w = (const Mamba2Params *)t->w;
+    const Mamba2Params32 *w32 = (const Mamba2Params32 *)t->w32, *g = (const Mamba2Params32 *)t->g;
+    Mamba2Acts a;
+    mamba2_acts_layout(&a, (void *)acts, c, B, T);
+    Mamba2Scratch s;
+    mamba2_scratch_layout(&s, scratch, c, B, T);
+    const int BT = B * T, C = c->d_model, R = mamba2_proj_rows(c), Rs = mamba2_proj_stride(c);
+    const int DI = mamba2_inner(c), CD = mamba2_conv_dim(c), H = mamba2_heads(c), G = c->mamba2.groups;
+    const int GN = G * c->mamba2.state;
+    const Mamba2Dims d = mamba2_dims(c, B, T);
+    cudaStream_t stream = rt->stream;
+    matmul_backward(s.d_normed, g->out_w, dout, a.normed, w->out_w, BT, DI, C, 0, rt);
+    group_rmsnorm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, DI, G, stream);
+    output_gate_backward(s.d_y, s.d_proj, s.d_gated, a.y, a.proj, BT, DI, Rs, stream);
+    mamba2_backward(s.d_conv_act, s.d_conv_act + DI, s.d_conv_act + DI + GN, s.d_dt, g->A_log, g->D, NULL, s.d_y, NULL,
+                    a.conv_act, a.conv_act + DI, a.conv_act + DI + GN, a.dt, w32->A_log, w32->D, NULL, 0, &d, s.work,
+                    stream);
+    mamba2_dt_backward(s.d_proj + DI + CD, g->dt_bias, s.reduce, s.d_dt, a.proj + DI + CD, w32->dt_bias, BT, H, Rs,
+                       stream);
+    conv1d_silu_backward(s.d_proj + DI, g->conv_w, g->conv_b, s.reduce, s.d_conv_act, a.conv_pre, a.proj + DI,
+                         w->conv_w, B, T, CD, c->mamba2.conv, Rs, stream);
+    matmul_backward_strided(dinp, g->in_w, s.d_proj, Rs, inp, w->in_w, BT, C, R, 0, rt);
+}
+
+// a sequence's decode state: the conv window (W−1, CD) then h (H, P, N), fp32 (the CPU's order)
+static size_t mamba2_mixer_state_bytes(const ModelConfig *c, int context) {
+    return mamba2_decode_state(c, context) * sizeof(float);
+}
+
+static void mamba2_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+                              const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
+    const Mamba2Params *w = (const Mamba2Params *)t->w;
+    const Mamba2Params32 *w32 = (const Mamba2Params32 *)t->w32;
+    Mamba2Acts a;
+    mamba2_acts_layout(&a, work, c, B, 1);
+    const int C = c->d_model, R = mamba2_proj_rows(c), Rs = mamba2_proj_stride(c);
+    const int DI = mamba2_inner(c), CD = mamba2_conv_dim(c), H = mamba2_heads(c), G = c->mamba2.groups;
+    const int GN = G * c->mamba2.state, Wc = c->mamba2.conv;
+    const long stride = (long)(mamba2_mixer_state_bytes(c, context) / sizeof(float));
+    float *window = (float *)state, *h = window + (size_t)(Wc - 1) * CD;
+    const Mamba2Dims d = mamba2_dims(c, B, 1);
+    cudaStream_t stream = rt->stream;
+    matmul_forward_strided(a.proj, Rs, inp, w->in_w, B, C, R, rt);
+    conv1d_silu_step(a.conv_act, window, stride, a.proj + DI, w->conv_w, w->conv_b, B, CD, Wc, Rs, stream);
+    mamba2_dt_forward(a.dt, a.proj + DI + CD, w32->dt_bias, B, H, Rs, stream);
+    mamba2_step(a.y, h, stride, a.conv_act, a.conv_act + DI, a.conv_act + DI + GN, a.dt, w32->A_log, w32->D, &d, stream);
+    output_gate_forward(a.y, a.gated, NULL, a.proj, NULL, B, DI, 0, Rs, stream);
+    group_rmsnorm_forward(a.normed, a.rstd, a.gated, w->norm_w, B, DI, G, stream);
+    matmul_forward(out, a.normed, w->out_w, B, DI, C, rt);
+}
+
+// B sequences advance by T tokens (a prefill chunk): the forward's kernels from and back into the windows and h
+static void mamba2_mixer_advance(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+                                 const ModelConfig *c, int B, int T, const int *pos, int context, const Runtime *rt) {
+    Mamba2Acts a;
+    const size_t acts = mamba2_acts_layout(&a, work, c, B, T);
+    Mamba2Scratch s;
+    mamba2_scratch_layout(&s, (char *)work + acts, c, B, T);
+    const long stride = (long)(mamba2_mixer_state_bytes(c, context) / sizeof(float));
+    mamba2_mixer_run(out, &a, s.work, inp, t, c, B, T, (float *)state, stride, rt);
+}
+
+static const KindOps MAMBA2_OPS = {'S', mamba2_mixer_acts_bytes, mamba2_mixer_scratch_bytes, mamba2_mixer_forward,
+                                   mamba2_mixer_backward, mamba2_mixer_state_bytes, mamba2_mixer_step,
+                                   mamba2_mixer_advance};
+
+#endif // M2RNN_MAMBA2_CUH
