@@ -40,8 +40,8 @@ Not yet: packed variable-length sequences (cu_seqlens); the chunk kernels are a 
 #include "common.cuh"
 #include "conv.cuh"
 #include "gate.cuh"
+#include "chunk_common.cuh"
 #include "tiles.cuh"
-#include <type_traits>
 
 typedef struct { GDN_PARAMS(VIEW_FIELD) } GDNParams;      // the layer's tensors, in the layers.h row's order
 typedef struct { GDN_PARAMS(VIEW_FIELD_32) } GDNParams32; // their gradients or fp32 master weights
@@ -57,106 +57,30 @@ __host__ __device__ inline int gdn_chunks(int T) { return (T + GDN_L - 1) / GDN_
 // ----------------------------------------------------------------------------------------------------------------
 // staging and small helpers (device)
 
-// dst (rows × cols, leading dimension ld) = src rows r (token stride tok_stride) × row_scale[r] where r < rv and
-// c < cv, else 0; cols a multiple of 8, ld·sizeof(floatX) a multiple of 16. 16-byte pieces: one vector load (two for
-// fp32 into bf16) where the piece is whole and aligned, element by element at the edges; a thread issues the loads
-// of GDN_STAGE_BATCH pieces before it converts and stores any (the staging is latency-bound otherwise).
-#define GDN_STAGE_BATCH 4
-template <typename Src>
-__device__ __forceinline__ void gdn_stage(floatX *dst, int ld, const Src *__restrict__ src, long tok_stride, int rv,
-                                          int cv, int rows, int cols, const float *row_scale) {
-    constexpr int VEC = 16 / sizeof(floatX), WORDS = VEC * sizeof(Src) / 16;
-    const int cpr = cols / VEC, n = rows * cpr;
-    const bool aligned = ((uintptr_t)src & 15) == 0 && ((tok_stride * (long)sizeof(Src)) & 15) == 0;
-    if constexpr (std::is_same<Src, floatX>::value) {
-        if (row_scale == NULL && aligned) { // a plain copy: cp.async, waited for by gdn_sync()
-            for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                const int r = i / cpr, c = (i - r * cpr) * VEC;
-                floatX *d = dst + r * ld + c;
-                if (r < rv && c + VEC <= cv) {
-                    tiles::cp_async16(tiles::smem_addr(d), src + (long)r * tok_stride + c);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) { d[e] = (r < rv && c + e < cv) ? src[(long)r * tok_stride + c + e] : (floatX)0.0f; }
-                }
-            }
-            return;
-        }
-    }
-    for (int i0 = threadIdx.x; i0 < n; i0 += GDN_STAGE_BATCH * blockDim.x) {
-        uint4 raw[GDN_STAGE_BATCH][WORDS];
-#pragma unroll
-        for (int u = 0; u < GDN_STAGE_BATCH; u++) {
-            const int i = i0 + u * blockDim.x, r = i / cpr, c = (i - r * cpr) * VEC;
-            if (i < n && r < rv && c + VEC <= cv && aligned) {
-                const uint4 *p = (const uint4 *)(src + (long)r * tok_stride + c);
-#pragma unroll
-                for (int w = 0; w < WORDS; w++) { raw[u][w] = __ldg(p + w); }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < GDN_STAGE_BATCH; u++) {
-            const int i = i0 + u * blockDim.x, r = i / cpr, c = (i - r * cpr) * VEC;
-            if (i >= n) { break; }
-            float x[VEC];
-            if (r < rv && c + VEC <= cv && aligned) {
-                const Src *v = (const Src *)raw[u];
-#pragma unroll
-                for (int e = 0; e < VEC; e++) { x[e] = (float)v[e]; }
-            } else {
-#pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    x[e] = (r < rv && c + e < cv) ? (float)src[(long)r * tok_stride + c + e] : 0.0f;
-                }
-            }
-            const float sc = (row_scale != NULL && r < rv) ? row_scale[r] : 1.0f;
-            __align__(16) floatX out[VEC];
-#pragma unroll
-            for (int e = 0; e < VEC; e++) { out[e] = (floatX)(x[e] * sc); }
-            *(uint4 *)(dst + r * ld + c) = *(const uint4 *)out;
-        }
-    }
-}
-
-// two adjacent outputs of an accumulator fragment (columns 2t4, 2t4 + 1): one 4-byte store where both land and align
-__device__ __forceinline__ void gdn_put2(floatX *dst, float x0, float x1, bool ok0, bool ok1) {
-#if !FLOATX_IS_FP32
-    if (ok0 && ok1 && ((uintptr_t)dst & 3) == 0) {
-        *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(x0, x1);
-        return;
-    }
-#endif
-    if (ok0) { dst[0] = (floatX)x0; }
-    if (ok1) { dst[1] = (floatX)x1; }
-}
-
-// the CTA barrier of the chunk kernels: first this thread's cp.async copies from gdn_stage land
-__device__ __forceinline__ void gdn_sync() {
-    tiles::cp_async_commit();
-    tiles::cp_async_wait<0>();
-    __syncthreads();
-}
-
 // sG[r] = the cumulative decay G_r of the chunk's rows (r ≥ nv: the last valid row's, so padded rows decay nothing),
 // from the per-token cumsum Gc written by the prep kernel (token-head rows r·H apart)
 __device__ __forceinline__ void gdn_load_G(float *sG, const float *Gc, long row0, int H, int nv) {
     if (threadIdx.x < GDN_L) { sG[threadIdx.x] = Gc[row0 + (long)min((int)threadIdx.x, nv - 1) * H]; }
 }
 
-// sT (64×65 fp32) = (I + A)⁻¹ for A (64×65 fp32) strictly lower triangular, by 16×16 blocks (128 threads): each
-// warp inverts a diagonal block by forward substitution (a lane a column, T[i][c] = δ_ic − Σ_{c ≤ j < i} A[i][j]
-// T[j][c]), then block row bi = 1..3 in turn: X = Σ_{bj ≤ k < bi} A_{bi,k} T_{k,bj}, T_{bi,bj} = −T_{bi,bi} X.
+// sT (64×65 fp32) = (I + A)⁻¹ for A (64×65 fp32) strictly lower triangular, by 16×16 blocks (≥ 128 threads): the
+// diagonal blocks by forward substitution, a lane a column held in registers (T[i][c] = δ_ic − Σ_{j < i} A[i][j]
+// T[j][c], the A row read as a broadcast), then block row bi = 1..3 in turn: X = Σ_{bj ≤ k < bi} A_{bi,k} T_{k,bj}, T_{bi,bj} = −T_{bi,bi} X.
 // scratch: 16×48 fp32. Ends synchronized.
 __device__ __forceinline__ void gdn_unit_lower_inverse(float *sT, const float *sA, float *scratch) {
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (w < 4 && lane < 16) {
-        const int base = 16 * w, c = lane;
+    if (w < 2) { // warp w, half lane >> 4: diagonal block 2w + (lane >> 4), column lane & 15, the column in registers
+        const int base = 16 * (2 * w + (lane >> 4)), c = lane & 15;
+        float t[16];
+#pragma unroll
         for (int i = 0; i < 16; i++) {
-            float x = c == i ? 1.0f : 0.0f;
-            for (int j = c; j < i; j++) { x -= sA[(base + i) * 65 + base + j] * sT[(base + j) * 65 + base + c]; }
-            sT[(base + i) * 65 + base + c] = x;
-            __syncwarp(0x0000ffffu);
+            float x = i == c ? 1.0f : 0.0f;
+#pragma unroll
+            for (int j = 0; j < i; j++) { x -= sA[(base + i) * 65 + base + j] * t[j]; } // t[j < c] = 0
+            t[i] = i < c ? 0.0f : x;
         }
+#pragma unroll
+        for (int i = 0; i < 16; i++) { sT[(base + i) * 65 + base + c] = t[i]; }
     }
     for (int e = threadIdx.x; e < GDN_L * GDN_L; e += blockDim.x) { // the blocks above the diagonal
         const int r = e >> 6, c = e & 63;
@@ -222,22 +146,29 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
     float *sA = (float *)(sq + GDN_L * ldk), *sT = sA + GDN_L * 65, *sb = sT + GDN_L * 65, *sG = sb + GDN_L;
     float *srs = sG + GDN_L;
     floatX *sTx = (floatX *)(srs + GDN_L), *sv = sTx + GDN_L * GDN_LD;
-    gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-    gdn_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+    chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+    chunk_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
     if (threadIdx.x < GDN_L) {
         const int r = threadIdx.x;
         sb[r] = r < nv ? beta[row0 + (long)r * H] : 0.0f;
         srs[r] = r < nv ? g[row0 + (long)r * H] : 0.0f;
     }
-    gdn_sync();
-    if (threadIdx.x < GDN_L) { // the in-chunk cumsum, in order
-        const int r = threadIdx.x;
-        float G = 0.0f;
-        for (int s = 0; s <= r; s++) { G += srs[s]; }
+    chunk_sync();
+    if (threadIdx.x < GDN_L) { // the in-chunk cumsum: a scan in each of two warps, the second offset by the first
+        const int r = threadIdx.x, lane = r & 31;
+        float G = srs[r];
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, G, d);
+            if (lane >= d) { G += y; }
+        }
         sG[r] = G;
-        if (r < nv) { Gc[row0 + (long)r * H] = G; }
     }
-    gdn_sync();
+    chunk_sync();
+    if (threadIdx.x >= 32 && threadIdx.x < GDN_L) { sG[threadIdx.x] += sG[31]; }
+    chunk_sync();
+    if (threadIdx.x < nv) { Gc[row0 + (long)threadIdx.x * H] = sG[threadIdx.x]; }
+    chunk_sync();
     { // P = tril(q kᵀ ∘ Γ)
         float acc[4][4] = {};
         tiles::warp_gemm<4, false, true>(acc, sq + 16 * mt * ldk, ldk, sk + 32 * half * ldk, ldk, Kp);
@@ -246,22 +177,22 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
 #pragma unroll
             for (int i = 0; i < 4; i += 2) {
                 const int r = 16 * mt + tiles::acc_row(i), s = 32 * half + tiles::acc_col(j, i);
-                gdn_put2(Pm + crow + r * GDN_L + s, s <= r ? acc[j][i] * expf(sG[r] - sG[s]) : 0.0f,
+                chunk_put2(Pm + crow + r * GDN_L + s, s <= r ? acc[j][i] * expf(sG[r] - sG[s]) : 0.0f,
                          s + 1 <= r ? acc[j][i + 1] * expf(sG[r] - sG[s + 1]) : 0.0f, true, true);
             }
         }
     }
     gdn_chunk_kkg(sA, NULL, sk, ldk, Kp, sb, sG);
-    gdn_sync();
+    chunk_sync();
     gdn_unit_lower_inverse(sT, sA, (float *)sv); // sv: free until U
     if (threadIdx.x < GDN_L) { srs[threadIdx.x] = sb[threadIdx.x] * expf(sG[threadIdx.x]); }
-    gdn_sync();
+    chunk_sync();
     for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T diag(β e^G): W's factor; T itself out
         const float t = sT[(i >> 6) * 65 + (i & 63)];
         sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)(t * srs[i & 63]);
         Tm[crow + i] = (floatX)t;
     }
-    gdn_sync();
+    chunk_sync();
     for (int kb = 0; kb < Kp; kb += GDN_T) { // W = T (β e^G ∘ k) = (T diag(β e^G)) k
         float acc[4][4] = {};
         tiles::warp_gemm<4, false, false>(acc, sTx + 16 * mt * GDN_LD, GDN_LD, sk + kb + 32 * half, ldk, GDN_L);
@@ -270,19 +201,19 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
 #pragma unroll
             for (int i = 0; i < 4; i += 2) {
                 const int r = 16 * mt + tiles::acc_row(i), col = kb + 32 * half + tiles::acc_col(j, i);
-                gdn_put2(W + (row0 + (long)r * H) * K + col, acc[j][i], acc[j][i + 1], r < nv && col < K,
+                chunk_put2(W + (row0 + (long)r * H) * K + col, acc[j][i], acc[j][i + 1], r < nv && col < K,
                          r < nv && col + 1 < K);
             }
         }
     }
-    gdn_sync();
+    chunk_sync();
     for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T diag(β): U's factor
         sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)(sT[(i >> 6) * 65 + (i & 63)] * sb[i & 63]);
     }
     for (int vb = 0; vb < V; vb += GDN_T) { // U = T (β ∘ v) = (T diag(β)) v
-        gdn_stage(sv, GDN_LD, v + ((long)b * T + t0) * v_stride + (long)h * V + vb, v_stride, nv, V - vb, GDN_L,
+        chunk_stage(sv, GDN_LD, v + ((long)b * T + t0) * v_stride + (long)h * V + vb, v_stride, nv, V - vb, GDN_L,
                   GDN_T, (const float *)NULL);
-        gdn_sync();
+        chunk_sync();
         float acc[4][4] = {};
         tiles::warp_gemm<4, false, false>(acc, sTx + 16 * mt * GDN_LD, GDN_LD, sv + 32 * half, GDN_LD, GDN_L);
 #pragma unroll
@@ -290,11 +221,11 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
 #pragma unroll
             for (int i = 0; i < 4; i += 2) {
                 const int r = 16 * mt + tiles::acc_row(i), col = vb + 32 * half + tiles::acc_col(j, i);
-                gdn_put2(U + (row0 + (long)r * H) * V + col, acc[j][i], acc[j][i + 1], r < nv && col < V,
+                chunk_put2(U + (row0 + (long)r * H) * V + col, acc[j][i], acc[j][i + 1], r < nv && col < V,
                          r < nv && col + 1 < V);
             }
         }
-        gdn_sync();
+        chunk_sync();
     }
 }
 static size_t gdn_prep_smem(int K) {
@@ -351,9 +282,9 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
         const long row0 = ((long)b * T + t0) * H + h;
         floatX *sW = sbuf + buf * BUF, *sk = sW + GDN_L * ldk, *sU = sk + GDN_L * ldk;
         gdn_load_G(sGb + buf * GDN_L, Gc, row0, H, nv);
-        gdn_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        gdn_stage(sU, GDN_LD, U + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        chunk_stage(sU, GDN_LD, U + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
     };
     if (GDN_NBUF == 2) { stage_chunk(0, 0); }
     for (int c = 0; c < NC; c++) {
@@ -373,7 +304,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
                 }
             }
         }
-        gdn_sync(); // chunk c's copies (issued last iteration) have landed, sS is whole
+        chunk_sync(); // chunk c's copies (issued last iteration) have landed, sS is whole
         if (GDN_NBUF == 2 && c + 1 < NC) { stage_chunk(c + 1, buf ^ 1); } // lands during this chunk's products
         gdn_store_state(hst + (((long)b * H + h) * NC + c) * K * V, sS, K, V, vb);
         { // Vn = U − W h_c: warp w rows 16·(w & 3), columns 32·(w >> 2)
@@ -401,7 +332,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
                 }
             }
         }
-        __syncthreads(); // (not gdn_sync: the prefetch stays in flight)
+        __syncthreads(); // (not chunk_sync: the prefetch stays in flight)
         const float decay = expf(sG[GDN_L - 1]); // h_{c+1} = e^{G_L} h_c + kᵀ (e^{G_L − G} ∘ Vn)
 #pragma unroll
         for (int m = 0; m < 2; m++) {
@@ -445,14 +376,14 @@ __global__ void gdn_chunk_output_kernel(floatX *o, const floatX *q, const floatX
     const long row0 = ((long)b * T + t0) * H + h;
     floatX *sq = (floatX *)gdn_smem, *sS = sq + GDN_L * ldk, *sP = sS + Kp * GDN_LD, *svn = sP + GDN_L * GDN_LD;
     float *sG = (float *)(svn + GDN_L * GDN_LD);
-    gdn_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-    gdn_stage(sS, GDN_LD, hst + (((long)b * H + h) * NC + c) * K * V + vb, (long)V, K, V - vb, Kp, GDN_T,
+    chunk_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+    chunk_stage(sS, GDN_LD, hst + (((long)b * H + h) * NC + c) * K * V + vb, (long)V, K, V - vb, Kp, GDN_T,
               (const float *)NULL);
-    gdn_stage(sP, GDN_LD, Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
+    chunk_stage(sP, GDN_LD, Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
               (const float *)NULL);
-    gdn_stage(svn, GDN_LD, vn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+    chunk_stage(svn, GDN_LD, vn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
     gdn_load_G(sG, Gc, row0, H, nv);
-    gdn_sync();
+    chunk_sync();
     float acc[8][4] = {}, acc2[8][4] = {};
     tiles::warp_gemm<8, false, false>(acc, sq + 16 * w * ldk, ldk, sS, GDN_LD, Kp);
     tiles::warp_gemm<8, false, false>(acc2, sP + 16 * w * GDN_LD, GDN_LD, svn, GDN_LD, GDN_L);
@@ -462,7 +393,7 @@ __global__ void gdn_chunk_output_kernel(floatX *o, const floatX *q, const floatX
         for (int i = 0; i < 4; i += 2) {
             const int r = 16 * w + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
             const float eG = scale * expf(sG[r]);
-            gdn_put2(o + (row0 + (long)r * H) * V + col, eG * acc[j][i] + scale * acc2[j][i],
+            chunk_put2(o + (row0 + (long)r * H) * V + col, eG * acc[j][i] + scale * acc2[j][i],
                      eG * acc[j][i + 1] + scale * acc2[j][i + 1], r < nv && col < V, r < nv && col + 1 < V);
         }
     }
@@ -508,12 +439,12 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
         const long row0 = ((long)b * T + t0) * H + h;
         floatX *dhc = dhst + (((long)b * H + h) * NC + c) * K * V;
         gdn_load_G(sG, Gc, row0, H, nv);
-        gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        gdn_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        gdn_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        gdn_stage(sP, GDN_LD, Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L,
+        chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        chunk_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        chunk_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        chunk_stage(sP, GDN_LD, Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L,
                   GDN_L, (const float *)NULL);
-        gdn_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
 #pragma unroll
         for (int m = 0; m < 2; m++) {
             if (w + 8 * m >= MT) { continue; }
@@ -525,14 +456,14 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
                 }
             }
         }
-        gdn_sync();
+        chunk_sync();
         gdn_store_state(dhc, sdS, K, V, vb);
         if (threadIdx.x < GDN_L) { skdec[threadIdx.x] = expf(sG[GDN_L - 1] - sG[threadIdx.x]); }
         for (int i = threadIdx.x; i < GDN_L * GDN_T; i += blockDim.x) {
             const int r = i >> 6, cc = i & 63;
             sdos[r * GDN_LD + cc] = (floatX)((float)sdo[r * GDN_LD + cc] * scale * expf(sG[r]));
         }
-        gdn_sync();
+        chunk_sync();
         { // dVn = scale Pᵀ do + (e^{G_L − G} ∘ k) dh
             const int mt = w & 3, half = w >> 2;
             float a1[4][4] = {}, a2[4][4] = {};
@@ -549,7 +480,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
                 }
             }
         }
-        gdn_sync();
+        chunk_sync();
         const float decay = expf(sG[GDN_L - 1]); // dh ← e^{G_L} dh + (scale e^G ∘ q)ᵀ do − Wᵀ dVn
 #pragma unroll
         for (int m = 0; m < 2; m++) {
@@ -562,7 +493,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
             tiles::warp_gemm<8, true, false>(dS[m], sq + 16 * (w + 8 * m), ldk, sdos, GDN_LD, GDN_L);
             tiles::warp_gemm<8, true, false>(dS[m], sW + 16 * (w + 8 * m), ldk, sdvn, GDN_LD, GDN_L);
         }
-        gdn_sync();
+        chunk_sync();
     }
     if (dS0 != NULL) {
 #pragma unroll
@@ -606,12 +537,12 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
     float a_dq[4][4] = {}, a_dks[4][4] = {}, a_dW[4][4] = {}, a_sc[4][4] = {};
     float sdot = 0.0f; // ⟨h_c, dh⟩ over this K tile: this thread's share
     for (int vb = 0; vb < V; vb += GDN_T) {
-        gdn_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_stage(svn, GDN_LD, vn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_stage(sdvn, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_stage(sS, GDN_LD, hst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
-        gdn_stage(sdSp, GDN_LD, dhst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
-        gdn_sync();
+        chunk_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage(svn, GDN_LD, vn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage(sdvn, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage(sS, GDN_LD, hst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
+        chunk_stage(sdSp, GDN_LD, dhst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
+        chunk_sync();
         tiles::warp_gemm<4, false, true>(a_dq, sdo + 16 * mt * GDN_LD, GDN_LD, sS + 32 * half * GDN_LD, GDN_LD, GDN_T);
         tiles::warp_gemm<4, false, true>(a_dks, svn + 16 * mt * GDN_LD, GDN_LD, sdSp + 32 * half * GDN_LD, GDN_LD,
                                          GDN_T);
@@ -623,7 +554,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
             const int r = i >> 6, cc = i & 63;
             sdot += (float)sS[r * GDN_LD + cc] * (float)sdSp[r * GDN_LD + cc];
         }
-        gdn_sync();
+        chunk_sync();
     }
     // dSc = scale (do Vnᵀ) ∘ tril(Γ)
 #pragma unroll
@@ -634,9 +565,9 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
             sdSc[r * GDN_LD + s] = (floatX)(s <= r ? scale * a_sc[j][i] * expf(sG[r] - sG[s]) : 0.0f);
         }
     }
-    gdn_stage(sq, GDN_LD, q + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-    gdn_stage(sk, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-    gdn_sync();
+    chunk_stage(sq, GDN_LD, q + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+    chunk_stage(sk, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+    chunk_sync();
     float a_dq2[4][4] = {}, a_dk2[4][4] = {};
     tiles::warp_gemm<4, false, false>(a_dq2, sdSc + 16 * mt * GDN_LD, GDN_LD, sk + 32 * half, GDN_LD, GDN_L);
     tiles::warp_gemm<4, true, false>(a_dk2, sdSc + 16 * mt, GDN_LD, sq + 32 * half, GDN_LD, GDN_L);
@@ -677,7 +608,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
         sred[2 * GDN_L + w] = ext;
         sred[2 * GDN_L + 8 + w] = sdot;
     }
-    gdn_sync();
+    chunk_sync();
     if (threadIdx.x < nv) {
         const int r = threadIdx.x;
         float x = sred[r] + sred[GDN_L + r];
@@ -712,21 +643,21 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
     floatX *sk = (floatX *)gdn_smem, *sTx = sk + GDN_L * ldk, *t1 = sTx + TILE, *t2 = t1 + TILE, *sDm = t2 + TILE;
     float *sKKG = (float *)(sDm + TILE), *sb = sKKG + GDN_L * 65;
     float *sG = sb + GDN_L, *srs = sG + GDN_L, *sdb = srs + GDN_L, *sdgm = sdb + GDN_L, *swy = sdgm + GDN_L;
-    gdn_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+    chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
     gdn_load_G(sG, Gc, row0, H, nv);
     if (threadIdx.x < GDN_L) { sb[threadIdx.x] = threadIdx.x < nv ? beta[row0 + (long)threadIdx.x * H] : 0.0f; }
-    gdn_stage(sTx, GDN_LD, Tm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
+    chunk_stage(sTx, GDN_LD, Tm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
               (const float *)NULL); // T = (I + A)⁻¹ as the prep kernel left it
-    gdn_sync();
+    chunk_sync();
     gdn_chunk_kkg(NULL, sKKG, sk, ldk, Kp, sb, sG);
-    gdn_sync();
+    chunk_sync();
     float db[2] = {0.0f, 0.0f}, dgm[2] = {0.0f, 0.0f}; // this lane's rows 16w + g and 16w + g + 8
     // dTm = dW Ktᵀ + dVn Vtᵀ = (dW kᵀ diag(e^G) + dVn vᵀ) diag(β): the two products apart, the column scales after
     float aTv[8][4] = {}, aTk[8][4] = {};
     for (int vb = 0; vb < V; vb += GDN_T) {
-        gdn_stage(t1, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_stage(t2, GDN_LD, v + vrow0 + vb, (long)v_stride, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_sync();
+        chunk_stage(t1, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage(t2, GDN_LD, v + vrow0 + vb, (long)v_stride, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_sync();
         tiles::warp_gemm<8, false, true>(aTv, t1 + 16 * w * GDN_LD, GDN_LD, t2, GDN_LD, GDN_T);
         float aV[8][4] = {}; // dVt = Tᵀ dVn
         tiles::warp_gemm<8, true, false>(aV, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);
@@ -741,13 +672,13 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
                 }
             }
         }
-        gdn_sync();
+        chunk_sync();
     }
     for (int kb = 0; kb < Kp; kb += GDN_T) {
-        gdn_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_sync();
+        chunk_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_sync();
         tiles::warp_gemm<8, false, true>(aTk, t1 + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_T);
-        gdn_sync();
+        chunk_sync();
     }
     // dA = −(Tᵀ dTm Tᵀ) on the strict lower triangle
 #pragma unroll
@@ -758,7 +689,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
             t1[(16 * w + tiles::acc_row(i)) * GDN_LD + s] = (floatX)(sb[s] * (aTv[j][i] + expf(sG[s]) * aTk[j][i]));
         }
     }
-    gdn_sync();
+    chunk_sync();
     {
         float aX[8][4] = {};
         tiles::warp_gemm<8, true, false>(aX, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);
@@ -770,7 +701,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
             }
         }
     }
-    gdn_sync();
+    chunk_sync();
     {
         float aA[8][4] = {};
         tiles::warp_gemm<8, false, true>(aA, t2 + 16 * w * GDN_LD, GDN_LD, sTx, GDN_LD, GDN_L);
@@ -787,7 +718,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
             }
         }
     }
-    gdn_sync();
+    chunk_sync();
     if (threadIdx.x < GDN_L) {
         const int r = threadIdx.x;
         float x = 0.0f;
@@ -800,8 +731,8 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         t2[r * GDN_LD + cc] = (floatX)((float)sDm[r * GDN_LD + cc] * sb[r]);
     }
     for (int kb = 0; kb < Kp; kb += GDN_T) {
-        gdn_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_sync();
+        chunk_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_sync();
         float a1[8][4] = {}, a2[8][4] = {}, a3[8][4] = {};
         tiles::warp_gemm<8, false, false>(a1, sDm + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_L); // Dm k
         tiles::warp_gemm<8, true, false>(a2, t2 + 16 * w, GDN_LD, sk + kb, ldk, GDN_L);            // Dmᵀ (β k)
@@ -820,7 +751,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
                 dgm[i >> 1] += sb[r] * eG * kv * a3[j][i];
             }
         }
-        gdn_sync();
+        chunk_sync();
     }
 #pragma unroll
     for (int x = 0; x < 2; x++) {
@@ -836,7 +767,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         sdgm[r] = dgm[0];
         sdgm[r + 8] = dgm[1];
     }
-    gdn_sync();
+    chunk_sync();
     if (threadIdx.x < nv) { // dL/dG_r in full, into srs
         const int r = threadIdx.x;
         float x = sdgm[r] + swy[r];
@@ -844,7 +775,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         srs[r] = x;
         dbeta[row0 + (long)r * H] = sdb[r];
     }
-    gdn_sync();
+    chunk_sync();
     if (threadIdx.x < nv) { // G_r = Σ_{s ≤ r} g_s: dg_s = Σ_{r ≥ s} dG_r
         const int s = threadIdx.x;
         float x = 0.0f;
@@ -975,7 +906,7 @@ __global__ void gdn_step_kernel(floatX *o, float *S, long stride, const floatX *
         sq[i] = (float)q[r * K + i];
         sk[i] = (float)k[r * K + i];
     }
-    gdn_sync();
+    chunk_sync();
     if (j >= V) { return; }
     float *Sh = S + (long)b * stride + (long)h * K * V + j;
     const float alpha = expf(g[r]), be = beta[r];

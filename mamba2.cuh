@@ -45,6 +45,7 @@ N=128 take 199 KB; P=19, N=216 take 185 KB) within the device's opt-in limit; ma
 #include "common.cuh"
 #include "conv.cuh"
 #include "gate.cuh"
+#include "chunk_common.cuh"
 #include "tiles.cuh"
 
 typedef struct { MAMBA2_PARAMS(VIEW_FIELD) } Mamba2Params;      // the layer's tensors, in the layers.h row's order
@@ -55,6 +56,10 @@ typedef struct { MAMBA2_PARAMS(VIEW_FIELD_32) } Mamba2Params32; // their gradien
 #define MAMBA2_LDL 72       // pitch (elements) of the bf16 L×L tiles
 #define MAMBA2_LDF 65       // pitch (floats) of the fp32 L×L tiles
 #define MAMBA2_BWD_WARPS 8
+// state-pass buffers: 2 (the next chunk loading during this one's product) measured slower, 0.676 → 0.842 ms a pass
+// on an H100: 61 KB of shared memory a CTA fits 3 CTAs an SM, so the 512 CTAs of the benchmark shape take two waves
+// where 5 CTAs an SM of one buffer took one (dev/bench/NOTES.md)
+#define MAMBA2_PASS_BUFS 1
 
 typedef struct {
     int B, T, H, P, N, G; // sequences, tokens per sequence, heads, head dim, state size, B/C groups
@@ -67,8 +72,8 @@ static inline int mamba2_chunks(const Mamba2Dims *d) { return CEIL_DIV(d->T, MAM
 // shared memory of the three chunk kernels (bytes), the same carving as in the kernels
 static inline size_t mamba2_pass_smem(int P, int N) {
     const int Np = mamba2_pad(N);
-    return (size_t)MAMBA2_L * (MAMBA2_PS + 8) * sizeof(floatX) + (size_t)MAMBA2_L * (Np + 8) * sizeof(floatX) + (size_t)MAMBA2_PS * Np * 4 +
-           3 * MAMBA2_L * 4;
+    return MAMBA2_PASS_BUFS * ((size_t)MAMBA2_L * (MAMBA2_PS + 8) + (size_t)MAMBA2_L * (Np + 8)) * sizeof(floatX) +
+           (size_t)MAMBA2_PS * Np * 4 + (2 * MAMBA2_PASS_BUFS + 1) * MAMBA2_L * 4;
 }
 static inline size_t mamba2_scan_smem(int P, int N) {
     const int Np = mamba2_pad(N), Pp = mamba2_pad(P);
@@ -144,54 +149,6 @@ __device__ __forceinline__ void m2_chunk_cumsum(float *sAcs, float *sdt, const f
     sdt[s0 + 1] = d1;
 }
 
-// dst (rows × cols, pitch ld) bf16 = src (row r at src + r·src_stride, valid_rows × valid_cols) · (scale ? scale[r]
-// : 1), zeros elsewhere. Full-width rows on 16-byte boundaries go 16 bytes at a time, four loads in flight per thread
-// before the first store (a load-then-store loop leaves one load in flight: the first version's kernels were 10×
-// slower for it); other shapes (P = 19, ...) element by element.
-template <typename Tin>
-__device__ __forceinline__ void m2_stage(floatX *dst, int ld, const Tin *src, long src_stride, int rows,
-                                         int cols, int valid_rows, int valid_cols, const float *scale) {
-    constexpr int V = 16 / (int)sizeof(Tin); // elements per 16-byte load
-    const bool vec = valid_cols == cols && src_stride % V == 0 && ((uintptr_t)src & 15) == 0;
-    if (vec) {
-        const int cpr = cols / V, total = rows * cpr;
-        for (int base = threadIdx.x; base < total; base += 4 * blockDim.x) {
-            uint4 buf[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int i = base + u * blockDim.x, r = i / cpr, c = (i - r * cpr) * V;
-                buf[u] = make_uint4(0, 0, 0, 0);
-                if (i < total && r < valid_rows) { buf[u] = *(const uint4 *)(src + (long)r * src_stride + c); }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int i = base + u * blockDim.x, r = i / cpr, c = (i - r * cpr) * V;
-                if (i >= total) { continue; }
-                const float sc = (scale != NULL && r < valid_rows) ? scale[r] : 1.0f;
-                const Tin *e = (const Tin *)&buf[u];
-                __align__(16) floatX o[V];
-#pragma unroll
-                for (int k = 0; k < V; k++) { o[k] = m2_bf(m2_f(e[k]) * sc); }
-                if (V * sizeof(floatX) == 16) {
-                    *(uint4 *)(dst + r * ld + c) = *(const uint4 *)o;
-                } else {
-                    *(uint2 *)(dst + r * ld + c) = *(const uint2 *)o;
-                }
-            }
-        }
-        return;
-    }
-    for (int i = threadIdx.x; i < rows * cols; i += blockDim.x) {
-        const int r = i / cols, c = i - r * cols;
-        float v = 0.0f;
-        if (r < valid_rows && c < valid_cols) {
-            v = m2_f(src[(long)r * src_stride + c]);
-            if (scale != NULL) { v *= scale[r]; }
-        }
-        dst[r * ld + c] = m2_bf(v);
-    }
-}
-
 // the M × NC product A (M × K) · B (K × NC) in 16×32 tiles spread over the warps; f(row, col, value) per element
 template <bool A_T, bool B_T, typename F>
 __device__ __forceinline__ void m2_tiles(int M, int NC, int K, const floatX *A, int lda, const floatX *B,
@@ -230,38 +187,66 @@ __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, flo
     const int p0 = blockIdx.x * MAMBA2_PS, h = blockIdx.y, b = blockIdx.z, g = h / (H / G);
     const int Np = mamba2_pad(N), ldu = MAMBA2_PS + 8, ldv = Np + 8, nc = CEIL_DIV(T, MAMBA2_L);
     const int warp = threadIdx.x / 32, prows = min(MAMBA2_PS, P - p0);
-    floatX *sU = (floatX *)m2_smem;                      // (L, ldu): U rows · weight
-    floatX *sV = sU + MAMBA2_L * ldu;                           // (L, ldv)
-    float *sS = (float *)(sV + MAMBA2_L * ldv);                        // (PS, Np) the carried state
-    float *sAcs = sS + MAMBA2_PS * Np, *sdt = sAcs + MAMBA2_L, *sw = sdt + MAMBA2_L;
+    const int BUF = MAMBA2_L * ldu + MAMBA2_L * ldv; // one buffer: U rows (L, ldu), V rows (L, ldv)
+    floatX *sbuf = (floatX *)m2_smem;                                   // MAMBA2_PASS_BUFS buffers
+    float *sS = (float *)(sbuf + MAMBA2_PASS_BUFS * BUF);               // (PS, Np) the carried state
+    float *sAcsb = sS + MAMBA2_PS * Np, *sdtb = sAcsb + MAMBA2_PASS_BUFS * MAMBA2_L;
+    float *sw = sdtb + MAMBA2_PASS_BUFS * MAMBA2_L;
     const float A = -expf(A_log[h]);
     const long bh = (long)b * H + h;
     for (int i = threadIdx.x; i < MAMBA2_PS * Np; i += blockDim.x) {
         const int r = i / Np, n = i - r * Np;
         sS[i] = (init != NULL && r < prows && n < N) ? init[b * state_stride + ((long)h * P + p0 + r) * N + n] : 0.0f;
     }
-    for (int it = 0; it < nc; it++) {
+    auto issue = [&](int it, int buf) { // chunk it's raw U and V rows (cp.async) and its cumsum (warp 0)
         const int c = reverse ? nc - 1 - it : it, t0 = c * MAMBA2_L, valid = min(MAMBA2_L, T - t0);
         const long tok0 = (long)b * T + t0;
-        m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, A);
-        __syncthreads();
+        floatX *sU = sbuf + buf * BUF, *sV = sU + MAMBA2_L * ldu;
+        chunk_stage(sU, ldu, U + tok0 * su + (long)h * P + p0, su, valid, prows, MAMBA2_L, MAMBA2_PS, (const float *)NULL);
+        chunk_stage(sV, ldv, V + tok0 * sv + (long)g * N, sv, valid, N, MAMBA2_L, Np, (const float *)NULL);
+        m2_chunk_cumsum(sAcsb + buf * MAMBA2_L, sdtb + buf * MAMBA2_L, dt + tok0 * H + h, valid, H, A);
+    };
+    if (MAMBA2_PASS_BUFS == 2) { issue(0, 0); }
+    for (int it = 0; it < nc; it++) {
+        const int buf = it % MAMBA2_PASS_BUFS, c = reverse ? nc - 1 - it : it;
+        if (MAMBA2_PASS_BUFS == 1) { issue(it, 0); }
+        floatX *sU = sbuf + buf * BUF, *sV = sU + MAMBA2_L * ldu;
+        const float *sAcs = sAcsb + buf * MAMBA2_L, *sdt = sdtb + buf * MAMBA2_L;
+        chunk_sync(); // chunk it's rows and cumsum are in; the other buffer's readers are done
+        if (MAMBA2_PASS_BUFS == 2 && it + 1 < nc) { issue(it + 1, buf ^ 1); } // lands during this chunk's product
         if (threadIdx.x < MAMBA2_L) {
             const int s = threadIdx.x;
             sw[s] = reverse ? expf(sAcs[s]) : expf(sAcs[MAMBA2_L - 1] - sAcs[s]) * sdt[s];
         }
-        __syncthreads();
-        m2_stage(sU, ldu, U + tok0 * su + (long)h * P + p0, su, MAMBA2_L, MAMBA2_PS, valid, prows, sw);
-        m2_stage(sV, ldv, V + tok0 * sv + (long)g * N, sv, MAMBA2_L, Np, valid, N, (const float *)NULL);
+        { // the state before this chunk, out as floatX (16-byte stores where the row allows)
+            floatX *out = Sst + ((bh * nc + c) * P + p0) * N;
+            constexpr int VEC = 16 / sizeof(floatX);
+            const bool vec = N % VEC == 0 && ((uintptr_t)out & 15) == 0;
+            for (int i = threadIdx.x; i < prows * (Np / VEC); i += blockDim.x) {
+                const int r = i / (Np / VEC), n = (i % (Np / VEC)) * VEC;
+                if (vec && n + VEC <= N) {
+                    __align__(16) floatX o[VEC];
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) { o[e] = m2_bf(sS[r * Np + n + e]); }
+                    *(uint4 *)(out + (long)r * N + n) = *(const uint4 *)o;
+                } else {
+                    for (int e = 0; e < VEC && n + e < N; e++) { out[(long)r * N + n + e] = m2_bf(sS[r * Np + n + e]); }
+                }
+            }
+        }
+        __syncthreads(); // (not chunk_sync: the next chunk's copies stay in flight) sw ready, sS read
+        for (int i = threadIdx.x; i < MAMBA2_L * MAMBA2_PS; i += blockDim.x) { // U rows · weight, in place
+            const int r = i / MAMBA2_PS, col = i - r * MAMBA2_PS;
+            sU[r * ldu + col] = m2_bf(m2_f(sU[r * ldu + col]) * sw[r]);
+        }
         __syncthreads();
         const float decay = expf(sAcs[MAMBA2_L - 1]);
-        floatX *out = Sst + ((bh * nc + c) * P + p0) * N;
         m2_tiles<true, false>(MAMBA2_PS, Np, MAMBA2_L, sU, ldu, sV, ldv, warp, 4, [&](int r, int n, float v) {
-            const float old = sS[r * Np + n];
-            if (r < prows && n < N) { out[(long)r * N + n] = m2_bf(old); }
-            sS[r * Np + n] = decay * old + v;
+            sS[r * Np + n] = decay * sS[r * Np + n] + v;
         });
-        __syncthreads();
+        if (MAMBA2_PASS_BUFS == 1) { __syncthreads(); } // the next issue() rewrites this buffer
     }
+    __syncthreads();
     if (fin != NULL) {
         for (int i = threadIdx.x; i < prows * N; i += blockDim.x) {
             const int r = i / N, n = i - r * N;
@@ -287,15 +272,15 @@ __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const
     floatX *sS = sX + MAMBA2_L * ldP, *sM = sS + Pp * ldN;
     float *sAcs = (float *)(sM + MAMBA2_L * MAMBA2_LDL), *sdt = sAcs + MAMBA2_L;
     m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, -expf(A_log[h]));
-    m2_stage(sC, ldN, Cm + tok0 * stride + (long)g * N, stride, MAMBA2_L, Np, valid, N, (const float *)NULL);
-    m2_stage(sB, ldN, Bm + tok0 * stride + (long)g * N, stride, MAMBA2_L, Np, valid, N, (const float *)NULL);
-    m2_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, MAMBA2_L, Pp, valid, P, (const float *)NULL);
-    m2_stage(sS, ldN, Sst + (((long)b * H + h) * nc + c) * P * N, N, Pp, Np, P, N, (const float *)NULL);
-    __syncthreads();
+    chunk_stage(sC, ldN, Cm + tok0 * stride + (long)g * N, stride, valid, N, MAMBA2_L, Np, (const float *)NULL);
+    chunk_stage(sB, ldN, Bm + tok0 * stride + (long)g * N, stride, valid, N, MAMBA2_L, Np, (const float *)NULL);
+    chunk_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, valid, P, MAMBA2_L, Pp, (const float *)NULL);
+    chunk_stage(sS, ldN, Sst + (((long)b * H + h) * nc + c) * P * N, N, P, N, Pp, Np, (const float *)NULL);
+    chunk_sync();
     m2_tiles<false, true>(MAMBA2_L, MAMBA2_L, Np, sC, ldN, sB, ldN, warp, 4, [&](int l, int s, float v) {
         sM[l * MAMBA2_LDL + s] = m2_bf(s <= l ? v * expf(sAcs[l] - sAcs[s]) * sdt[s] : 0.0f);
     });
-    __syncthreads();
+    chunk_sync();
     const float Dh = D[h];
     const int nct = Pp / 32;
     for (int tile = warp; tile < 4 * nct; tile += 4) {
@@ -363,10 +348,10 @@ __global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, float
     float *sAcs = sYS + MAMBA2_L * ldPf, *sdt = sAcs + MAMBA2_L, *sw = sdt + MAMBA2_L, *se = sw + MAMBA2_L;
     float *sdAcs = se + MAMBA2_L, *sddt = sdAcs + MAMBA2_L, *sE = sddt + MAMBA2_L, *sDD = sE + MAMBA2_L;
 
-    m2_stage(sB, ldN, Bm + tok0 * stride + (long)g * N, stride, MAMBA2_L, Np, valid, N, (const float *)NULL);
-    m2_stage(sC, ldN, Cm + tok0 * stride + (long)g * N, stride, MAMBA2_L, Np, valid, N, (const float *)NULL);
+    chunk_stage(sB, ldN, Bm + tok0 * stride + (long)g * N, stride, valid, N, MAMBA2_L, Np, (const float *)NULL);
+    chunk_stage(sC, ldN, Cm + tok0 * stride + (long)g * N, stride, valid, N, MAMBA2_L, Np, (const float *)NULL);
     for (int i = threadIdx.x; i < MAMBA2_L * MAMBA2_LDF; i += blockDim.x) { sdCB[i] = 0.0f; }
-    __syncthreads();
+    chunk_sync();
     m2_tiles<false, true>(MAMBA2_L, MAMBA2_L, Np, sC, ldN, sB, ldN, warp, MAMBA2_BWD_WARPS,
                           [&](int l, int s, float v) { sCB[l * MAMBA2_LDF + s] = v; });
     const int nctN = Np / 32, ntBC = 4 * nctN;
@@ -381,24 +366,24 @@ __global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, float
     }
     for (int h = g * hpg; h < (g + 1) * hpg; h++) {
         const float A = -expf(A_log[h]), Dh = D[h];
-        __syncthreads(); // the previous head's readers are done
+        chunk_sync(); // the previous head's readers are done
         m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, A);
-        __syncthreads();
+        chunk_sync();
         if (threadIdx.x < MAMBA2_L) {
             const int s = threadIdx.x;
             const float dec = expf(sAcs[MAMBA2_L - 1] - sAcs[s]);
             sw[s] = dec * sdt[s];
             se[s] = expf(sAcs[s]);
         }
-        __syncthreads();
+        chunk_sync();
         const long sidx = (((long)b * H + h) * nc + c) * P * N;
-        m2_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, MAMBA2_L, Pp, valid, P, (const float *)NULL);
-        m2_stage(sXw, ldP, x + tok0 * stride + (long)h * P, stride, MAMBA2_L, Pp, valid, P, sw);
-        m2_stage(sdY, ldP, dy + tok0 * HP + (long)h * P, HP, MAMBA2_L, Pp, valid, P, (const float *)NULL);
-        m2_stage(sdYe, ldP, dy + tok0 * HP + (long)h * P, HP, MAMBA2_L, Pp, valid, P, se);
-        m2_stage(sS, ldN, Sst + sidx, N, Pp, Np, P, N, (const float *)NULL);
-        m2_stage(sdS, ldN, dSst + sidx, N, Pp, Np, P, N, (const float *)NULL);
-        __syncthreads();
+        chunk_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, valid, P, MAMBA2_L, Pp, (const float *)NULL);
+        chunk_stage(sXw, ldP, x + tok0 * stride + (long)h * P, stride, valid, P, MAMBA2_L, Pp, sw);
+        chunk_stage(sdY, ldP, dy + tok0 * HP + (long)h * P, HP, valid, P, MAMBA2_L, Pp, (const float *)NULL);
+        chunk_stage(sdYe, ldP, dy + tok0 * HP + (long)h * P, HP, valid, P, MAMBA2_L, Pp, se);
+        chunk_stage(sS, ldN, Sst + sidx, N, P, N, Pp, Np, (const float *)NULL);
+        chunk_stage(sdS, ldN, dSst + sidx, N, P, N, Pp, Np, (const float *)NULL);
+        chunk_sync();
         // dy xᵀ → Q, dCB, W1 = CB ∘ Λ ∘ dt (bf16)
         m2_tiles<false, true>(MAMBA2_L, MAMBA2_L, Pp, sdY, ldP, sX, ldP, warp, MAMBA2_BWD_WARPS,
                               [&](int l, int s, float v) {
@@ -428,7 +413,7 @@ __global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, float
                 warp_gemm<4, false, false>(accC[k], sdYe + tr * 16 * ldP, ldP, sS + tc * 32, ldN, Pp);
             }
         }
-        __syncthreads();
+        chunk_sync();
         // dx = W1ᵀ dy + dec dt SB + D dy
         m2_tiles<true, false>(MAMBA2_L, Pp, MAMBA2_L, sW1, MAMBA2_LDL, sdY, ldP, warp, MAMBA2_BWD_WARPS,
                               [&](int s, int p, float v) {
@@ -471,7 +456,7 @@ __global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, float
             sds += m2_f(sS[r * ldN + n]) * m2_f(sdS[r * ldN + n]);
         }
         sds = block_reduce_sum(sds); // synchronizes the block: the per-token sums are visible after it
-        __syncthreads();
+        chunk_sync();
         if (warp == 0) {
             const int s0 = 2 * lane;
             float Esum = sE[s0] + sE[s0 + 1];
@@ -497,13 +482,13 @@ __global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, float
             }
         }
     }
-    __syncthreads();
+    chunk_sync();
     // dB = dCBᵀ C + accB, dC = dCB B + accC (dCB rounded to bf16 into sW1)
     for (int i = threadIdx.x; i < MAMBA2_L * MAMBA2_L; i += blockDim.x) {
         const int l = i / MAMBA2_L, s = i - l * MAMBA2_L;
         sW1[l * MAMBA2_LDL + s] = m2_bf(sdCB[l * MAMBA2_LDF + s]);
     }
-    __syncthreads();
+    chunk_sync();
 #pragma unroll
     for (int k = 0; k < TPW; k++) {
         const int tile = warp + MAMBA2_BWD_WARPS * k;
