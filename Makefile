@@ -335,7 +335,7 @@ CUDA_TESTS += $(TRAINER_TESTS)
 # ---------------------------------------------------------------------------------------------------------------
 # Mamba-2 on the GPU (mamba2.cuh): the recurrence test (bf16 and fp32 builds) and the benchmark
 
-MAMBA2_GPU_HEADERS = mamba2.cuh conv.cuh gate.cuh common.cuh tiles.cuh cuda_common.h $(REF_HEADERS)
+MAMBA2_GPU_HEADERS = mamba2.cuh chunk_common.cuh conv.cuh gate.cuh common.cuh tiles.cuh cuda_common.h $(REF_HEADERS)
 
 build/test_mamba2_gpu: test/test_mamba2_gpu.cu $(MAMBA2_GPU_HEADERS) test/test_common.h
 	@mkdir -p build

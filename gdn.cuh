@@ -23,16 +23,20 @@ Kernels (one CTA each):
   gdn_chunk_dqk_kernel     (chunk, K tile, sequence·head)   dq, dk (part), dW, dγ    8 warps, loop over V tiles
   gdn_chunk_wy_kernel      (chunk, head, sequence)          dk, dv, dβ, d(log α)    4 warps (T from prep)
   gdn_step_kernel          (V block, head, sequence)        one decode token from the fp32 state
-Products are tiles::warp_gemm on tiles staged in shared memory.
+Products are tiles::warp_gemm on tiles staged in shared memory (chunk_common.cuh: cp.async for plain copies); the
+state kernel loads the next chunk's W, k, U while it computes this one's; prep writes T for the wy kernel.
 
-Numeric contract (bf16 build): every product takes bf16 operands and accumulates in fp32; rounded to bf16 are the
-operands as staged (q, k, v, β v, β e^G k, T, W, U, P, h_c, Vn, do, dh, dVn, dT, Tᵀ dT, dA ∘ Γ), as fla rounds them; the
-cumulative decays, T's inversion (forward substitution), the carried state and its gradient, every row sum and the
-stored dVn, dW, dk parts stay fp32. The fp32 build (make PRECISION=FP32) stages fp32 and multiplies on the FMA pipe
-(tiles.cuh's fp32 warp_gemm). Deterministic: no atomics, every sum in a fixed order. The training path starts from
-zero state; the decode advance starts from and writes back each sequence's fp32 state.
+Numeric contract (bf16 build): every product takes bf16 operands and accumulates in fp32. Rounded to bf16 (stored or
+staged): the inputs q, k, v and do; T itself (kept for the backward) and the factors T·diag(β e^G) and T·diag(β) that
+make W and U; W, U, P, the chunk-start states h_c, Vn and e^{G_L − G}∘Vn; in the backward dh_c, dVn, dW, do ∘ scale e^G,
+dSc, dTm, Tᵀ dTm, dA ∘ Γ and β ∘ (dA ∘ Γ) (fla rounds the same kinds of operands). fp32: the cumulative decays, T's
+inversion, the carried state and its gradient inside the serial kernels, every row sum, dk's parts, dβ, d(log α) and
+the final state. The fp32 build (make PRECISION=FP32) stages fp32 and multiplies on the FMA pipe (tiles.cuh's fp32
+warp_gemm). Deterministic: no atomics, every sum in a fixed order. The training path starts from zero state; the
+decode advance starts from and writes back each sequence's fp32 state.
 Sizes: K ≤ 256 (padded to a multiple of 64 in shared memory), any V (tiles of 64), any T (the last chunk masked).
-Not yet: packed variable-length sequences (cu_seqlens); the chunk kernels are a first, untuned version.
+Not yet: packed variable-length sequences (cu_seqlens); wgmma (the products are mma.sync). Speed against fla:
+dev/bench/gdn_mamba2_results.md.
 */
 #ifndef M2RNN_GDN_CUH
 #define M2RNN_GDN_CUH
