@@ -33,7 +33,11 @@ if want bench; then
     ./build/bench_gdn | tee "$OUTD/bench_gdn.txt"
     ./build/bench_mamba2 | tee "$OUTD/bench_mamba2.txt" | tail -9
     if [ -d .peers/fla ]; then
-        PYTHONPATH=.peers/fla timeout 300 python3 dev/bench/gdn_fla.py 2>&1 | tee "$OUTD/gdn_fla.txt" | tail -6
+        # one process a shape: fla autotunes each shape afresh (minutes on a new machine), so one slow shape
+        # cannot hide the other's row
+        for shape in "2 256 512" "16 128 128"; do
+            PYTHONPATH=.peers/fla timeout 300 python3 -u dev/bench/gdn_fla.py $shape 2>&1 | tee -a "$OUTD/gdn_fla.txt" | tail -1
+        done
     fi
     if [ -d .peers/mamba_ssm ]; then
         timeout 200 python3 dev/bench/mamba2_torch.py 2>&1 | tee "$OUTD/mamba2_torch.txt" | tail -6

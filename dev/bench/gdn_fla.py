@@ -2,6 +2,7 @@
 (scripts/gpu_gdn.sh bench): B=8, T=4096; H=2, K=256, V=512 and H=16, K=V=128; bf16; q and k L2-normalized in the
 kernel (use_qk_l2norm_in_kernel=True), g the log-decay and beta given, as bench_gdn.cu times ours. Forward and
 forward+backward (o.backward with a random gradient), CUDA events, 3 warm-ups, the median of 20.
+usage: PYTHONPATH=.peers/fla python3 dev/bench/gdn_fla.py [H K V]   (both shapes unless one is given)
 fla comes from a copy kept out of the repository (.peers/fla, from github:fla-org/flash-linear-attention; PYTHONPATH
 points at it). Its guard against Triton < 3.7.1 on Hopper (a miscompile of the gated dqkwg backward at block width 64;
 at these shapes it takes 128) is lifted, as the issue asks; the gradients are checked against a float32 recurrence on
@@ -67,9 +68,12 @@ got = torch.autograd.grad(o, (q, k, v, g, beta), do)
 want = torch.autograd.grad(reference(q, k, v, g, beta), (q, k, v, g, beta), do.float())
 errs = [((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, want)]
 print("fla gradient check against a float32 recurrence (dq dk dv dg dbeta):", " ".join(f"{e:.1e}" for e in errs))
+shapes = ((2, 256, 512), (16, 128, 128))
+if len(sys.argv) == 4:  # one shape (H K V): fla autotunes each shape afresh, minutes on a new machine
+    shapes = ((int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])),)
 print("| B | T | H | K | V | fla fwd ms | fla fwd+bwd ms |")
-print("|---|---|---|---|---|---|---|")
-for (H, K, V) in ((2, 256, 512), (16, 128, 128)):
+print("|---|---|---|---|---|---|---|", flush=True)
+for (H, K, V) in shapes:
     B, T = 8, 4096
     q, k, v, g, beta = inputs(B, T, H, K, V)
     do = torch.randn(B, T, H, V, device='cuda', dtype=torch.bfloat16)
@@ -80,4 +84,4 @@ for (H, K, V) in ((2, 256, 512), (16, 128, 128)):
         o, _ = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
         o.backward(do)
     fwdbwd = median_ms(fb)
-    print(f"| {B} | {T} | {H} | {K} | {V} | {fwd:.3f} | {fwdbwd:.3f} |")
+    print(f"| {B} | {T} | {H} | {K} | {V} | {fwd:.3f} | {fwdbwd:.3f} |", flush=True)
