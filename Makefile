@@ -35,7 +35,8 @@ NVCC_LDLIBS = -lcublas -lcublasLt
 # CPU reference trainer and its tests
 
 CPU_PROGRAMS = train_m2rnn_cpu export_m2rnn infer_m2rnn_cpu
-CPU_TESTS = build/test_model build/test_gradcheck build/test_m2rnn_ref build/test_decode build/test_train test/test_cli.sh \
+CPU_TESTS = build/test_model build/test_gradcheck build/test_m2rnn_ref build/test_decode build/test_tp_shard build/test_train \
+            test/test_cli.sh \
             test/test_run_safety.sh test/test_mpi.sh
 
 # every header of the project and of ref/ (a new layer kind's files need no edit here)

@@ -180,6 +180,9 @@ typedef struct {
     int (*params)(const ModelConfig *c, ParamDef *p); // its tensors, in its _PARAMS order; returns the count
     double (*flops)(const ModelConfig *c, int T);   // forward FLOPs per token at sequence length T
     size_t (*decode_state)(const ModelConfig *c, int context); // numbers a sequence carries while decoding
+    // tensor parallelism: c's sizes of this kind divided for one of tp ranks (its params() then give the rank's
+    // shards, tp_shard_tensor cuts them); NULL, or why the kind cannot be split so (the caller fails with it)
+    const char *(*tp_local)(ModelConfig *c, int tp);
 } LayerKind;
 
 // std of the output projections into the residual stream: 0.02/sqrt(2L) (spec m2rnn_authors_code.md §1)
@@ -706,31 +709,105 @@ static double moe_flops(const ModelConfig *c, int T) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// tensor parallelism: each kind's sizes on one of tp ranks (Megatron's layout: the input projections column-parallel
+// by whole heads, the output projection row-parallel, its partial sums all-reduced by the block)
+
+static const char *m2rnn_tp_local(ModelConfig *c, int tp) {
+    return tp == 1 ? NULL : "M2RNN's RMSNorm spans all its heads: tensor parallelism needs RMSNormTP or the "
+                            "topology-aware variant (not written yet)";
+}
+static const char *attention_tp_local(ModelConfig *c, int tp) {
+    if (c->attn.heads % tp != 0 || c->attn.kv_heads % tp != 0) {
+        return "attention heads (h) and kv heads (hk) must divide by the TP size";
+    }
+    c->attn.heads /= tp;
+    c->attn.kv_heads /= tp;
+    return NULL;
+}
+static const char *vecrnn_tp_local(ModelConfig *c, int tp) {
+    return tp == 1 ? NULL : "the RNN/GRU baselines' RMSNorm spans all their heads: tensor parallelism needs RMSNormTP "
+                            "(not written yet)";
+}
+static const char *gdn_tp_local(ModelConfig *c, int tp) {
+    if (c->gdn.heads % tp != 0) { return "GDN heads (gh) must divide by the TP size"; }
+    c->gdn.heads /= tp;
+    return NULL;
+}
+static const char *mamba2_tp_local(ModelConfig *c, int tp) {
+    if (mamba2_heads(c) % tp != 0 || c->mamba2.groups % tp != 0) {
+        return "Mamba-2 heads (si / sp) and groups (sg) must divide by the TP size (each rank normalizes whole groups)";
+    }
+    c->mamba2.inner /= tp;
+    c->mamba2.groups /= tp;
+    return NULL;
+}
+static const char *swiglu_tp_local(ModelConfig *c, int tp) {
+    if (c->swiglu.hidden % tp != 0) { return "the MLP hidden size must divide by the TP size"; }
+    c->swiglu.hidden /= tp;
+    return NULL;
+}
+static const char *moe_tp_local(ModelConfig *c, int tp) {
+    return tp == 1 ? NULL : "MoE layers under tensor parallelism are not written (expert parallelism is a later issue)";
+}
+
+// Rank `rank` of tp's shard of one tensor (d: its full ParamDef) between the full tensor and the rank's local one
+// (elements of `elem` bytes, the layouts of params() at the full and the tp_local config): gather == 0 copies the
+// rank's part of full into local, gather == 1 writes local back into its place in full. REPLICATED: the whole
+// tensor; COLUMN: rows (dim 0) rank·d0/tp ..; ROW: columns (dim 1) rank·d1/tp .. of every row; HEAD_GROUPS: that
+// part of each segment of rows.
+static void tp_shard_tensor(void *full, void *local, size_t elem, const ParamDef *d, int rank, int tp, int gather) {
+    char *F = (char *)full, *L = (char *)local;
+    const size_t d0 = d->shape[0], d1 = d->shape[1], d2 = d->shape[2], inner = d1 * d2;
+#define TP_COPY(f_off, l_off, n) (gather ? memcpy(F + (f_off) * elem, L + (l_off) * elem, (n) * elem) \
+                                         : memcpy(L + (l_off) * elem, F + (f_off) * elem, (n) * elem))
+    switch (d->split) {
+    case SPLIT_REPLICATED: TP_COPY(0, 0, d0 * inner); break;
+    case SPLIT_COLUMN: TP_COPY((size_t)rank * (d0 / tp) * inner, 0, (d0 / tp) * inner); break;
+    case SPLIT_ROW:
+        for (size_t i = 0; i < d0; i++) {
+            TP_COPY(i * inner + (size_t)rank * (d1 / tp) * d2, i * (d1 / tp) * d2, (d1 / tp) * d2);
+        }
+        break;
+    case SPLIT_HEAD_GROUPS: {
+        size_t f_row = 0, l_row = 0;
+        for (int sgm = 0; sgm < d->nseg; sgm++) {
+            const size_t rows = d->seg[sgm] / tp;
+            TP_COPY((f_row + (size_t)rank * rows) * inner, l_row * inner, rows * inner);
+            f_row += d->seg[sgm];
+            l_row += rows;
+        }
+        break;
+    }
+    }
+#undef TP_COPY
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // the tables
 
 #define NFIELDS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static const LayerKind MIXER_KINDS[] = {
     {'M', "M2RNN", "M2RNN: non-linear RNN with a K×V matrix state per head", M2RNN_FIELDS, NFIELDS(M2RNN_FIELDS),
-     m2rnn_fill_defaults, m2rnn_validate, m2rnn_params, m2rnn_flops, m2rnn_decode_state},
+     m2rnn_fill_defaults, m2rnn_validate, m2rnn_params, m2rnn_flops, m2rnn_decode_state, m2rnn_tp_local},
     {'A', "attention", "causal softmax attention (NoPE, or RoPE with `rope`)", ATTENTION_FIELDS,
      NFIELDS(ATTENTION_FIELDS), attention_fill_defaults, attention_validate, attention_params, attention_flops,
-     attention_decode_state},
+     attention_decode_state, attention_tp_local},
     {'R', "RNN", "vector RNN with the M2RNN forget gate (baseline)", VECRNN_FIELDS, NFIELDS(VECRNN_FIELDS),
-     vecrnn_fill_defaults, vecrnn_validate, rnn_params, rnn_flops, rnn_decode_state},
+     vecrnn_fill_defaults, vecrnn_validate, rnn_params, rnn_flops, rnn_decode_state, vecrnn_tp_local},
     {'U', "GRU", "GRU per head (baseline)", VECRNN_FIELDS, NFIELDS(VECRNN_FIELDS), vecrnn_fill_defaults,
-     vecrnn_validate, gru_params, gru_flops, gru_decode_state},
+     vecrnn_validate, gru_params, gru_flops, gru_decode_state, vecrnn_tp_local},
     {'G', "GDN", "Gated DeltaNet: the delta rule with a decay gate, K×V state per head", GDN_FIELDS,
-     NFIELDS(GDN_FIELDS), gdn_fill_defaults, gdn_validate, gdn_params, gdn_flops, gdn_decode_state},
+     NFIELDS(GDN_FIELDS), gdn_fill_defaults, gdn_validate, gdn_params, gdn_flops, gdn_decode_state, gdn_tp_local},
     {'S', "Mamba2", "Mamba-2 (SSD): P×N state per head", MAMBA2_FIELDS, NFIELDS(MAMBA2_FIELDS), mamba2_fill_defaults,
-     mamba2_validate, mamba2_params, mamba2_flops, mamba2_decode_state},
+     mamba2_validate, mamba2_params, mamba2_flops, mamba2_decode_state, mamba2_tp_local},
 };
 
 static const LayerKind FFN_KINDS[] = {
     {'s', "SwiGLU", "SwiGLU MLP", SWIGLU_FIELDS, NFIELDS(SWIGLU_FIELDS), swiglu_fill_defaults, swiglu_validate,
-     swiglu_params, swiglu_flops, no_decode_state},
+     swiglu_params, swiglu_flops, no_decode_state, swiglu_tp_local},
     {'e', "MoE", "mixture of SwiGLU experts, top-k, optional shared expert", MOE_FIELDS, NFIELDS(MOE_FIELDS),
-     moe_fill_defaults, moe_validate, moe_params, moe_flops, no_decode_state},
+     moe_fill_defaults, moe_validate, moe_params, moe_flops, no_decode_state, moe_tp_local},
 };
 
 #define NUM_MIXER_KINDS NFIELDS(MIXER_KINDS)

@@ -1,0 +1,170 @@
+/*
+test_tp_shard.c: the tensor-parallel layout of every kind (layers.h: tp_local and the split rules of its tensors,
+tp_shard_tensor), checked in one process on the CPU reference, ahead of the MPI and NCCL runs that will use it: for
+TP = 2 and 4, each rank's tensors (its params() at the tp_local config) are exactly the shards tp_shard_tensor cuts,
+and a layer run as its ranks' shards equals the whole layer: the output is the sum of the ranks' outputs (the
+row-parallel output projection's all-reduce), the input gradient the sum of theirs (the column-parallel input
+projection's), every split tensor's gradient the ranks' gradients put back in place, a replicated tensor's gradient
+(GDN's per-head norm weight) the sum over the ranks (the all-reduce it needs). Kinds: attention with GQA and RoPE,
+SwiGLU, GDN[−1,1], Mamba-2 with 2 and 4 groups. M²RNN, RNN, GRU (a norm over all heads: RMSNormTP, not written yet)
+and MoE must refuse with their reason. Bound: 1e-5 relative (fp32 sums in another order).
+*/
+#define TESTING
+#include "train_m2rnn.c"
+#include "test/test_common.h"
+
+#define MAXP 16
+
+static Rng tp_rng = {2024};
+static real *tp_random(size_t n, double scale, double offset) {
+    real *x = (real *)mallocCheck((n + 1) * sizeof(real));
+    for (size_t i = 0; i < n; i++) { x[i] = (real)(offset + scale * rng_normal(&tp_rng)); }
+    return x;
+}
+static size_t numel_of(const ParamDef *d) { return d->shape[0] * d->shape[1] * d->shape[2]; }
+
+static double rel(const real *a, const real *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+// full layer vs its tp shards: forward, backward, every gradient
+static void check_kind(const char *label, const char *desc, char letter, int tp) {
+    ModelConfig c;
+    memset(&c, 0, sizeof(c));
+    c.vocab_size = 64;
+    model_config_from_descriptor(&c, desc);
+    model_config_fill_defaults(&c); // (model_create does it; the layer runs here without a model)
+    const LayerKind *row = mixer_kind(letter) != NULL ? mixer_kind(letter) : ffn_kind(letter);
+    const KindOps *ops = kind_ops(letter);
+    ModelConfig cl = c;
+    const char *why = row->tp_local(&cl, tp);
+    char name[200];
+    snprintf(name, sizeof(name), "%s, TP=%d", label, tp);
+    if (why != NULL) {
+        test_result(0, name, "refused: %s", why);
+        return;
+    }
+    ParamDef full[MAXP], loc[MAXP];
+    const int n = row->params(&c, full), nl = row->params(&cl, loc);
+    const int B = 2, T = 37, C = c.d_model;
+    const size_t BTC = (size_t)B * T * C;
+    // full tensors: values around each tensor's init, off it so a transposed or skipped piece shows
+    real *w[MAXP], *g[MAXP], *wl[4][MAXP], *gl[4][MAXP];
+    int shapes_ok = nl == n;
+    for (int i = 0; i < n; i++) {
+        const size_t nf = numel_of(&full[i]);
+        double scale = 0.2, offset = 0.0;
+        if (full[i].init == INIT_ONES) { offset = 1.0; }
+        if (full[i].init == INIT_A_LOG || full[i].init == INIT_A_LOG_1_16) { scale = 0.3; offset = 0.5; }
+        if (full[i].init == INIT_DT_BIAS) { scale = 0.3; offset = -2.0; }
+        w[i] = tp_random(nf, scale, offset);
+        g[i] = (real *)callocCheck(nf + 1, sizeof(real));
+        const size_t want = full[i].split == SPLIT_REPLICATED ? nf : nf / tp;
+        shapes_ok &= i < nl && numel_of(&loc[i]) == want && strcmp(loc[i].name, full[i].name) == 0;
+        for (int r = 0; r < tp; r++) {
+            wl[r][i] = (real *)callocCheck(want + 1, sizeof(real));
+            gl[r][i] = (real *)callocCheck(want + 1, sizeof(real));
+            tp_shard_tensor(w[i], wl[r][i], sizeof(real), &full[i], r, tp, 0);
+        }
+    }
+    snprintf(name, sizeof(name), "%s, TP=%d: shard shapes = the local config's", label, tp);
+    test_result(shapes_ok, name, "%d tensors", n);
+    if (!shapes_ok) { return; }
+    real *inp = tp_random(BTC, 1.0, 0.0), *dout = tp_random(BTC, 1.0, 0.0);
+    real *out = (real *)callocCheck(BTC, sizeof(real)), *dinp = (real *)callocCheck(BTC, sizeof(real));
+    real *acts = (real *)callocCheck(ops->acts_size(&c, B, T) + 1, sizeof(real));
+    real *scratch = (real *)callocCheck(ops->scratch_size(&c, B, T) + 1, sizeof(real));
+    KindTensors t = {w, g, NULL, 1.0f};
+    ops->forward(out, acts, inp, &t, &c, B, T);
+    ops->backward(dinp, scratch, dout, inp, acts, &t, &c, B, T);
+    // the ranks: outputs and input gradients summed, gradients gathered (replicated ones summed)
+    real *out_sum = (real *)callocCheck(BTC, sizeof(real)), *dinp_sum = (real *)callocCheck(BTC, sizeof(real));
+    real *out_r = (real *)callocCheck(BTC, sizeof(real)), *dinp_r = (real *)callocCheck(BTC, sizeof(real));
+    real *acts_l = (real *)callocCheck(ops->acts_size(&cl, B, T) + 1, sizeof(real));
+    real *scratch_l = (real *)callocCheck(ops->scratch_size(&cl, B, T) + 1, sizeof(real));
+    real *g_back[MAXP];
+    for (int i = 0; i < n; i++) { g_back[i] = (real *)callocCheck(numel_of(&full[i]) + 1, sizeof(real)); }
+    for (int r = 0; r < tp; r++) {
+        KindTensors tl = {wl[r], gl[r], NULL, 1.0f};
+        memset(dinp_r, 0, BTC * sizeof(real));
+        memset(scratch_l, 0, (ops->scratch_size(&cl, B, T) + 1) * sizeof(real));
+        ops->forward(out_r, acts_l, inp, &tl, &cl, B, T);
+        ops->backward(dinp_r, scratch_l, dout, inp, acts_l, &tl, &cl, B, T);
+        for (size_t j = 0; j < BTC; j++) {
+            out_sum[j] += out_r[j];
+            dinp_sum[j] += dinp_r[j];
+        }
+        for (int i = 0; i < n; i++) {
+            if (full[i].split == SPLIT_REPLICATED) {
+                for (size_t j = 0; j < numel_of(&full[i]); j++) { g_back[i][j] += gl[r][i][j]; }
+            } else {
+                tp_shard_tensor(g_back[i], gl[r][i], sizeof(real), &full[i], r, tp, 1);
+            }
+        }
+    }
+    const double e_out = rel(out_sum, out, BTC), e_dinp = rel(dinp_sum, dinp, BTC);
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < n; i++) {
+        const double e = rel(g_back[i], g[i], numel_of(&full[i]));
+        if (e > worst) { worst = e; worst_name = full[i].name; }
+    }
+    double norm_out = 0, norm_dinp = 0; // a layer whose output or input gradient vanished would pass trivially
+    for (size_t j = 0; j < BTC; j++) {
+        norm_out += (double)out[j] * out[j];
+        norm_dinp += (double)dinp[j] * dinp[j];
+    }
+    int grads_nonzero = 1;
+    for (int i = 0; i < n; i++) {
+        double s2 = 0;
+        for (size_t j = 0; j < numel_of(&full[i]); j++) { s2 += (double)g[i][j] * g[i][j]; }
+        grads_nonzero &= s2 > 0;
+    }
+    snprintf(name, sizeof(name), "%s, TP=%d: shards = the whole layer", label, tp);
+    test_result(e_out < 1e-5 && e_dinp < 1e-5 && worst < 1e-5 && norm_out > 0 && norm_dinp > 0 && grads_nonzero, name,
+                "out %.1e, dinp %.1e, worst gradient %.1e (%s); |out| %.1f, |dinp| %.1f, every gradient nonzero: %s",
+                e_out, e_dinp, worst, worst_name, sqrt(norm_out), sqrt(norm_dinp), grads_nonzero ? "yes" : "NO");
+    for (int i = 0; i < n; i++) {
+        free(w[i]); free(g[i]); free(g_back[i]);
+        for (int r = 0; r < tp; r++) { free(wl[r][i]); free(gl[r][i]); }
+    }
+    free(inp); free(dout); free(out); free(dinp); free(acts); free(scratch); free(out_sum); free(dinp_sum);
+    free(out_r); free(dinp_r); free(acts_l); free(scratch_l);
+}
+
+static void check_refused(const char *label, const char *desc, char letter) {
+    ModelConfig c;
+    memset(&c, 0, sizeof(c));
+    c.vocab_size = 64;
+    model_config_from_descriptor(&c, desc);
+    model_config_fill_defaults(&c);
+    const LayerKind *row = mixer_kind(letter) != NULL ? mixer_kind(letter) : ffn_kind(letter);
+    ModelConfig cl = c;
+    const char *why = row->tp_local(&cl, 2);
+    char name[200];
+    snprintf(name, sizeof(name), "%s refuses TP=2 with a reason", label);
+    test_result(why != NULL && row->tp_local(&c, 1) == NULL, name, "%s", why != NULL ? why : "(accepted)");
+}
+
+int main(void) {
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
+    for (int tp = 2; tp <= 4; tp += 2) {
+        check_kind("attention, RoPE, GQA (8 heads over 4 kv heads)", "d32:A:h8:hk4:rope", 'A', tp);
+        check_kind("SwiGLU (hidden 96)", "d32:A:h4:f96", 's', tp);
+        check_kind("GDN[-1,1] (4 heads, K 8, V 12)", "d32:G:gh4:gk8:gv12:gneg", 'G', tp);
+        check_kind("Mamba-2 (8 heads of 8, state 6, 4 groups)", "d32:S:si64:sp8:sn6:sg4", 'S', tp);
+    }
+    check_kind("Mamba-2 (8 heads of 8, state 6, 2 groups)", "d32:S:si64:sp8:sn6:sg2", 'S', 2);
+    check_refused("M2RNN", "d32:M", 'M');
+    check_refused("RNN", "d32:R", 'R');
+    check_refused("GRU", "d32:U", 'U');
+    check_refused("MoE", "d32:A:ffn=e:xe4:xk2:xf16", 'e');
+    return test_summary("test_tp_shard");
+}
