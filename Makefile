@@ -37,7 +37,7 @@ NVCC_LDLIBS = -lcublas -lcublasLt
 CPU_PROGRAMS = train_m2rnn_cpu export_m2rnn infer_m2rnn_cpu
 CPU_TESTS = build/test_model build/test_gradcheck build/test_m2rnn_ref build/test_decode build/test_tp_shard build/test_train \
             test/test_cli.sh \
-            test/test_run_safety.sh test/test_mpi.sh
+            test/test_run_safety.sh test/test_mpi.sh test/test_tp.sh
 
 # every header of the project and of ref/ (a new layer kind's files need no edit here)
 REF_HEADERS = $(wildcard *.h ref/*.h)
@@ -64,14 +64,23 @@ infer_m2rnn_cpu: infer_m2rnn.c $(REF_HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 # the tests #include train_m2rnn.c (its main() sits inside #ifndef TESTING)
-build/test_%: test/test_%.c train_m2rnn.c $(REF_HEADERS) test/test_common.h
+build/test_%: test/test_%.c train_m2rnn.c $(REF_HEADERS) test/test_common.h test/test_tp_common.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# the tensor-parallel layer test runs on MPI ranks (test/test_tp.sh launches it); without mpicc it is built plain and
+# skips
+ifneq ($(MPICC),)
+build/test_tp_mpi: test/test_tp_mpi.c train_m2rnn.c $(REF_HEADERS) test/test_common.h test/test_tp_common.h
+	@mkdir -p build
+	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) -DUSE_MPI -o $@ $< $(LDLIBS)
+endif
 
 # the bad-input CLI test and the run-safety test drive the real binary and the fixtures test_train writes
 test/test_cli.sh: train_m2rnn_cpu build/test_train
 test/test_run_safety.sh: train_m2rnn_cpu export_m2rnn build/test_train
 test/test_mpi.sh: train_m2rnn_cpu build/test_train
+test/test_tp.sh: train_m2rnn_cpu build/test_train build/test_tp_mpi
 test/test_infer.sh: infer_m2rnn_cpu train_m2rnn_cpu build/test_train $(GPT2_TOKENIZER) $(CL100K_TOKENIZER)
 
 build/bench_cpu_step: dev/bench/bench_cpu_step.c train_m2rnn.c $(REF_HEADERS)
@@ -275,9 +284,10 @@ infer_m2rnn: infer_m2rnn.cu $(TRAINER_GPU_HEADERS)
 
 # the CPU reference writes what the GPU test compares against
 build/gpu_ref/.done: test/gen_gpu_reference.c train_m2rnn.c $(REF_HEADERS)
-	@mkdir -p build/gpu_ref/MMAM build/gpu_ref/RUAR build/gpu_ref/GAGM build/gpu_ref/SAMS
+	@mkdir -p build/gpu_ref/MMAM build/gpu_ref/MMAM_gn build/gpu_ref/RUAR build/gpu_ref/GAGM build/gpu_ref/SAMS
 	$(CC) $(CFLAGS) -o build/gen_gpu_reference $< $(LDLIBS)
 	./build/gen_gpu_reference build/gpu_ref/MMAM MMAM
+	./build/gen_gpu_reference build/gpu_ref/MMAM_gn MMAM gn
 	./build/gen_gpu_reference build/gpu_ref/RUAR RUAR
 	./build/gen_gpu_reference build/gpu_ref/GAGM GAGM
 	./build/gen_gpu_reference build/gpu_ref/SAMS SAMS

@@ -8,10 +8,20 @@ Data parallelism (what this file serves today): each data-parallel rank reads it
 (dataloader.h), the gradients are reduce-scattered (summed, then averaged) so that each rank holds the gradient of
 its shard of the parameters, each rank updates its shard (ZeRO stage 1: the AdamW moments exist only for the shard),
 and the updated shards are all-gathered. Sums of two ranks are order-free (a + b = b + a), so DP = 2 is repeatable
-bit for bit; the MPI library fixes the order for more ranks. The conjugate pairs of tensor parallelism (Megatron's):
-  copy_to_tp       forward: identity              backward: all-reduce the input gradient over the TP group
-  reduce_from_tp   forward: all-reduce over TP    backward: identity
-are declared here for the tensor-parallel layers, which are not implemented yet (-tp > 1 is refused).
+bit for bit; the MPI library fixes the order for more ranks.
+
+Tensor parallelism (the executors place these; ref/lm.h and lm.cuh say where), Megatron's conjugate pairs and the
+vocabulary ones, each an all-reduce over the TP group (comm_tp_allreduce_sum / _max):
+  copy_to_tp          forward: identity                      backward: all-reduce the input gradient
+                      (before every mixer and feed-forward: their input projections are column-parallel)
+  reduce_from_tp      forward: all-reduce the output         backward: identity
+                      (after them: their output projections are row-parallel, each rank a partial sum)
+  vocabulary-parallel embedding: forward all-reduce of the ranks' rows (zeros for tokens outside them)
+  vocabulary-parallel cross-entropy: forward the rows' max, then their sums of exp and target logits; backward the
+                      d(final norm output) partial sums (the LM head is column-parallel by vocabulary)
+  RMSNormTP (inside M²RNN topology-independent, RNN, GRU): forward the rows' sums of squares, backward their Σ dy·w·x
+  once a step: the gradients of tensors a rank holds whole but computes from its own heads (M²RNN's shared q/k, GDN's
+                      norm weight) summed over the group; checkpoints all-gather the local buffers.
 
 On GPUs (train_m2rnn built with MPI and NCCL: USE_NCCL), one process drives one GPU (the node-local rank picks it
 unless M2RNN_DEVICE is set) and the gradients and weights move through one NCCL communicator per group, created from
@@ -86,10 +96,6 @@ static void comm_set_layout(Comm *c, int tp) {
     if (tp < 1 || c->world % tp != 0) {
         fail_with_hint("launch a multiple of -tp processes (mpirun -np N with N divisible by -tp)",
                        "-tp %d does not divide the %d processes", tp, c->world);
-    }
-    if (tp > 1) {
-        fail_with_hint("use data parallelism (-tp 1, the default) for now; tensor-parallel layers are not written yet",
-                       "tensor parallelism (-tp %d) is not implemented", tp);
     }
     c->tp = tp;
     c->dp = c->world / tp;
@@ -220,6 +226,53 @@ static void comm_dp_allgather(const Comm *c, void *full, const void *shard, size
     }
 #endif
     memcpy(full, shard, n * elem);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// collectives over the tensor-parallel group (host memory; float or double by the element size)
+
+// x (n) = the sum over the group of every rank's x
+static void comm_tp_allreduce_sum(const Comm *c, void *x, size_t n, size_t elem) {
+#ifdef USE_MPI
+    if (c->tp > 1) {
+        if (n > (size_t)0x7fffffff) { fail_with_hint("use a smaller batch", "%zu numbers exceed MPI's int counts", n); }
+        MPI_Allreduce(MPI_IN_PLACE, x, (int)n, comm_type(elem), MPI_SUM, c->tp_comm);
+    }
+#endif
+    (void)c; (void)x; (void)n; (void)elem;
+}
+
+// x (n) = the elementwise maximum over the group
+static void comm_tp_allreduce_max(const Comm *c, void *x, size_t n, size_t elem) {
+#ifdef USE_MPI
+    if (c->tp > 1) { MPI_Allreduce(MPI_IN_PLACE, x, (int)n, comm_type(elem), MPI_MAX, c->tp_comm); }
+#endif
+    (void)c; (void)x; (void)n; (void)elem;
+}
+
+// all (tp · n) = every rank's mine (n), in TP rank order
+static void comm_tp_allgather(const Comm *c, void *all, const void *mine, size_t n, size_t elem) {
+#ifdef USE_MPI
+    if (c->tp > 1) {
+        if (n > (size_t)0x7fffffff) { fail_with_hint("use more ranks", "%zu numbers exceed MPI's int counts", n); }
+        MPI_Allgather(mine, (int)n, comm_type(elem), all, (int)n, comm_type(elem), c->tp_comm);
+        return;
+    }
+#endif
+    memcpy(all, mine, n * elem);
+}
+
+// the sum over every process of a scalar
+static double comm_world_sum(const Comm *c, double x) {
+#ifdef USE_MPI
+    if (c->world > 1) {
+        double out = 0.0;
+        MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        return out;
+    }
+#endif
+    (void)c;
+    return x;
 }
 
 // every replica waits for the others (rank 0 writing a checkpoint the others will read)

@@ -6,8 +6,8 @@ lives in its row of the tables at the bottom of this file:
   letter | name | the descriptor fields it owns | defaults and validation of its sizes | its parameter tensors
   (shape, init, weight decay, tensor-parallel split) | forward FLOPs per token | decode state per sequence
 
-Mixers (upper case, the layer pattern): M = M²RNN, A = softmax attention, R = RNN, U = GRU.
-Feed-forward kinds (lower case, `ffn=` in the descriptor): s = SwiGLU.
+Mixers (upper case, the layer pattern): M = M²RNN, A = softmax attention, R = RNN, U = GRU, G = Gated DeltaNet,
+S = Mamba-2. Feed-forward kinds (lower case, `ffn=` in the descriptor): s = SwiGLU, e = mixture of experts.
 
 Nothing here runs an op. The executors (ref/<kind>.h on the CPU, <kind>.cuh on the GPU) implement each kind behind
 one small interface (ref/kinds.h, kinds.cuh); model.h builds the parameter table, the descriptor parser, the
@@ -49,6 +49,10 @@ typedef struct {
     int k, v;         // K: rows of the state (key dim), V: columns (value dim)
     int conv;         // depthwise causal conv taps on q|k|v
     float grad_clamp; // elementwise clamp of the carried dH in the backward (0 = off)
+    int group_norm;   // 1: the RMSNorm runs per q/k group (Nq groups of N/Nq heads: the paper's topology-aware TP
+                      // model, with Nq = the TP size); 0: one RMSNorm over all N·V channels (the authors' layer)
+    int tp_norm;      // (not a descriptor field) ranks the one RMSNorm spans: > 1 only in a tensor-parallel rank's
+                      // local config, where it is RMSNormTP (the paper's topology-independent strategy)
 } M2RNNConfig;
 
 typedef struct {
@@ -61,6 +65,7 @@ typedef struct {
 typedef struct {      // the vector-valued baselines R (RNN) and U (GRU)
     int heads, head_dim;
     int conv;         // R: depthwise causal conv taps on u (U has no conv)
+    int tp_norm;      // (not a descriptor field) ranks the RMSNorm over all heads spans (RMSNormTP when > 1)
 } VecRNNConfig;
 
 typedef struct {      // G: Gated DeltaNet
@@ -93,6 +98,8 @@ typedef struct {      // e: mixture of SwiGLU experts
 typedef struct {
     int vocab_size;          // V: real tokens (50257 for GPT-2)
     int padded_vocab_size;   // Vp: V rounded up to a multiple of 128 (derived); logits of the padding are never used
+    int vocab_offset;        // (not a field) a tensor-parallel rank's local config (model_config_tp_local) holds the
+                             // vocabulary rows vocab_offset .. + padded_vocab_size, of which vocab_size are real; 0
     int d_model;             // C
     int n_layer;             // L = strlen(pattern) (derived)
     char pattern[MAX_LAYERS + 1];     // mixer letter of each layer
@@ -218,6 +225,8 @@ static const ConfigField M2RNN_FIELDS[] = {
     CFG_FIELD("m2rnn.v", "v", FIELD_INT, m2rnn.v, "M2RNN V (state columns)"),
     CFG_FIELD("m2rnn.conv", NULL, FIELD_INT, m2rnn.conv, "M2RNN conv taps"),
     CFG_FIELD("m2rnn.grad_clamp", NULL, FIELD_FLOAT, m2rnn.grad_clamp, "M2RNN carried-dH clamp (-rc)"),
+    CFG_FIELD("m2rnn.group_norm", "gn", FIELD_FLAG, m2rnn.group_norm,
+              "M2RNN RMSNorm per q/k group (topology-aware TP: with qN, N = the TP size)"),
 };
 
 // K=64, V=16, Nq=1 as the paper; N so that the layer has about an attention layer's 4C² parameters, rounded to a
@@ -242,11 +251,15 @@ static void m2rnn_validate(const ModelConfig *c) {
         fail_with_hint("check the M2RNN sizes", "M2RNN sizes too large (N=%d Nq=%d K=%d V=%d)", m->heads, m->qk_heads,
                        m->k, m->v);
     }
-    if (m->qk_heads != 1 && m->qk_heads != m->heads) {
-        fail_with_hint("set the q/k heads to 1 (shared by all value heads) or equal to the value heads",
-                       "M2RNN q/k heads (%d) must be 1 or equal the value heads (%d)", m->qk_heads, m->heads);
+    if (m->qk_heads < 1 || m->heads % m->qk_heads != 0) {
+        fail_with_hint("set the q/k heads (q) to a divisor of the value heads (n): 1 (shared by all, the paper), the "
+                       "TP size (topology-aware TP, with gn), or n",
+                       "M2RNN q/k heads (%d) must divide the value heads (%d)", m->qk_heads, m->heads);
     }
 }
+
+// the RMSNorm's groups: Nq with group_norm (each q/k head's N/Nq value heads), else one over all heads
+static inline int m2rnn_norm_groups(const ModelConfig *c) { return c->m2rnn.group_norm ? c->m2rnn.qk_heads : 1; }
 
 // Inits and the no-decay set follow spec m2rnn_authors_code.md §1/§6: N(0, 0.02) projection and conv, depth-scaled
 // output projection, identity W, D = 1, A_log and dt_bias as Mamba-2; no decay on A_log, dt_bias, D and the norm.
@@ -262,7 +275,7 @@ static int m2rnn_params(const ModelConfig *c, ParamDef *p) {
     PDEF(dt_bias, 1, N, 0, 0, INIT_DT_BIAS, 0, NO_DECAY, SPLIT_COLUMN);
     PDEF(D, 2, N, V, 0, INIT_ONES, 0, NO_DECAY, SPLIT_COLUMN);
     PDEF(W, 3, N, V, V, INIT_IDENTITY, 0, DECAY, SPLIT_COLUMN);
-    PDEF(norm_w, 1, NV, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_COLUMN); // one norm over all heads: RMSNormTP under TP
+    PDEF(norm_w, 1, NV, 0, 0, INIT_ONES, 0, NO_DECAY, SPLIT_COLUMN); // over all heads: RMSNormTP under TP
     PDEF(out_w, 2, C, NV, 0, INIT_NORMAL, std_out_of(c), DECAY, SPLIT_ROW);
     return NUM;
 }
@@ -712,9 +725,27 @@ static double moe_flops(const ModelConfig *c, int T) {
 // tensor parallelism: each kind's sizes on one of tp ranks (Megatron's layout: the input projections column-parallel
 // by whole heads, the output projection row-parallel, its partial sums all-reduced by the block)
 
+// M²RNN, the paper's two strategies (§Tensor Parallelism): value heads are split by whole q/k groups.
+//   topology-aware (gn, Nq a multiple of TP): each rank holds Nq/TP q/k heads with their value heads and norm groups:
+//     no communication beyond Megatron's pair;
+//   topology-independent (Nq = 1, one norm over all heads): the q/k projection and conv are replicated, each rank
+//     holds N/TP value heads, the norm is RMSNormTP (one scalar a token all-reduced forward and backward) and the
+//     replicated q/k weights' gradients, partial on each rank, are summed over the group once a step.
+//   Nq = N with one norm (per-head q/k): q/k split with their heads, RMSNormTP.
 static const char *m2rnn_tp_local(ModelConfig *c, int tp) {
-    return tp == 1 ? NULL : "M2RNN's RMSNorm spans all its heads: tensor parallelism needs RMSNormTP or the "
-                            "topology-aware variant (not written yet)";
+    M2RNNConfig *m = &c->m2rnn;
+    if (tp == 1) { return NULL; }
+    if (m->heads % tp != 0) { return "M2RNN value heads (n) must divide by the TP size"; }
+    if (m->qk_heads % tp == 0) {
+        if (!m->group_norm) { m->tp_norm = tp; } // one norm over all heads: RMSNormTP
+        m->qk_heads /= tp;
+    } else if (m->qk_heads == 1) {
+        m->tp_norm = tp; // topology-independent: q/k replicated
+    } else {
+        return "M2RNN q/k heads (q) must be 1 (topology-independent TP) or a multiple of the TP size (topology-aware)";
+    }
+    m->heads /= tp;
+    return NULL;
 }
 static const char *attention_tp_local(ModelConfig *c, int tp) {
     if (c->attn.heads % tp != 0 || c->attn.kv_heads % tp != 0) {
@@ -724,9 +755,13 @@ static const char *attention_tp_local(ModelConfig *c, int tp) {
     c->attn.kv_heads /= tp;
     return NULL;
 }
+// R, U: heads split, the norm over all heads becomes RMSNormTP
 static const char *vecrnn_tp_local(ModelConfig *c, int tp) {
-    return tp == 1 ? NULL : "the RNN/GRU baselines' RMSNorm spans all their heads: tensor parallelism needs RMSNormTP "
-                            "(not written yet)";
+    if (tp == 1) { return NULL; }
+    if (c->vrnn.heads % tp != 0) { return "RNN/GRU heads (rh) must divide by the TP size"; }
+    c->vrnn.heads /= tp;
+    c->vrnn.tp_norm = tp;
+    return NULL;
 }
 static const char *gdn_tp_local(ModelConfig *c, int tp) {
     if (c->gdn.heads % tp != 0) { return "GDN heads (gh) must divide by the TP size"; }
@@ -750,12 +785,13 @@ static const char *moe_tp_local(ModelConfig *c, int tp) {
     return tp == 1 ? NULL : "MoE layers under tensor parallelism are not written (expert parallelism is a later issue)";
 }
 
-// Rank `rank` of tp's shard of one tensor (d: its full ParamDef) between the full tensor and the rank's local one
-// (elements of `elem` bytes, the layouts of params() at the full and the tp_local config): gather == 0 copies the
-// rank's part of full into local, gather == 1 writes local back into its place in full. REPLICATED: the whole
-// tensor; COLUMN: rows (dim 0) rank·d0/tp ..; ROW: columns (dim 1) rank·d1/tp .. of every row; HEAD_GROUPS: that
-// part of each segment of rows.
-static void tp_shard_tensor(void *full, void *local, size_t elem, const ParamDef *d, int rank, int tp, int gather) {
+// Rank `rank` of tp's shard of one tensor between the full tensor and the rank's local one (elements of `elem`
+// bytes; d: its ParamDef at the full config, dl: at the rank's tp_local config): gather == 0 copies the rank's part of
+// full into local, gather == 1 writes local back into its place in full. REPLICATED: the whole tensor; COLUMN: rows
+// (dim 0) rank·d0/tp ..; ROW: columns (dim 1) rank·d1/tp .. of every row; HEAD_GROUPS: that part of each segment of
+// rows, except a segment the local config keeps whole (dl's segment = d's: M²RNN's shared q/k, replicated).
+static void tp_shard_tensor(void *full, void *local, size_t elem, const ParamDef *d, const ParamDef *dl, int rank,
+                            int tp, int gather) {
     char *F = (char *)full, *L = (char *)local;
     const size_t d0 = d->shape[0], d1 = d->shape[1], d2 = d->shape[2], inner = d1 * d2;
 #define TP_COPY(f_off, l_off, n) (gather ? memcpy(F + (f_off) * elem, L + (l_off) * elem, (n) * elem) \
@@ -771,8 +807,9 @@ static void tp_shard_tensor(void *full, void *local, size_t elem, const ParamDef
     case SPLIT_HEAD_GROUPS: {
         size_t f_row = 0, l_row = 0;
         for (int sgm = 0; sgm < d->nseg; sgm++) {
-            const size_t rows = d->seg[sgm] / tp;
-            TP_COPY((f_row + (size_t)rank * rows) * inner, l_row * inner, rows * inner);
+            const int whole = dl->seg[sgm] == d->seg[sgm];
+            const size_t rows = whole ? d->seg[sgm] : d->seg[sgm] / tp;
+            TP_COPY((f_row + (whole ? 0 : (size_t)rank * rows)) * inner, l_row * inner, rows * inner);
             f_row += d->seg[sgm];
             l_row += rows;
         }
@@ -780,6 +817,24 @@ static void tp_shard_tensor(void *full, void *local, size_t elem, const ParamDef
     }
     }
 #undef TP_COPY
+}
+
+// The rows of a kind's tensor (d at the full config, dl at the local one) that every rank of the group holds whole
+// but whose gradient each rank only has a part of (from its own heads): REPLICATED tensors inside a kind (GDN's norm
+// weight shared by all heads) and whole HEAD_GROUPS segments (M²RNN's shared q/k). Writes up to MAX_SEGMENTS
+// [row0, row1) ranges of the local tensor; returns their count. The block sums these gradients over the group.
+static int tp_partial_rows(const ParamDef *d, const ParamDef *dl, int tp, size_t *row0, size_t *row1) {
+    if (tp == 1) { return 0; }
+    if (d->split == SPLIT_REPLICATED) { row0[0] = 0; row1[0] = dl->shape[0]; return 1; }
+    int n = 0;
+    if (d->split == SPLIT_HEAD_GROUPS) {
+        size_t l_row = 0;
+        for (int sgm = 0; sgm < d->nseg; sgm++) {
+            if (dl->seg[sgm] == d->seg[sgm] && d->seg[sgm] > 0) { row0[n] = l_row; row1[n++] = l_row + dl->seg[sgm]; }
+            l_row += dl->seg[sgm];
+        }
+    }
+    return n;
 }
 
 // ----------------------------------------------------------------------------------------------------------------

@@ -805,6 +805,10 @@ static void model_set_parallel(Model *model, const Comm *comm) {
     const char *env = getenv("M2RNN_NCCL");
     const int want = comm->world > 1 || (env != NULL && strcmp(env, "1") == 0);
     if (!want) { return; }
+    if (comm->tp > 1) {
+        fail_with_hint("run tensor parallelism on CPU ranks (mpirun -np N ./train_m2rnn_cpu -tp T) or data parallelism "
+                       "on GPUs (-tp 1)", "tensor parallelism on the GPU (-tp %d) is not written yet", comm->tp);
+    }
 #ifndef USE_NCCL
     fail_with_hint("build train_m2rnn with MPI and NCCL (make finds mpicc and nccl.h: apt-get install libopenmpi-dev, "
                    "NCCL from CUDA's repository), or run one process",

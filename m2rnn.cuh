@@ -322,7 +322,7 @@ typedef struct {
     floatX *y;        // (B,T,N·V) Hᵀq + v ⊙ D
     floatX *gated;    // (B,T,N·V)
     floatX *normed;   // (B,T,N·V)
-    float *rstd;      // (B,T)
+    float *rstd;      // (B,T,G) G = m2rnn_norm_groups (1 unless group_norm)
     void *rec_saved;  // the recurrence's saved state (m2rnn_saved_bytes)
 } M2RNNActs;
 
@@ -336,7 +336,7 @@ static size_t m2rnn_acts_layout(M2RNNActs *a, void *base, const ModelConfig *c, 
     a->y = TAKE_X(&ar, BT * NV);
     a->gated = TAKE_X(&ar, BT * NV);
     a->normed = TAKE_X(&ar, BT * NV);
-    a->rstd = TAKE_F(&ar, BT);
+    a->rstd = TAKE_F(&ar, BT * m2rnn_norm_groups(c));
     a->rec_saved = take(&ar, m2rnn_saved_bytes(c, B, T, m2rnn_use_fast(c, rt)));
     return ar.used;
 }
@@ -378,6 +378,15 @@ static size_t m2rnn_mixer_scratch_bytes(const ModelConfig *c, int B, int T, cons
     return m2rnn_scratch_layout(&s, NULL, c, B, T, rt);
 }
 
+// normed (M, N·V) = the layer's RMSNorm of gated: over all heads, or per q/k group with group_norm (the topology-aware
+// TP model); rstd (M, groups)
+static void m2rnn_norm_forward(floatX *normed, float *rstd, const floatX *gated, const floatX *norm_w, const ModelConfig *c,
+                               long M, cudaStream_t stream) {
+    const int NV = c->m2rnn.heads * c->m2rnn.v, G = m2rnn_norm_groups(c);
+    if (G > 1) { group_rmsnorm_forward(normed, rstd, gated, norm_w, M, NV, G, stream); }
+    else { rmsnorm_forward(normed, rstd, NULL, gated, NULL, norm_w, (int)M, NV, stream); }
+}
+
 // out (B,T,C) = M2RNN(inp); the gate reads A_log and dt_bias from the fp32 master weights
 static void m2rnn_mixer_forward(floatX *out, void *acts, void *scratch, const floatX *inp, const KindTensors *t,
                                 const ModelConfig *c, int B, int T, const Runtime *rt) {
@@ -393,7 +402,7 @@ static void m2rnn_mixer_forward(floatX *out, void *acts, void *scratch, const fl
     decay_gate_forward(a.f, a.proj + CD, w32->A_log, w32->dt_bias, BT, N, Rs, stream);
     m2rnn_recurrence_forward(a.y, a.rec_saved, a.conv_act, a.f, w->W, c, B, T, m2rnn_use_fast(c, rt), rt);
     output_gate_forward(a.y, a.gated, a.conv_act + off_v, a.proj + CD + N, w->D, BT, NV, CD, Rs, stream);
-    rmsnorm_forward(a.normed, a.rstd, NULL, a.gated, NULL, w->norm_w, BT, NV, stream);
+    m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, BT, stream);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C, rt);
 }
 
@@ -410,7 +419,12 @@ static void m2rnn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout
     const int N = c->m2rnn.heads, NV = N * c->m2rnn.v, off_v = 2 * c->m2rnn.qk_heads * c->m2rnn.k;
     cudaStream_t stream = rt->stream;
     matmul_backward(s.d_normed, g->out_w, dout, a.normed, w->out_w, BT, NV, C, 0, rt);
-    rmsnorm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, NV, 0, stream);
+    if (m2rnn_norm_groups(c) > 1) {
+        group_rmsnorm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, NV,
+                               m2rnn_norm_groups(c), stream);
+    } else {
+        rmsnorm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, NV, 0, stream);
+    }
     output_gate_backward(s.d_y, s.d_proj + CD + N, s.d_gated, a.y, a.proj + CD + N, BT, NV, Rs, stream);
     m2rnn_recurrence_backward(s.d_conv_act, s.d_f, g->W, s.d_W, s.rec_scratch, s.d_y, a.rec_saved, a.conv_act, a.f,
                               w->W, c, B, T, m2rnn_use_fast(c, rt), rt);
@@ -454,7 +468,7 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, const floatX 
         m2rnn_plain_forward(a.y, NULL, H, H, stride, q, k, v, CD, a.f, w->W, B, 1, N, Nq, K, V, stream);
     }
     output_gate_forward(a.y, a.gated, a.conv_act + 2 * Nq * K, a.proj + CD + N, w->D, B, NV, CD, Rs, stream);
-    rmsnorm_forward(a.normed, a.rstd, NULL, a.gated, NULL, w->norm_w, B, NV, stream);
+    m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, B, stream);
     matmul_forward(out, a.normed, w->out_w, B, NV, C, rt);
 }
 
@@ -491,7 +505,7 @@ static void m2rnn_mixer_advance(floatX *out, void *state, void *work, const floa
         m2rnn_plain_forward(a.y, NULL, H, H, stride, q, k, v, CD, a.f, w->W, B, T, N, Nq, K, V, stream);
     }
     output_gate_forward(a.y, a.gated, v, a.proj + CD + N, w->D, BT, NV, CD, Rs, stream);
-    rmsnorm_forward(a.normed, a.rstd, NULL, a.gated, NULL, w->norm_w, BT, NV, stream);
+    m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, BT, stream);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C, rt);
 }
 

@@ -30,7 +30,7 @@ Kernels (launcher in parentheses):
     mamba2_chunk_scan_kernel   (mamba2_forward)                    per (chunk, h, b)
     mamba2_chunk_bwd_kernel    (mamba2_backward)                   per (chunk, group, b), heads of the group in turn
     mamba2_step_kernel         (mamba2_step)                       one token from the fp32 decode state
-    mamba2_dt_forward_kernel / mamba2_dt_backward_kernel, group_rmsnorm_* (the layer's pointwise parts)
+    mamba2_dt_forward_kernel / mamba2_dt_backward_kernel, (the layer's pointwise parts; the group RMSNorm is common.cuh's)
 Layouts (tok = b·T + t):
     x (tok, H·P), B, C (tok, G·N): floatX views with token stride `stride` (columns of the (B,T,conv_dim) buffer);
     dx, dB, dC the same views of the gradient buffer (written); y, dy (tok, H·P) floatX dense;
@@ -647,77 +647,6 @@ static void mamba2_dt_backward(floatX *ddt_raw, float *ddt_bias, float *scratch,
                                                                                 BT, H, stride);
     cudaCheck(cudaGetLastError());
     reduce_partials(ddt_bias, scratch, chunks, H, stream);
-}
-
-// ----------------------------------------------------------------------------------------------------------------
-// the group RMSNorm: out = inp · rstd · weight per group of DI/G channels (mamba_ssm's RMSNormGated, the gate applied
-// before it); inp, out (M, DI); rstd (M, G); weight (DI)
-
-// one warp per (row, group)
-__global__ void group_rmsnorm_forward_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *weight, long M,
-                                             int DI, int G) {
-    const long item = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32, cg = DI / G;
-    if (item >= M * G) { return; }
-    const long m = item / G;
-    const int g = (int)(item - m * G);
-    const floatX *xr = inp + m * DI + (long)g * cg;
-    float ss = 0.0f;
-    for (int i = lane; i < cg; i += 32) { ss += to_float(xr[i]) * to_float(xr[i]); }
-    ss = warp_reduce_sum(ss);
-    const float s = rsqrtf(ss / cg + 1e-5f);
-    if (lane == 0) { rstd[item] = s; }
-    for (int i = lane; i < cg; i += 32) {
-        out[m * DI + (long)g * cg + i] = (floatX)(to_float(xr[i]) * s * to_float(weight[g * cg + i]));
-    }
-}
-
-// dinp = s w dout − (Σ dout w x) s³ / cg · x (written), one warp per (row, group)
-__global__ void group_rmsnorm_backward_kernel(floatX *dinp, const floatX *dout, const floatX *inp, const floatX *weight,
-                                              const float *rstd, long M, int DI, int G) {
-    const long item = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32, cg = DI / G;
-    if (item >= M * G) { return; }
-    const long m = item / G;
-    const int g = (int)(item - m * G);
-    const long o = m * DI + (long)g * cg;
-    const float s = rstd[item];
-    float dot = 0.0f;
-    for (int i = lane; i < cg; i += 32) { dot += to_float(dout[o + i]) * to_float(weight[g * cg + i]) * to_float(inp[o + i]); }
-    dot = warp_reduce_sum(dot);
-    const float coef = dot * s * s * s / cg;
-    for (int i = lane; i < cg; i += 32) {
-        dinp[o + i] = (floatX)(s * to_float(weight[g * cg + i]) * to_float(dout[o + i]) - coef * to_float(inp[o + i]));
-    }
-}
-
-// partial (chunks, DI): per chunk of tokens Σ dout · inp · rstd
-__global__ void group_rmsnorm_dweight_kernel(float *partial, const floatX *dout, const floatX *inp, const float *rstd,
-                                             long M, int DI, int G) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y, g = i / (DI / G);
-    if (i >= DI) { return; }
-    float acc = 0.0f;
-    const long begin = (long)chunk * TOKEN_CHUNK, end = min(begin + TOKEN_CHUNK, M);
-    for (long m = begin; m < end; m++) { acc += to_float(dout[m * DI + i]) * to_float(inp[m * DI + i]) * rstd[m * G + g]; }
-    partial[(long)chunk * DI + i] = acc;
-}
-
-static void group_rmsnorm_forward(floatX *out, float *rstd, const floatX *inp, const floatX *weight, long M, int DI,
-                                  int G, cudaStream_t stream) {
-    group_rmsnorm_forward_kernel<<<(unsigned)CEIL_DIV(M * G, 8L), 256, 0, stream>>>(out, rstd, inp, weight, M, DI, G);
-    cudaCheck(cudaGetLastError());
-}
-
-// dinp written, dweight (DI) +=; scratch: token_chunks(M)·DI floats
-static void group_rmsnorm_backward(floatX *dinp, float *dweight, float *scratch, const floatX *dout, const floatX *inp,
-                                   const floatX *weight, const float *rstd, long M, int DI, int G, cudaStream_t stream) {
-    group_rmsnorm_backward_kernel<<<(unsigned)CEIL_DIV(M * G, 8L), 256, 0, stream>>>(dinp, dout, inp, weight, rstd, M,
-                                                                                   DI, G);
-    cudaCheck(cudaGetLastError());
-    const int chunks = token_chunks(M);
-    group_rmsnorm_dweight_kernel<<<dim3(CEIL_DIV(DI, 128), chunks), 128, 0, stream>>>(scratch, dout, inp, rstd, M, DI, G);
-    cudaCheck(cudaGetLastError());
-    reduce_partials(dweight, scratch, chunks, DI, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------------------

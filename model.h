@@ -438,6 +438,60 @@ static inline const ParamSpec *param_table_find(const ParamTable *t, const char 
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// tensor parallelism: a rank's local config and the map between its parameter table and the full one
+
+// local = full's sizes for rank `rank` of a tensor-parallel group of tp (Megatron's layout): each kind in the
+// pattern divides its heads / hidden sizes (its row's tp_local), the embedding and the LM head are split by
+// vocabulary rows (vocab_offset). Returns NULL, or why this model cannot be split so (the caller fails with it).
+static const char *model_config_tp_local(const ModelConfig *full, ModelConfig *local, int tp, int rank) {
+    *local = *full;
+    if (tp == 1) { return NULL; }
+    const int Vp = full->padded_vocab_size;
+    if (Vp % tp != 0 || (Vp / tp) % 8 != 0) {
+        return "the padded vocabulary must split into TP shards of a multiple of 8 rows (use a TP size dividing Vp/8)";
+    }
+    // each kind's sizes are divided once (R and U share theirs, and their tp_local)
+    const char *(*done[2 * MAX_LAYERS])(ModelConfig *, int);
+    int ndone = 0;
+    for (int l = 0; l < full->n_layer; l++) {
+        const LayerKind *kinds[2] = {mixer_kind(full->pattern[l]), ffn_kind(model_ffn_letter(full, l))};
+        for (int k = 0; k < 2; k++) {
+            int seen = 0;
+            for (int j = 0; j < ndone; j++) { seen |= done[j] == kinds[k]->tp_local; }
+            if (seen) { continue; }
+            done[ndone++] = kinds[k]->tp_local;
+            const char *why = kinds[k]->tp_local(local, tp);
+            if (why != NULL) { return why; }
+        }
+    }
+    local->padded_vocab_size = Vp / tp;
+    local->vocab_offset = rank * (Vp / tp);
+    const int real_rows = full->vocab_size - local->vocab_offset;
+    local->vocab_size = real_rows < 0 ? 0 : (real_rows > Vp / tp ? Vp / tp : real_rows);
+    return NULL;
+}
+
+// the ParamDef of spec i of a table built from config c (the defs param_table_build used)
+static ParamDef param_table_def(const ParamSpec *s) {
+    ParamDef d = param_def(s->name, s->ndim, s->shape[0], s->shape[1], s->shape[2], s->init, s->init_std,
+                           s->weight_decay, s->split);
+    d.nseg = s->nseg;
+    for (int i = 0; i < s->nseg; i++) { d.seg[i] = s->seg[i]; }
+    return d;
+}
+
+// Moves the whole parameter buffer between the full layout (full table) and rank `rank`'s local one (local table,
+// the same specs in the same order): gather == 0 cuts the rank's shards out of full, gather == 1 puts them back.
+static void model_tp_shard(void *full, const ParamTable *ft, void *local, const ParamTable *lt, size_t elem, int rank,
+                           int tp, int gather) {
+    for (int i = 0; i < ft->num_specs; i++) {
+        const ParamDef d = param_table_def(&ft->specs[i]), dl = param_table_def(&lt->specs[i]);
+        tp_shard_tensor((char *)full + ft->specs[i].offset * elem, (char *)local + lt->specs[i].offset * elem, elem, &d,
+                        &dl, rank, tp, gather);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // seeded init (host side, so every executor starts from the same numbers)
 
 typedef struct { uint64_t state; } Rng;

@@ -597,9 +597,14 @@ float train_run(const TrainOptions *opts) {
 
     Tokenizer tokenizer;
     memset(&tokenizer, 0, sizeof(tokenizer));
-    const int have_tokenizer = cm->rank == 0 && o->sample_every > 0 && tokenizer_try_init(&tokenizer, o->tokenizer_path);
-    if (o->sample_every > 0 && !have_tokenizer && !o->quiet) {
-        printf("no tokenizer at %s: no text samples (run make data)\n", o->tokenizer_path);
+    // (samples decode on rank 0 alone: not under tensor parallelism, whose layers need every rank of the group)
+    const int have_tokenizer = cm->rank == 0 && cm->tp == 1 && o->sample_every > 0 &&
+                               tokenizer_try_init(&tokenizer, o->tokenizer_path);
+    if (o->sample_every > 0 && cm->tp > 1 && !o->quiet) {
+        printf("no text samples under tensor parallelism (-tp %d): generate from the checkpoint with ./infer_m2rnn\n",
+               cm->tp);
+    } else if (o->sample_every > 0 && !have_tokenizer && !o->quiet) {
+        printf("no text samples: no tokenizer at %s (run make data)\n", o->tokenizer_path);
     }
     OptimizerConfig opt = {o->lr, 0.9f, 0.95f, 1e-10f, o->weight_decay, o->grad_clip};
     const double peak_flops = executor_peak_flops(model) * cm->world; // every process's device

@@ -27,6 +27,21 @@ typedef double real;
 typedef float real;
 #endif
 
+// The tensor-parallel group a layer runs in (comm.h's TP group; NULL or size 1: one process): sum all-reduces n
+// numbers of elem bytes (real, or double for per-token scalars) in place over the group, and counts each call in
+// calls (the tests count the collectives per layer). The block's own collectives (Megatron's pair, the vocabulary
+// ones) go through the same link.
+typedef struct TPLink {
+    int size, rank;
+    void (*sum)(struct TPLink *link, void *x, size_t n, size_t elem);
+    void (*max)(struct TPLink *link, real *x, size_t n); // elementwise maximum over the group (the classifier)
+    void *ctx;
+    long calls;
+} TPLink;
+static inline void tp_sum(TPLink *link, void *x, size_t n, size_t elem) {
+    if (link != NULL && link->size > 1) { link->calls++; link->sum(link, x, n, elem); }
+}
+
 // typed views of the parameter buffer (and of the gradients): model.h's layout, in this executor's precision
 DEFINE_MODEL_VIEWS(real, ModelParams)
 #define VIEW_FIELD(name) real *name; // a kind's struct of named tensors: typedef struct { M2RNN_PARAMS(VIEW_FIELD) } ...
@@ -221,6 +236,110 @@ static void rmsnorm_backward(real *dinp, real *dweight, const real *dout, const 
     reduce_rows_deterministic(dweight, M, C, rmsnorm_weight_grad_rows, &ctx);
 }
 
+// RMSNorm per group of C/G channels (Mamba-2's gated norm, M²RNN's topology-aware one): rstd (M, G), weight (C)
+static void group_rmsnorm_forward(real *out, real *rstd, const real *inp, const real *weight, int M, int C, int G) {
+    const int cg = C / G;
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        for (int g = 0; g < G; g++) {
+            const real *x = inp + (size_t)m * C + (size_t)g * cg;
+            double ss = 0.0;
+            for (int i = 0; i < cg; i++) { ss += (double)x[i] * x[i]; }
+            const real s = (real)(1.0 / sqrt(ss / cg + RMSNORM_EPS));
+            rstd[(size_t)m * G + g] = s;
+            real *o = out + (size_t)m * C + (size_t)g * cg;
+            for (int i = 0; i < cg; i++) { o[i] = x[i] * s * weight[(size_t)g * cg + i]; }
+        }
+    }
+}
+
+static void group_rmsnorm_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
+                                   const real *rstd, int M, int C, int G) {
+    const int cg = C / G;
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        for (int g = 0; g < G; g++) {
+            const size_t o = (size_t)m * C + (size_t)g * cg;
+            const real s = rstd[(size_t)m * G + g];
+            double dot = 0.0;
+            for (int i = 0; i < cg; i++) { dot += (double)dout[o + i] * weight[(size_t)g * cg + i] * inp[o + i]; }
+            const real coef = (real)(dot * s * s * s / cg);
+            for (int i = 0; i < cg; i++) { dinp[o + i] += s * weight[(size_t)g * cg + i] * dout[o + i] - coef * inp[o + i]; }
+        }
+    }
+    // the weight gradient over tokens in order, parallel over channels: deterministic
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < C; i++) {
+        real acc = 0;
+        for (int m = 0; m < M; m++) { acc += dout[(size_t)m * C + i] * inp[(size_t)m * C + i] * rstd[(size_t)m * G + i / cg]; }
+        dweight[i] += acc;
+    }
+}
+
+// RMSNormTP (the paper's appendix): the norm of a row whose C channels here are 1/tp of it, the rest on the other
+// ranks of link: the rows' sums of squares are all-reduced (M numbers) before rstd = 1/sqrt(Σ/(tp·C) + eps), and in
+// the backward the rows' Σ dy·w·x likewise. The weight (C) is this rank's shard; its gradient needs no collective.
+static void rmsnorm_tp_forward(real *out, real *rstd, const real *inp, const real *weight, int M, int C, TPLink *tp) {
+    double *ss = (double *)mallocCheck((size_t)M * sizeof(double));
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *x = inp + (size_t)m * C;
+        double acc = 0.0;
+        for (int i = 0; i < C; i++) { acc += (double)x[i] * x[i]; }
+        ss[m] = acc;
+    }
+    tp_sum(tp, ss, (size_t)M, sizeof(double));
+    const double Cg = (double)C * tp->size;
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real s = (real)(1.0 / sqrt(ss[m] / Cg + RMSNORM_EPS));
+        rstd[m] = s;
+        const real *x = inp + (size_t)m * C;
+        real *o = out + (size_t)m * C;
+        for (int i = 0; i < C; i++) { o[i] = x[i] * s * weight[i]; }
+    }
+    free(ss);
+}
+
+static void rmsnorm_tp_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
+                                const real *rstd, int M, int C, TPLink *tp) {
+    double *dot = (double *)mallocCheck((size_t)M * sizeof(double));
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *x = inp + (size_t)m * C, *dy = dout + (size_t)m * C;
+        double acc = 0.0;
+        for (int i = 0; i < C; i++) { acc += (double)dy[i] * weight[i] * x[i]; }
+        dot[m] = acc;
+    }
+    tp_sum(tp, dot, (size_t)M, sizeof(double));
+    const double Cg = (double)C * tp->size;
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *x = inp + (size_t)m * C, *dy = dout + (size_t)m * C;
+        const real s = rstd[m], coef = (real)(dot[m] * s * s * s / Cg);
+        real *dx = dinp + (size_t)m * C;
+        for (int i = 0; i < C; i++) { dx[i] += s * weight[i] * dy[i] - coef * x[i]; }
+    }
+    free(dot);
+    RmsnormWeightGradCtx ctx = {dout, inp, rstd, C};
+    reduce_rows_deterministic(dweight, M, C, rmsnorm_weight_grad_rows, &ctx);
+}
+
+// The recurrent mixers' output norm over their C = N·V channels: one RMSNorm over all of them, per group of C/G
+// (groups > 1), or RMSNormTP across the tensor-parallel group (tp_norm > 1, a rank's local config); rstd (M, groups)
+static void mixer_norm_forward(real *out, real *rstd, const real *inp, const real *weight, int M, int C, int groups,
+                               int tp_norm, TPLink *tp) {
+    if (tp_norm > 1) { rmsnorm_tp_forward(out, rstd, inp, weight, M, C, tp); }
+    else if (groups > 1) { group_rmsnorm_forward(out, rstd, inp, weight, M, C, groups); }
+    else { rmsnorm_forward(out, rstd, inp, weight, M, C); }
+}
+static void mixer_norm_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
+                                const real *rstd, int M, int C, int groups, int tp_norm, TPLink *tp) {
+    if (tp_norm > 1) { rmsnorm_tp_backward(dinp, dweight, dout, inp, weight, rstd, M, C, tp); }
+    else if (groups > 1) { group_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, M, C, groups); }
+    else { rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, M, C); }
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // token embedding
 
@@ -238,6 +357,32 @@ static void embedding_backward(real *dwte, const real *dout, const int *tokens, 
         const int c0 = cb * block, c1 = c0 + block < C ? c0 + block : C;
         for (int m = 0; m < M; m++) {
             real *dst = dwte + (size_t)tokens[m] * C;
+            const real *src = dout + (size_t)m * C;
+            for (int c = c0; c < c1; c++) { dst[c] += src[c]; }
+        }
+    }
+}
+
+// Vocabulary-parallel (a tensor-parallel rank holds rows v0 .. v0+Vl−1 of wte): out (M, C) = wte[token − v0] for
+// the tokens in its rows, 0 for the others (the block all-reduces the ranks' outputs); the backward scatters into
+// its rows only.
+static void embedding_forward_vp(real *out, const int *tokens, const real *wte, int M, int C, int v0, int Vl) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const int r = tokens[m] - v0;
+        if (r >= 0 && r < Vl) { memcpy(out + (size_t)m * C, wte + (size_t)r * C, (size_t)C * sizeof(real)); }
+        else { memset(out + (size_t)m * C, 0, (size_t)C * sizeof(real)); }
+    }
+}
+static void embedding_backward_vp(real *dwte, const real *dout, const int *tokens, int M, int C, int v0, int Vl) {
+    const int block = 64, blocks = (C + block - 1) / block;
+#pragma omp parallel for schedule(static)
+    for (int cb = 0; cb < blocks; cb++) {
+        const int c0 = cb * block, c1 = c0 + block < C ? c0 + block : C;
+        for (int m = 0; m < M; m++) {
+            const int r = tokens[m] - v0;
+            if (r < 0 || r >= Vl) { continue; }
+            real *dst = dwte + (size_t)r * C;
             const real *src = dout + (size_t)m * C;
             for (int c = c0; c < c1; c++) { dst[c] += src[c]; }
         }
@@ -274,6 +419,55 @@ static void crossentropy_softmax_backward_inplace(real *logits_to_dlogits, const
         const double inv = 1.0 / sum;
         for (int i = 0; i < V; i++) { row[i] = (real)(expr(row[i] - maxv) * inv) * dloss; }
         row[targets[m]] -= dloss;
+        for (int i = V; i < Vp; i++) { row[i] = 0; }
+    }
+}
+
+// Vocabulary-parallel cross-entropy (Megatron's): each rank holds the logits (M, Vp) of its vocabulary rows v0 ..,
+// the first V of them real. Three collectives over the group: the rows' maxima, then their sums of exp and their
+// targets' logits (one all-reduce of 2M). losses (M); stats (M, 2) keeps each row's max and sum for the backward.
+static void crossentropy_forward_vp(real *losses, double *stats, const real *logits, const int *targets, int M, int V,
+                                    int Vp, int v0, TPLink *tp) {
+    real *maxv = (real *)mallocCheck((size_t)M * sizeof(real));
+    double *st = (double *)mallocCheck((size_t)M * 2 * sizeof(double));
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *row = logits + (size_t)m * Vp;
+        real mx = -INFINITY;
+        for (int i = 0; i < V; i++) { mx = row[i] > mx ? row[i] : mx; }
+        maxv[m] = mx;
+    }
+    if (tp != NULL && tp->size > 1) { tp->calls++; tp->max(tp, maxv, (size_t)M); }
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *row = logits + (size_t)m * Vp;
+        double sum = 0.0;
+        for (int i = 0; i < V; i++) { sum += expr(row[i] - maxv[m]); }
+        const int r = targets[m] - v0;
+        st[2 * m] = sum;
+        st[2 * m + 1] = r >= 0 && r < V ? (double)(row[r] - maxv[m]) : 0.0;
+    }
+    tp_sum(tp, st, (size_t)M * 2, sizeof(double));
+    for (int m = 0; m < M; m++) {
+        losses[m] = (real)(log(st[2 * m]) - st[2 * m + 1]);
+        stats[2 * m] = (double)maxv[m];
+        stats[2 * m + 1] = st[2 * m];
+    }
+    free(maxv);
+    free(st);
+}
+
+// dlogits (M, Vp) = (softmax − onehot) · dloss over this rank's rows, in place, from the forward's stats
+static void crossentropy_backward_vp(real *logits_to_dlogits, const double *stats, const int *targets, real dloss,
+                                     int M, int V, int Vp, int v0) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        real *row = logits_to_dlogits + (size_t)m * Vp;
+        const real maxv = (real)stats[2 * m];
+        const double inv = 1.0 / stats[2 * m + 1];
+        for (int i = 0; i < V; i++) { row[i] = (real)(expr(row[i] - maxv) * inv) * dloss; }
+        const int r = targets[m] - v0;
+        if (r >= 0 && r < V) { row[r] -= dloss; }
         for (int i = V; i < Vp; i++) { row[i] = 0; }
     }
 }
@@ -325,6 +519,7 @@ typedef struct {
     real *const *g;
     double *aux;
     real aux_grad;
+    TPLink *tp;     // the tensor-parallel group (NULL: one process): RMSNormTP's collectives
 } KindTensors;
 
 typedef struct {

@@ -178,7 +178,7 @@ static void gru_mixer_run(real *out, real *acts, const real *inp, const KindTens
         free(h);
     }
     output_gate_forward(a.s.h, a.gated, NULL, a.proj + 3 * NV, NULL, BT, NV, 0, 4 * NV);
-    rmsnorm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV);
+    mixer_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV, 1, c->vrnn.tp_norm, t->tp);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C);
 }
 
@@ -196,7 +196,7 @@ static void gru_mixer_backward(real *dinp, real *scratch, const real *dout, cons
     gru_scratch_layout(&g, scratch, c, B, T);
     const int BT = B * T, C = c->d_model, N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V;
     matmul_backward(g.normed, gw->out_w, dout, a.normed, w->out_w, BT, NV, C);
-    rmsnorm_backward(g.gated, gw->norm_w, g.normed, a.gated, w->norm_w, a.rstd, BT, NV);
+    mixer_norm_backward(g.gated, gw->norm_w, g.normed, a.gated, w->norm_w, a.rstd, BT, NV, 1, c->vrnn.tp_norm, t->tp);
     output_gate_backward(g.h, g.proj + 3 * NV, g.gated, a.s.h, a.proj + 3 * NV, BT, NV, 4 * NV);
     gru_recurrence_backward(g.proj, gw->U_r, gw->U_z, gw->U_n, NULL, g.h, NULL, 4 * NV, w->U_r, w->U_z, w->U_n, NULL,
                             &a.s, B, T, N, V);

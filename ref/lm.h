@@ -10,6 +10,14 @@ letters, with their activations in blocks they lay out themselves. The backward 
 hand-written gradient for every op; AdamW with decoupled weight decay on the parameter table's decay set, global
 grad-norm clipping. Decoding runs each kind's single-token step with its per-sequence state.
 
+Tensor parallelism (comm.h's TP group, -tp): each rank builds its layers from its local config (model.h's
+model_config_tp_local: heads and hidden sizes divided, the vocabulary split) and holds its shards of the parameters in
+one local buffer (ParamTable lt; the full table stays the checkpoints' layout). Megatron's conjugate pair is placed
+around every mixer and feed-forward: reduce_from_tp all-reduces their output (forward), copy_to_tp their input
+gradient (backward); the embedding and the classifier are vocabulary-parallel; kinds whose norm spans all heads run
+RMSNormTP inside (through KindTensors.tp); the gradients of tensors a rank holds whole but computes from its own heads
+only (M²RNN's shared q/k, GDN's norm weight) are summed over the group once a step, in model_grad_norm.
+
 Build with -DM2RNN_REAL_DOUBLE to get the same code in float64 (the gradient checks do).
 */
 #ifndef M2RNN_REF_LM_H
@@ -41,9 +49,11 @@ typedef struct {
 } LayerActs;
 
 struct Model {
-    ModelConfig config;
-    ParamTable table;
-    real *params_memory, *grads_memory; // (num_parameters) each
+    ModelConfig config;  // the whole model (checkpoints, FLOPs)
+    ParamTable table;    // the whole model's parameters: the layout of checkpoints and of model_read/write_state
+    ModelConfig lc;      // this rank's layers (= config without tensor parallelism)
+    ParamTable lt;       // this rank's parameter buffer (= table without tensor parallelism)
+    real *params_memory, *grads_memory; // (lt.num_parameters) each
     real *m_memory, *v_memory;          // AdamW moments, allocated at the first update
     ModelParams params, grads;
     const KindOps *mixer_ops[MAX_LAYERS], *ffn_ops[MAX_LAYERS]; // each layer's kinds, resolved once
@@ -57,6 +67,7 @@ struct Model {
     real *lnf_rstd;   // (B,T)
     real *logits;     // (B,T,Vp); the backward overwrites them with dlogits
     real *losses;     // (B,T)
+    double *ce_stats; // (B,T,2) tensor-parallel: each row's logit max and sum of exp, for the backward
     int *inputs, *targets; // (B,T) copies of the last forward's batch
     // gradient scratch, reused by every layer in turn
     real *grad_scratch_memory;
@@ -70,6 +81,11 @@ struct Model {
     const Comm *comm;
     size_t shard0, shard1;
     real *shard_grads;
+    // tensor parallelism: the group's link, the ranges (offset, count) of lt whose gradients are summed over the group
+    // each step, and those a rank > 0 leaves out of the gradient norm (every rank holds them whole)
+    TPLink tp_link;
+    size_t *tp_sum_ranges, *tp_once_ranges;
+    int tp_num_sum, tp_num_once;
     double aux_loss;  // the auxiliary losses (MoE load balancing) of the last forward, summed over layers
     // decoding
     int dec_B, dec_context;
@@ -81,7 +97,9 @@ struct Model {
 static const ModelConfig *model_config(const Model *model) { return &model->config; }
 static const ParamTable *model_table(const Model *model) { return &model->table; }
 
-static KindTensors kind_tensors(real *const *w, real *const *g) { KindTensors t = {w, g, NULL, 0}; return t; }
+static KindTensors kind_tensors(real *const *w, real *const *g) { KindTensors t = {w, g, NULL, 0, NULL}; return t; }
+static inline int model_tp(const Model *model) { return model->comm != NULL ? model->comm->tp : 1; }
+static inline TPLink *model_tp_link(Model *model) { return model_tp(model) > 1 ? &model->tp_link : NULL; }
 
 static Model *model_create(const ModelConfig *config) {
     Model *model = (Model *)callocCheck(1, sizeof(Model));
@@ -89,7 +107,9 @@ static Model *model_create(const ModelConfig *config) {
     model_config_fill_defaults(&model->config);
     model_config_validate(&model->config);
     param_table_build(&model->table, &model->config);
-    const size_t n = model->table.num_parameters;
+    model->lc = model->config;
+    model->lt = model->table;
+    const size_t n = model->lt.num_parameters;
     model->params_memory = (real *)callocCheck(n, sizeof(real));
     model->grads_memory = (real *)callocCheck(n, sizeof(real));
     model_point_views(&model->params, model->params_memory, sizeof(real), &model->table);
@@ -102,16 +122,22 @@ static Model *model_create(const ModelConfig *config) {
     return model;
 }
 
+// the whole model's init (every executor and TP size starts from the same numbers), then this rank's shards
 static void model_init_weights(Model *model, uint64_t seed) {
-    const size_t n = model->table.num_parameters;
-    float *init = (float *)mallocCheck(n * sizeof(float));
+    const size_t n = model->table.num_parameters, nl = model->lt.num_parameters;
+    float *init = (float *)mallocCheck(n * sizeof(float)), *local = init;
     model_init_parameters(init, &model->table, seed);
-    for (size_t i = 0; i < n; i++) { model->params_memory[i] = (real)init[i]; }
+    if (model_tp(model) > 1) {
+        local = (float *)callocCheck(nl, sizeof(float));
+        model_tp_shard(init, &model->table, local, &model->lt, sizeof(float), model->comm->tp_rank, model_tp(model), 0);
+    }
+    for (size_t i = 0; i < nl; i++) { model->params_memory[i] = (real)local[i]; }
+    if (local != init) { free(local); }
     free(init);
 }
 
 static void model_layout_activations(Model *model, Arena *acts, Arena *grads) {
-    const ModelConfig *c = &model->config;
+    const ModelConfig *c = &model->lc;
     const int B = model->B, T = model->T;
     const size_t BT = (size_t)B * T, C = (size_t)c->d_model;
     size_t scratch = 0;
@@ -148,6 +174,7 @@ static void model_ensure_activations(Model *model, int B, int T) {
     free(model->grad_scratch_memory);
     free(model->inputs);
     free(model->targets);
+    free(model->ce_stats);
     model->B = B;
     model->T = T;
     Arena acts = {NULL, 0}, grads = {NULL, 0};
@@ -159,30 +186,40 @@ static void model_ensure_activations(Model *model, int B, int T) {
     model_layout_activations(model, &a2, &g2);
     model->inputs = (int *)mallocCheck((size_t)B * T * sizeof(int));
     model->targets = (int *)mallocCheck((size_t)B * T * sizeof(int));
+    model->ce_stats = (double *)mallocCheck((size_t)B * T * 2 * sizeof(double));
 }
 
 static double model_forward(Model *model, const int *inputs, const int *targets, int B, int T) {
-    const ModelConfig *c = &model->config;
-    const int BT = B * T, C = c->d_model, V = c->vocab_size, Vp = c->padded_vocab_size;
+    const ModelConfig *c = &model->lc; // (this rank's sizes; the vocabulary check is the whole model's)
+    const int BT = B * T, C = c->d_model, V = model->config.vocab_size, Vp = c->padded_vocab_size;
+    TPLink *tp = model_tp_link(model);
     model_ensure_activations(model, B, T);
     model_check_tokens(inputs, (size_t)BT, V, "input");
     memcpy(model->inputs, inputs, (size_t)BT * sizeof(int));
     model->aux_loss = 0.0;
     real *x = model->layer_acts[0].resid_in;
-    embedding_forward(x, inputs, model->params.wte, BT, C);
+    if (tp != NULL) { // vocabulary-parallel: each rank's rows, summed
+        embedding_forward_vp(x, inputs, model->params.wte, BT, C, c->vocab_offset, Vp);
+        tp_sum(tp, x, (size_t)BT * C, sizeof(real));
+    } else {
+        embedding_forward(x, inputs, model->params.wte, BT, C);
+    }
     for (int l = 0; l < c->n_layer; l++) {
         LayerActs *la = &model->layer_acts[l];
         const ModelParamsLayer *w = &model->params.layers[l];
         const ModelParamsLayer *g = &model->grads.layers[l];
         rmsnorm_forward(la->ln1_out, la->ln1_rstd, la->resid_in, w->ln1_w, BT, C);
         real *branch = model->branch_out; // the mixer's, then the feed-forward's output, added to the stream right away
-        const KindTensors tm = kind_tensors(w->mixer, g->mixer);
+        KindTensors tm = kind_tensors(w->mixer, g->mixer);
         KindTensors tf = kind_tensors(w->ffn, g->ffn);
         tf.aux = &model->aux_loss;
+        tm.tp = tf.tp = tp;
         model->mixer_ops[l]->forward(branch, la->mixer, la->ln1_out, &tm, c, B, T);
+        tp_sum(tp, branch, (size_t)BT * C, sizeof(real)); // reduce_from_tp: the row-parallel output's partial sums
         for (size_t i = 0; i < (size_t)BT * C; i++) { la->resid_mid[i] = la->resid_in[i] + branch[i]; }
         rmsnorm_forward(la->ln2_out, la->ln2_rstd, la->resid_mid, w->ln2_w, BT, C);
         model->ffn_ops[l]->forward(branch, la->ffn, la->ln2_out, &tf, c, B, T);
+        tp_sum(tp, branch, (size_t)BT * C, sizeof(real)); // reduce_from_tp
         real *next = l + 1 < c->n_layer ? model->layer_acts[l + 1].resid_in : model->resid_out;
         for (size_t i = 0; i < (size_t)BT * C; i++) { next[i] = la->resid_mid[i] + branch[i]; }
     }
@@ -194,26 +231,39 @@ static double model_forward(Model *model, const int *inputs, const int *targets,
     }
     model_check_tokens(targets, (size_t)BT, V, "target");
     memcpy(model->targets, targets, (size_t)BT * sizeof(int));
-    crossentropy_forward(model->losses, model->logits, targets, BT, V, Vp);
+    if (tp != NULL) {
+        crossentropy_forward_vp(model->losses, model->ce_stats, model->logits, targets, BT, c->vocab_size, Vp,
+                                c->vocab_offset, tp);
+    } else {
+        crossentropy_forward(model->losses, model->logits, targets, BT, V, Vp);
+    }
     double sum = 0.0;
     for (int i = 0; i < BT; i++) { sum += model->losses[i]; }
     model->mean_loss = (real)(sum / BT);
     return model->mean_loss;
 }
 
-static void model_zero_grad(Model *model) { memset(model->grads_memory, 0, model->table.num_parameters * sizeof(real)); }
+static void model_zero_grad(Model *model) { memset(model->grads_memory, 0, model->lt.num_parameters * sizeof(real)); }
 
 static void model_backward(Model *model, float loss_scale) {
-    const ModelConfig *c = &model->config;
+    const ModelConfig *c = &model->lc;
+    TPLink *tp = model_tp_link(model);
     if (model->mean_loss < 0) {
         fail_with_hint("call model_forward with targets first", "model_backward without a forward pass with targets");
     }
     const int B = model->B, T = model->T, BT = B * T, C = c->d_model, Vp = c->padded_vocab_size;
     memset(model->grad_scratch_memory, 0, model->grad_scratch_size * sizeof(real));
     // loss = mean over tokens, so each token's dloss is loss_scale / BT
-    crossentropy_softmax_backward_inplace(model->logits, model->targets, (real)loss_scale / BT, BT, c->vocab_size, Vp);
+    if (tp != NULL) {
+        crossentropy_backward_vp(model->logits, model->ce_stats, model->targets, (real)loss_scale / BT, BT,
+                                 c->vocab_size, Vp, c->vocab_offset);
+    } else {
+        crossentropy_softmax_backward_inplace(model->logits, model->targets, (real)loss_scale / BT, BT, c->vocab_size,
+                                              Vp);
+    }
     real *dlogits = model->logits;
     matmul_backward(model->d_norm, model->grads.lm_head, dlogits, model->lnf_out, model->params.lm_head, BT, C, Vp);
+    tp_sum(tp, model->d_norm, (size_t)BT * C, sizeof(real)); // the vocabulary shards' parts of d(lnf_out)
     rmsnorm_backward(model->d_resid, model->grads.lnf_w, model->d_norm, model->resid_out, model->params.lnf_w,
                      model->lnf_rstd, BT, C);
     model->mean_loss = -1; // the logits are gone: a second backward needs a new forward
@@ -222,21 +272,28 @@ static void model_backward(Model *model, float loss_scale) {
         LayerActs *la = &model->layer_acts[l];
         const ModelParamsLayer *w = &model->params.layers[l];
         ModelParamsLayer *gw = &model->grads.layers[l];
-        const KindTensors tm = kind_tensors(w->mixer, gw->mixer);
+        KindTensors tm = kind_tensors(w->mixer, gw->mixer);
         KindTensors tf = kind_tensors(w->ffn, gw->ffn);
         tf.aux_grad = (real)loss_scale; // the auxiliary losses count in the objective as the mean loss does
+        tm.tp = tf.tp = tp;
         // x_out = resid_mid + FFN(RMSNorm(resid_mid)): d_resid flows through, and into the feed-forward
         memset(model->d_norm, 0, zeroed * sizeof(real));
         model->ffn_ops[l]->backward(model->d_norm, model->kind_scratch, model->d_resid, la->ln2_out, la->ffn, &tf, c, B,
                                     T);
+        tp_sum(tp, model->d_norm, (size_t)BT * C, sizeof(real)); // copy_to_tp's backward: the input gradient's parts
         rmsnorm_backward(model->d_resid, gw->ln2_w, model->d_norm, la->resid_mid, w->ln2_w, la->ln2_rstd, BT, C);
         // resid_mid = resid_in + Mixer(RMSNorm(resid_in))
         memset(model->d_norm, 0, zeroed * sizeof(real));
         model->mixer_ops[l]->backward(model->d_norm, model->kind_scratch, model->d_resid, la->ln1_out, la->mixer, &tm,
                                       c, B, T);
+        tp_sum(tp, model->d_norm, (size_t)BT * C, sizeof(real)); // copy_to_tp's backward
         rmsnorm_backward(model->d_resid, gw->ln1_w, model->d_norm, la->resid_in, w->ln1_w, la->ln1_rstd, BT, C);
     }
-    embedding_backward(model->grads.wte, model->d_resid, model->inputs, BT, C);
+    if (tp != NULL) {
+        embedding_backward_vp(model->grads.wte, model->d_resid, model->inputs, BT, C, c->vocab_offset, Vp);
+    } else {
+        embedding_backward(model->grads.wte, model->d_resid, model->inputs, BT, C);
+    }
 }
 
 // global L2 norm of the gradients, summed in fixed chunks: the same bits whatever the thread count
@@ -256,9 +313,65 @@ static double sum_squares_fixed(const real *x, size_t n) {
     return total;
 }
 
+static void cpu_tp_sum(TPLink *link, void *x, size_t n, size_t elem) {
+    comm_tp_allreduce_sum((const Comm *)link->ctx, x, n, elem);
+}
+static void cpu_tp_max(TPLink *link, real *x, size_t n) { comm_tp_allreduce_max((const Comm *)link->ctx, x, n, sizeof(real)); }
+
+// the ranges (offset, count pairs) of the local buffer: out_sum, the gradients summed over the TP group (see
+// tp_partial_rows); out_once, those plus the replicated tensors outside the kinds (norms of the residual stream),
+// which every rank holds whole and counts in the gradient norm only on TP rank 0. Returns the counts.
+static void model_tp_ranges(Model *model, int tp) {
+    const ParamTable *ft = &model->table, *lt = &model->lt;
+    size_t *sum = (size_t *)mallocCheck((size_t)lt->num_specs * MAX_SEGMENTS * 2 * sizeof(size_t));
+    size_t *once = (size_t *)mallocCheck((size_t)lt->num_specs * MAX_SEGMENTS * 2 * sizeof(size_t));
+    int ns = 0, no = 0;
+    for (int i = 0; i < lt->num_specs; i++) {
+        const ParamSpec *s = &lt->specs[i];
+        const size_t row_len = s->shape[0] > 0 ? s->numel / s->shape[0] : 0;
+        if (s->kind == 0) {
+            if (s->split == SPLIT_REPLICATED) { once[2 * no] = s->offset; once[2 * no++ + 1] = s->numel; }
+            continue;
+        }
+        const ParamDef d = param_table_def(&ft->specs[i]), dl = param_table_def(s);
+        size_t r0[MAX_SEGMENTS], r1[MAX_SEGMENTS];
+        const int n = tp_partial_rows(&d, &dl, tp, r0, r1);
+        for (int j = 0; j < n; j++) {
+            sum[2 * ns] = once[2 * no] = s->offset + r0[j] * row_len;
+            sum[2 * ns++ + 1] = once[2 * no++ + 1] = (r1[j] - r0[j]) * row_len;
+        }
+    }
+    model->tp_sum_ranges = sum;
+    model->tp_once_ranges = once;
+    model->tp_num_sum = ns;
+    model->tp_num_once = no;
+}
+
+// The parallel layout: with a TP group (comm->tp > 1) this rank's local config and parameter buffer replace the whole
+// model's (before the weights are set: model_init_weights and model_write_state shard the whole model's); then the
+// data-parallel shard of the (local) buffer.
 static void model_set_parallel(Model *model, const Comm *comm) {
-    const size_t n = model->table.num_parameters;
     model->comm = comm;
+    if (comm->tp > 1) {
+        const char *why = model_config_tp_local(&model->config, &model->lc, comm->tp, comm->tp_rank);
+        if (why != NULL) {
+            fail_with_hint("use a TP size (-tp) that divides the heads of every layer kind, or -tp 1",
+                           "tensor parallelism -tp %d: %s", comm->tp, why);
+        }
+        param_table_build(&model->lt, &model->lc);
+        free(model->params_memory);
+        free(model->grads_memory);
+        model->params_memory = (real *)callocCheck(model->lt.num_parameters, sizeof(real));
+        model->grads_memory = (real *)callocCheck(model->lt.num_parameters, sizeof(real));
+        model_point_views(&model->params, model->params_memory, sizeof(real), &model->lt);
+        model_point_views(&model->grads, model->grads_memory, sizeof(real), &model->lt);
+        TPLink link = {comm->tp, comm->tp_rank, cpu_tp_sum, cpu_tp_max, (void *)comm, 0};
+        model->tp_link = link;
+        model_tp_ranges(model, comm->tp);
+        free(model->acts_memory); // (sized for the whole model's layers, if a forward ran)
+        model->acts_memory = NULL;
+    }
+    const size_t n = model->lt.num_parameters;
     model->shard0 = comm_shard_begin(comm, n, comm->dp_rank);
     model->shard1 = comm_shard_end(comm, n, comm->dp_rank);
     free(model->shard_grads);
@@ -268,22 +381,60 @@ static void model_sync_next_backward(Model *model) { (void)model; } // (the redu
 static double model_comm_exposed_ms(const Model *model) { (void)model; return -1.0; }
 static inline int model_dp(const Model *model) { return model->comm != NULL ? model->comm->dp : 1; }
 
-// Data-parallel: the gradients are first reduce-scattered (each rank the average over the replicas of its shard);
-// the norm is then the replicas' sum of their shards' squares.
+// the sum of squares of x[a, b) of the local buffer (x holds [base, ...)), leaving out the ranges a TP rank > 0 does
+// not count (every rank holds them whole)
+static double model_sum_squares_counted(const Model *model, const real *x, size_t base, size_t a, size_t b) {
+    if (model_tp(model) == 1 || model->comm->tp_rank == 0) { return sum_squares_fixed(x + (a - base), b - a); }
+    double total = 0.0;
+    size_t at = a;
+    for (int i = 0; i <= model->tp_num_once; i++) { // the ranges are in buffer order
+        const size_t r0 = i < model->tp_num_once ? model->tp_once_ranges[2 * i] : b;
+        const size_t r1 = i < model->tp_num_once ? r0 + model->tp_once_ranges[2 * i + 1] : b;
+        const size_t g1 = r0 < b ? r0 : b;
+        if (g1 > at) { total += sum_squares_fixed(x + (at - base), g1 - at); }
+        if (r1 > at) { at = r1; }
+        if (at >= b) { break; }
+    }
+    return total;
+}
+
+// Tensor-parallel: the gradients each rank has only part of are summed over the group (one collective). Data-
+// parallel: the gradients are then reduce-scattered (each rank the average over the replicas of its shard). The norm
+// is the sum over all ranks of their shards' squares, each number counted once.
 static double model_grad_norm(Model *model) {
-    const size_t n = model->table.num_parameters;
-    if (model_dp(model) == 1) { return sqrt(sum_squares_fixed(model->grads_memory, n)); }
+    const size_t n = model->lt.num_parameters;
+    if (model_tp(model) > 1 && model->tp_num_sum > 0) {
+        size_t total = 0;
+        for (int i = 0; i < model->tp_num_sum; i++) { total += model->tp_sum_ranges[2 * i + 1]; }
+        real *buf = (real *)mallocCheck(total * sizeof(real)), *p = buf;
+        for (int i = 0; i < model->tp_num_sum; i++) {
+            memcpy(p, model->grads_memory + model->tp_sum_ranges[2 * i], model->tp_sum_ranges[2 * i + 1] * sizeof(real));
+            p += model->tp_sum_ranges[2 * i + 1];
+        }
+        tp_sum(&model->tp_link, buf, total, sizeof(real));
+        p = buf;
+        for (int i = 0; i < model->tp_num_sum; i++) {
+            memcpy(model->grads_memory + model->tp_sum_ranges[2 * i], p, model->tp_sum_ranges[2 * i + 1] * sizeof(real));
+            p += model->tp_sum_ranges[2 * i + 1];
+        }
+        free(buf);
+    }
+    if (model_dp(model) == 1 && model_tp(model) == 1) { return sqrt(sum_squares_fixed(model->grads_memory, n)); }
+    if (model_dp(model) == 1) {
+        return sqrt(comm_world_sum(model->comm, model_sum_squares_counted(model, model->grads_memory, 0, 0, n)));
+    }
     const size_t sn = model->shard1 - model->shard0;
     comm_dp_reduce_scatter(model->comm, model->shard_grads, model->grads_memory, n, sizeof(real));
     const real inv = (real)(1.0 / model_dp(model));
     for (size_t i = 0; i < sn; i++) { model->shard_grads[i] *= inv; }
-    return sqrt(comm_dp_sum(model->comm, sum_squares_fixed(model->shard_grads, sn)));
+    return sqrt(comm_world_sum(model->comm, model_sum_squares_counted(model, model->shard_grads, model->shard0,
+                                                                      model->shard0, model->shard1)));
 }
 
 // AdamW over this rank's shard (all of it with one rank), tensor by tensor for their decay, then (data-parallel) the
 // updated shards all-gathered
 static void model_update(Model *model, const OptimizerConfig *opt, int step, double norm) {
-    const size_t n = model->table.num_parameters, s0 = model_dp(model) > 1 ? model->shard0 : 0;
+    const size_t n = model->lt.num_parameters, s0 = model_dp(model) > 1 ? model->shard0 : 0;
     const size_t s1 = model_dp(model) > 1 ? model->shard1 : n;
     const real *grads = model_dp(model) > 1 ? model->shard_grads : model->grads_memory;
     if (model->m_memory == NULL) {
@@ -291,8 +442,8 @@ static void model_update(Model *model, const OptimizerConfig *opt, int step, dou
         model->v_memory = (real *)callocCheck(s1 - s0 + 1, sizeof(real));
     }
     const float scale = (opt->grad_clip > 0 && norm > opt->grad_clip) ? (float)(opt->grad_clip / norm) : 1.0f;
-    for (int i = 0; i < model->table.num_specs; i++) {
-        const ParamSpec *s = &model->table.specs[i];
+    for (int i = 0; i < model->lt.num_specs; i++) {
+        const ParamSpec *s = &model->lt.specs[i];
         const size_t a = s->offset > s0 ? s->offset : s0, b = s->offset + s->numel < s1 ? s->offset + s->numel : s1;
         if (a >= b) { continue; }
         adamw_update(model->params_memory + a, model->m_memory + (a - s0), model->v_memory + (a - s0), grads + (a - s0),
@@ -316,45 +467,98 @@ static void model_free(Model *model) {
     free(model->targets);
     free(model->dec_memory);
     free(model->shard_grads);
+    free(model->ce_stats);
+    free(model->tp_sum_ranges);
+    free(model->tp_once_ranges);
     free(model);
 }
 
 static int model_has_optimizer(const Model *model) { return model->m_memory != NULL; }
 
-// the full state (every rank gets all of m and v: data-parallel ranks all-gather their shards)
+// this rank's local buffer (lt) → the whole model's layout (table): the TP group's local buffers are all-gathered
+// and each put in its place
+static void model_tp_gather(const Model *model, void *full, const void *local) {
+    const int tp = model_tp(model);
+    const size_t nl = model->lt.num_parameters;
+    memset(full, 0, model->table.num_parameters * sizeof(real)); // (the alignment gaps between tensors)
+    real *all = (real *)mallocCheck((size_t)tp * nl * sizeof(real));
+    comm_tp_allgather(model->comm, all, local, nl, sizeof(real));
+    for (int r = 0; r < tp; r++) { // (the ranks' local tables differ only in their vocabulary's padding rows)
+        model_tp_shard(full, &model->table, all + (size_t)r * nl, &model->lt, sizeof(real), r, tp, 1);
+    }
+    free(all);
+}
+
+// the full state (every rank gets all of m and v: data-parallel ranks all-gather their shards, tensor-parallel ranks
+// their local buffers), in the whole model's layout
 static void model_read_state(const Model *model, void *params, void *m, void *v) {
-    const size_t n = model->table.num_parameters, bytes = n * sizeof(real);
-    memcpy(params, model->params_memory, bytes);
-    if (m == NULL || model->m_memory == NULL) { return; }
-    if (model_dp(model) > 1) {
-        comm_dp_allgather(model->comm, m, model->m_memory, n, sizeof(real));
-        comm_dp_allgather(model->comm, v, model->v_memory, n, sizeof(real));
-    } else {
-        memcpy(m, model->m_memory, bytes);
-        memcpy(v, model->v_memory, bytes);
+    const size_t nl = model->lt.num_parameters, bytes = nl * sizeof(real);
+    const int tp = model_tp(model);
+    real *lm = NULL, *lv = NULL;
+    if (m != NULL && model->m_memory != NULL) {
+        lm = tp > 1 ? (real *)mallocCheck(bytes) : (real *)m;
+        lv = tp > 1 ? (real *)mallocCheck(bytes) : (real *)v;
+        if (model_dp(model) > 1) {
+            comm_dp_allgather(model->comm, lm, model->m_memory, nl, sizeof(real));
+            comm_dp_allgather(model->comm, lv, model->v_memory, nl, sizeof(real));
+        } else {
+            memcpy(lm, model->m_memory, bytes);
+            memcpy(lv, model->v_memory, bytes);
+        }
+    }
+    if (tp == 1) {
+        memcpy(params, model->params_memory, bytes);
+        return;
+    }
+    model_tp_gather(model, params, model->params_memory);
+    if (lm != NULL) {
+        model_tp_gather(model, m, lm);
+        model_tp_gather(model, v, lv);
+        free(lm);
+        free(lv);
     }
 }
 
-// from a full state (a checkpoint written at any data-parallel size: each rank keeps its shard of m and v)
+// from a full state (a checkpoint written at any data-parallel or tensor-parallel size, in the whole model's layout):
+// each rank keeps its tensor-parallel shards, and of m and v its data-parallel shard of those
 static void model_write_state(Model *model, const void *params, const void *m, const void *v) {
-    const size_t n = model->table.num_parameters, bytes = n * sizeof(real);
-    const size_t s0 = model_dp(model) > 1 ? model->shard0 : 0, s1 = model_dp(model) > 1 ? model->shard1 : n;
-    memcpy(model->params_memory, params, bytes);
+    const size_t nl = model->lt.num_parameters;
+    const size_t s0 = model_dp(model) > 1 ? model->shard0 : 0, s1 = model_dp(model) > 1 ? model->shard1 : nl;
+    const int tp = model_tp(model), rank = tp > 1 ? model->comm->tp_rank : 0;
+    real *lm = NULL, *lv = NULL;
+    if (tp > 1) {
+        model_tp_shard((void *)params, &model->table, model->params_memory, &model->lt, sizeof(real), rank, tp, 0);
+        if (m != NULL) {
+            lm = (real *)callocCheck(nl, sizeof(real));
+            lv = (real *)callocCheck(nl, sizeof(real));
+            model_tp_shard((void *)m, &model->table, lm, &model->lt, sizeof(real), rank, tp, 0);
+            model_tp_shard((void *)v, &model->table, lv, &model->lt, sizeof(real), rank, tp, 0);
+        }
+    } else {
+        memcpy(model->params_memory, params, nl * sizeof(real));
+    }
     free(model->m_memory);
     free(model->v_memory);
     model->m_memory = model->v_memory = NULL;
     if (m != NULL) {
         model->m_memory = (real *)mallocCheck((s1 - s0 + 1) * sizeof(real));
         model->v_memory = (real *)mallocCheck((s1 - s0 + 1) * sizeof(real));
-        memcpy(model->m_memory, (const real *)m + s0, (s1 - s0) * sizeof(real));
-        memcpy(model->v_memory, (const real *)v + s0, (s1 - s0) * sizeof(real));
+        memcpy(model->m_memory, (lm != NULL ? lm : (const real *)m) + s0, (s1 - s0) * sizeof(real));
+        memcpy(model->v_memory, (lv != NULL ? lv : (const real *)v) + s0, (s1 - s0) * sizeof(real));
     }
+    free(lm);
+    free(lv);
 }
 
+// (tensor-parallel: the group's vocabulary shards of the row, all-gathered)
 static void model_logits_row(Model *model, int b, int t, float *out) {
-    const int Vp = model->config.padded_vocab_size;
-    const real *row = model->logits + ((size_t)b * model->T + t) * Vp;
-    for (int i = 0; i < Vp; i++) { out[i] = (float)row[i]; }
+    const int Vl = model->lc.padded_vocab_size, Vp = model->config.padded_vocab_size;
+    const real *row = model->logits + ((size_t)b * model->T + t) * Vl;
+    real *all = (real *)mallocCheck((size_t)Vp * sizeof(real));
+    if (model_tp(model) > 1) { comm_tp_allgather(model->comm, all, row, (size_t)Vl, sizeof(real)); }
+    else { memcpy(all, row, (size_t)Vp * sizeof(real)); }
+    for (int i = 0; i < Vp; i++) { out[i] = (float)all[i]; }
+    free(all);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -362,6 +566,10 @@ static void model_logits_row(Model *model, int b, int t, float *out) {
 
 static void model_decode_begin(Model *model, int B, int context) {
     const ModelConfig *c = &model->config;
+    if (model_tp(model) > 1) {
+        fail_with_hint("generate from the checkpoint with one process (./infer_m2rnn); checkpoints hold the whole model",
+                       "decoding under tensor parallelism (-tp %d) is not supported", model_tp(model));
+    }
     if (B < 1 || context < 1) { fail_with_hint("decode at least one sequence of one token", "model_decode_begin(B=%d, context=%d)", B, context); }
     free(model->dec_memory);
     size_t total = (size_t)B * c->padded_vocab_size;

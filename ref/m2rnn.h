@@ -10,6 +10,8 @@ ref/m2rnn.h: the CPU reference of the M²RNN mixer, forward and hand-written bac
      H_t = f_t H_{t−1} + (1 − f_t) Z_t
      y_t = H_tᵀ q_t                       q/k head of value head n: n / (N / Nq)
   y += v ⊙ D;  y ← y ⊙ SiLU(g);  y ← RMSNorm over all N·Vh channels (one norm, not per head);  out = y W_outᵀ
+  (with group_norm, one RMSNorm per q/k group of N/Nq heads: the paper's topology-aware TP layer; in a tensor-parallel
+  rank's local config with tp_norm > 1, RMSNormTP over the group's ranks)
 
 The mixer is the M row of layers.h behind the KindOps interface (ref/common.h): forward, backward, the advance of
 decoding (prefill and step), and the sizes of its saved activations and backward scratch. GPU twin: m2rnn.cuh.
@@ -214,7 +216,7 @@ typedef struct {
     real *y;        // (B,T,N*Vh) Hᵀq + v ⊙ D
     real *gated;    // (B,T,N*Vh) y ⊙ SiLU(g)
     real *normed;   // (B,T,N*Vh) RMSNorm(gated)
-    real *rstd;     // (B,T)
+    real *rstd;     // (B,T,G) G = the norm's groups (1 unless group_norm)
 } M2RNNActs;
 
 // the activations inside one layer's block (base NULL: sizes only); returns the numbers it takes
@@ -231,7 +233,7 @@ static size_t m2rnn_acts_layout(M2RNNActs *a, real *base, const ModelConfig *c, 
     a->y = arena_take(&ar, BT * NV);
     a->gated = arena_take(&ar, BT * NV);
     a->normed = arena_take(&ar, BT * NV);
-    a->rstd = arena_take(&ar, BT);
+    a->rstd = arena_take(&ar, BT * m2rnn_norm_groups(c));
     return ar.used;
 }
 
@@ -284,7 +286,7 @@ static void m2rnn_mixer_run(real *out, real *acts, const real *inp, const KindTe
         free(H);
     }
     output_gate_forward(a.y, a.gated, v, a.proj + off_g, w->D, BT, NV, CD, R);
-    rmsnorm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV);
+    mixer_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV, m2rnn_norm_groups(c), c->m2rnn.tp_norm, t->tp);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C);
 }
 
@@ -307,7 +309,8 @@ static void m2rnn_mixer_backward(real *dinp, real *scratch, const real *dout, co
     // out = normed W_outᵀ
     matmul_backward(g.normed, gw->out_w, dout, a.normed, w->out_w, BT, NV, C);
     // normed = RMSNorm(gated)
-    rmsnorm_backward(g.gated, gw->norm_w, g.normed, a.gated, w->norm_w, a.rstd, BT, NV);
+    mixer_norm_backward(g.gated, gw->norm_w, g.normed, a.gated, w->norm_w, a.rstd, BT, NV, m2rnn_norm_groups(c),
+                        c->m2rnn.tp_norm, t->tp);
     // gated = y ⊙ SiLU(g_raw);  y = Hᵀq + v ⊙ D
     const real *v = a.conv_act + off_v;
     output_gate_backward(g.y, g.proj + off_g, g.gated, a.y, a.proj + off_g, BT, NV, R);

@@ -162,48 +162,6 @@ static void mamba2_recurrence_backward(real *dx, real *dB, real *dC, real *ddt, 
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// the gated norm: y = RMSNorm(in) per group of DI/G channels, weight (DI)
-
-static void group_rmsnorm_forward(real *out, real *rstd, const real *inp, const real *weight, int M, int DI, int G) {
-    const int cg = DI / G;
-#pragma omp parallel for schedule(static)
-    for (int m = 0; m < M; m++) {
-        for (int g = 0; g < G; g++) {
-            const real *x = inp + (size_t)m * DI + (size_t)g * cg;
-            double ss = 0.0;
-            for (int i = 0; i < cg; i++) { ss += (double)x[i] * x[i]; }
-            const real s = (real)(1.0 / sqrt(ss / cg + RMSNORM_EPS));
-            rstd[(size_t)m * G + g] = s;
-            real *o = out + (size_t)m * DI + (size_t)g * cg;
-            for (int i = 0; i < cg; i++) { o[i] = x[i] * s * weight[(size_t)g * cg + i]; }
-        }
-    }
-}
-
-static void group_rmsnorm_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
-                                   const real *rstd, int M, int DI, int G) {
-    const int cg = DI / G;
-#pragma omp parallel for schedule(static)
-    for (int m = 0; m < M; m++) {
-        for (int g = 0; g < G; g++) {
-            const size_t o = (size_t)m * DI + (size_t)g * cg;
-            const real s = rstd[(size_t)m * G + g];
-            double dot = 0.0;
-            for (int i = 0; i < cg; i++) { dot += (double)dout[o + i] * weight[(size_t)g * cg + i] * inp[o + i]; }
-            const real coef = (real)(dot * s * s * s / cg);
-            for (int i = 0; i < cg; i++) { dinp[o + i] += s * weight[(size_t)g * cg + i] * dout[o + i] - coef * inp[o + i]; }
-        }
-    }
-    // the weight gradient over tokens in order, parallel over channels: deterministic
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < DI; i++) {
-        real acc = 0;
-        for (int m = 0; m < M; m++) { acc += dout[(size_t)m * DI + i] * inp[(size_t)m * DI + i] * rstd[(size_t)m * G + i / cg]; }
-        dweight[i] += acc;
-    }
-}
-
-// ----------------------------------------------------------------------------------------------------------------
 // the mixer
 
 typedef struct {

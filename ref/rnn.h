@@ -179,7 +179,7 @@ static void rnn_mixer_run(real *out, real *acts, const real *inp, const KindTens
     }
     memcpy(a.y, a.h, (size_t)BT * NV * sizeof(real));
     output_gate_forward(a.y, a.gated, a.u, a.proj + NV + N, w->D, BT, NV, NV, R);
-    rmsnorm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV);
+    mixer_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV, 1, c->vrnn.tp_norm, t->tp);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C);
 }
 
@@ -197,7 +197,7 @@ static void rnn_mixer_backward(real *dinp, real *scratch, const real *dout, cons
     rnn_scratch_layout(&g, scratch, c, B, T);
     const int BT = B * T, C = c->d_model, R = rnn_proj_rows(c), N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V;
     matmul_backward(g.normed, gw->out_w, dout, a.normed, w->out_w, BT, NV, C);
-    rmsnorm_backward(g.gated, gw->norm_w, g.normed, a.gated, w->norm_w, a.rstd, BT, NV);
+    mixer_norm_backward(g.gated, gw->norm_w, g.normed, a.gated, w->norm_w, a.rstd, BT, NV, 1, c->vrnn.tp_norm, t->tp);
     output_gate_backward(g.y, g.proj + NV + N, g.gated, a.y, a.proj + NV + N, BT, NV, R);
     residual_backward(g.u, gw->D, g.y, a.u, w->D, BT, NV, NV);
     // y = h + ...: the recurrence gets dy as the gradient of every h_t

@@ -12,7 +12,7 @@ K=32, V=48, beside attention and M²RNN) and SAMS (Mamba-2: 4 heads of P=32, sta
 and M²RNN). (RUAR with 4 attention heads is a
 chaotic trainer: on an H100 the fp32 GPU build tracks the CPU for 4 steps, then the gap grows about 2× a step to 1e-2
 at step 20, with or without GQA, while its first-step gradients agree at 2e-6: rounding amplified, not a wrong op.)
-usage: build/gen_gpu_reference OUT_DIR PATTERN [HEADS KV_HEADS]  (PATTERN: MMAM, RUAR, GAGM or SAMS)   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/gpu_ref_data.bin
+usage: build/gen_gpu_reference OUT_DIR PATTERN [HEADS KV_HEADS | gn]  (PATTERN: MMAM, RUAR, GAGM or SAMS; gn: the M²RNN with 2 q/k heads and a norm per q/k group, the topology-aware TP model)   → OUT_DIR/gpu_ref_ckpt.bin, OUT_DIR/gpu_ref_data.bin
 */
 #define TESTING
 #include "train_m2rnn.c"
@@ -21,7 +21,7 @@ usage: build/gen_gpu_reference OUT_DIR PATTERN [HEADS KV_HEADS]  (PATTERN: MMAM,
 #define GPU_REF_STEPS 20
 
 int main(int argc, char **argv) {
-    if (argc != 3 && argc != 5) {
+    if (argc != 3 && argc != 4 && argc != 5) {
         fail_with_hint("pass an output directory and MMAM or RUAR", "usage: gen_gpu_reference OUT_DIR PATTERN [HEADS KV_HEADS]");
     }
     create_dir_if_not_exists(argv[1]);
@@ -42,6 +42,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[2], "MMAM") == 0) { config.attn.heads = 4; config.attn.kv_heads = 2; } // GQA: 2 q heads a kv head
     if (argc == 5) { config.attn.heads = atoi(argv[3]); config.attn.kv_heads = atoi(argv[4]); } // other attention shapes
+    if (argc == 4 && strcmp(argv[3], "gn") == 0) { // M²RNN topology-aware: 2 q/k heads, a norm per q/k group
+        config.m2rnn.qk_heads = 2;
+        config.m2rnn.group_norm = 1;
+    }
     snprintf(config.pattern, sizeof(config.pattern), "%s", argv[2]);
     Model *mp = model_create(&config);
     model_init_weights(mp, 42);

@@ -272,6 +272,17 @@ int main(int argc, char **argv) {
     m2rnn_deterministic = 0;
     run_case("MMAM bf16, plain recurrence", dir, &r, 1, TOL);
 #endif
+    Reference rn; // M²RNN topology-aware: Nq = 2, one RMSNorm per q/k group
+    snprintf(dir, sizeof(dir), "%s/MMAM_gn", root);
+    read_reference(&rn, dir);
+#if !FLOATX_IS_FP32
+    m2rnn_deterministic = 1;
+#endif
+    run_case(FLOATX_IS_FP32 ? "MMAM topology-aware (Nq 2, norm per group) fp32" : "MMAM topology-aware (Nq 2, norm per group) bf16",
+             dir, &rn, 0, TOL);
+#if !FLOATX_IS_FP32
+    m2rnn_deterministic = 0;
+#endif
     Reference ru;
     snprintf(dir, sizeof(dir), "%s/RUAR", root);
     read_reference(&ru, dir);

@@ -740,5 +740,11 @@ int main(void) {
         test_whole_model("whole model MAM with MoE, SwiGLU, MoE (loss + aux): every parameter", mm);
         fd_step = FD_STEP;
     }
+    // (last: the random draws of the cases above stay as they were)
+    {
+        ModelConfig gn = tiny_config("M", 1, 0);
+        gn.m2rnn.heads = 4; gn.m2rnn.qk_heads = 2; gn.m2rnn.group_norm = 1;
+        test_block("M2RNN mixer Nq=2, a norm per q/k group (topology-aware TP): dx and every tensor", gn, 0);
+    }
     return test_summary("test_gradcheck");
 }

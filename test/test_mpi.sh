@@ -56,8 +56,8 @@ under "$w" 1e-5 && ok "DP=2 with accumulation 2 tracks one process" "largest rel
 err=$(timeout 60 "${MPI[@]}" ./train_m2rnn_cpu "${A[@]}" -e d32:MXA -b 2 2>&1); rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s' "$err" | grep -q "unknown layer letter" && ok "a refusal stops the job" "exit $rc" \
     || bad "a refusal stops the job" "exit $rc: $err"
-err=$(timeout 60 "${MPI[@]}" ./train_m2rnn_cpu "${A[@]}" -tp 2 -b 2 2>&1); rc=$?
-[ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s' "$err" | grep -q "tensor parallelism" && ok "-tp 2 refused" "not implemented, said so" \
-    || bad "-tp 2 refused" "exit $rc: $err"
+err=$(timeout 60 "${MPI[@]}" ./train_m2rnn_cpu "${A[@]}" -tp 4 -b 2 2>&1); rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s' "$err" | grep -q "does not divide" && ok "-tp 4 on 2 processes refused" "said so" \
+    || bad "-tp 4 on 2 processes refused" "exit $rc: $err"
 echo "test_mpi: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -6,31 +6,16 @@ and a layer run as its ranks' shards equals the whole layer: the output is the s
 row-parallel output projection's all-reduce), the input gradient the sum of theirs (the column-parallel input
 projection's), every split tensor's gradient the ranks' gradients put back in place, a replicated tensor's gradient
 (GDN's per-head norm weight) the sum over the ranks (the all-reduce it needs). Kinds: attention with GQA and RoPE,
-SwiGLU, GDN[−1,1], Mamba-2 with 2 and 4 groups. M²RNN, RNN, GRU (a norm over all heads: RMSNormTP, not written yet)
-and MoE must refuse with their reason. Bound: 1e-5 relative (fp32 sums in another order).
+SwiGLU, GDN[−1,1], Mamba-2 with 2 and 4 groups, M²RNN topology-aware (Nq = TP, a norm per q/k group). The kinds
+whose layer needs a collective inside (RMSNormTP: M²RNN topology-independent, RNN, GRU) cannot run their ranks one
+after another in one process: test_tp_mpi runs every kind over MPI ranks. MoE and sizes that do not divide must
+refuse with their reason. Bound: 1e-5 relative (fp32 sums in another order).
 */
 #define TESTING
 #include "train_m2rnn.c"
 #include "test/test_common.h"
+#include "test/test_tp_common.h"
 
-#define MAXP 16
-
-static Rng tp_rng = {2024};
-static real *tp_random(size_t n, double scale, double offset) {
-    real *x = (real *)mallocCheck((n + 1) * sizeof(real));
-    for (size_t i = 0; i < n; i++) { x[i] = (real)(offset + scale * rng_normal(&tp_rng)); }
-    return x;
-}
-static size_t numel_of(const ParamDef *d) { return d->shape[0] * d->shape[1] * d->shape[2]; }
-
-static double rel(const real *a, const real *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
 
 // full layer vs its tp shards: forward, backward, every gradient
 static void check_kind(const char *label, const char *desc, char letter, int tp) {
@@ -53,23 +38,20 @@ static void check_kind(const char *label, const char *desc, char letter, int tp)
     const int n = row->params(&c, full), nl = row->params(&cl, loc);
     const int B = 2, T = 37, C = c.d_model;
     const size_t BTC = (size_t)B * T * C;
-    // full tensors: values around each tensor's init, off it so a transposed or skipped piece shows
     real *w[MAXP], *g[MAXP], *wl[4][MAXP], *gl[4][MAXP];
     int shapes_ok = nl == n;
     for (int i = 0; i < n; i++) {
         const size_t nf = numel_of(&full[i]);
-        double scale = 0.2, offset = 0.0;
-        if (full[i].init == INIT_ONES) { offset = 1.0; }
-        if (full[i].init == INIT_A_LOG || full[i].init == INIT_A_LOG_1_16) { scale = 0.3; offset = 0.5; }
-        if (full[i].init == INIT_DT_BIAS) { scale = 0.3; offset = -2.0; }
-        w[i] = tp_random(nf, scale, offset);
+        w[i] = tp_random_tensor(&full[i]);
         g[i] = (real *)callocCheck(nf + 1, sizeof(real));
+        size_t r0[MAX_SEGMENTS], r1[MAX_SEGMENTS];
         const size_t want = full[i].split == SPLIT_REPLICATED ? nf : nf / tp;
+        shapes_ok &= tp_partial_rows(&full[i], &loc[i], tp, r0, r1) == (full[i].split == SPLIT_REPLICATED);
         shapes_ok &= i < nl && numel_of(&loc[i]) == want && strcmp(loc[i].name, full[i].name) == 0;
         for (int r = 0; r < tp; r++) {
             wl[r][i] = (real *)callocCheck(want + 1, sizeof(real));
             gl[r][i] = (real *)callocCheck(want + 1, sizeof(real));
-            tp_shard_tensor(w[i], wl[r][i], sizeof(real), &full[i], r, tp, 0);
+            tp_shard_tensor(w[i], wl[r][i], sizeof(real), &full[i], &loc[i], r, tp, 0);
         }
     }
     snprintf(name, sizeof(name), "%s, TP=%d: shard shapes = the local config's", label, tp);
@@ -79,7 +61,7 @@ static void check_kind(const char *label, const char *desc, char letter, int tp)
     real *out = (real *)callocCheck(BTC, sizeof(real)), *dinp = (real *)callocCheck(BTC, sizeof(real));
     real *acts = (real *)callocCheck(ops->acts_size(&c, B, T) + 1, sizeof(real));
     real *scratch = (real *)callocCheck(ops->scratch_size(&c, B, T) + 1, sizeof(real));
-    KindTensors t = {w, g, NULL, 1.0f};
+    KindTensors t = {w, g, NULL, 1.0f, NULL};
     ops->forward(out, acts, inp, &t, &c, B, T);
     ops->backward(dinp, scratch, dout, inp, acts, &t, &c, B, T);
     // the ranks: outputs and input gradients summed, gradients gathered (replicated ones summed)
@@ -90,7 +72,7 @@ static void check_kind(const char *label, const char *desc, char letter, int tp)
     real *g_back[MAXP];
     for (int i = 0; i < n; i++) { g_back[i] = (real *)callocCheck(numel_of(&full[i]) + 1, sizeof(real)); }
     for (int r = 0; r < tp; r++) {
-        KindTensors tl = {wl[r], gl[r], NULL, 1.0f};
+        KindTensors tl = {wl[r], gl[r], NULL, 1.0f, NULL};
         memset(dinp_r, 0, BTC * sizeof(real));
         memset(scratch_l, 0, (ops->scratch_size(&cl, B, T) + 1) * sizeof(real));
         ops->forward(out_r, acts_l, inp, &tl, &cl, B, T);
@@ -103,7 +85,7 @@ static void check_kind(const char *label, const char *desc, char letter, int tp)
             if (full[i].split == SPLIT_REPLICATED) {
                 for (size_t j = 0; j < numel_of(&full[i]); j++) { g_back[i][j] += gl[r][i][j]; }
             } else {
-                tp_shard_tensor(g_back[i], gl[r][i], sizeof(real), &full[i], r, tp, 1);
+                tp_shard_tensor(g_back[i], gl[r][i], sizeof(real), &full[i], &loc[i], r, tp, 1);
             }
         }
     }
@@ -137,7 +119,7 @@ static void check_kind(const char *label, const char *desc, char letter, int tp)
     free(out_r); free(dinp_r); free(acts_l); free(scratch_l);
 }
 
-static void check_refused(const char *label, const char *desc, char letter) {
+static void check_refused(const char *label, const char *desc, char letter, int tp) {
     ModelConfig c;
     memset(&c, 0, sizeof(c));
     c.vocab_size = 64;
@@ -145,9 +127,9 @@ static void check_refused(const char *label, const char *desc, char letter) {
     model_config_fill_defaults(&c);
     const LayerKind *row = mixer_kind(letter) != NULL ? mixer_kind(letter) : ffn_kind(letter);
     ModelConfig cl = c;
-    const char *why = row->tp_local(&cl, 2);
+    const char *why = row->tp_local(&cl, tp);
     char name[200];
-    snprintf(name, sizeof(name), "%s refuses TP=2 with a reason", label);
+    snprintf(name, sizeof(name), "%s refuses TP=%d with a reason", label, tp);
     test_result(why != NULL && row->tp_local(&c, 1) == NULL, name, "%s", why != NULL ? why : "(accepted)");
 }
 
@@ -162,9 +144,11 @@ int main(void) {
         check_kind("Mamba-2 (8 heads of 8, state 6, 4 groups)", "d32:S:si64:sp8:sn6:sg4", 'S', tp);
     }
     check_kind("Mamba-2 (8 heads of 8, state 6, 2 groups)", "d32:S:si64:sp8:sn6:sg2", 'S', 2);
-    check_refused("M2RNN", "d32:M", 'M');
-    check_refused("RNN", "d32:R", 'R');
-    check_refused("GRU", "d32:U", 'U');
-    check_refused("MoE", "d32:A:ffn=e:xe4:xk2:xf16", 'e');
+    check_kind("M2RNN topology-aware (8 heads, Nq 2, norm per group)", "d32:M:n8:q2:k16:v8:gn", 'M', 2);
+    check_kind("M2RNN topology-aware (8 heads, Nq 4, norm per group)", "d32:M:n8:q4:k16:v8:gn", 'M', 4);
+    check_refused("M2RNN with 3 value heads", "d32:M:n3:k16:v8", 'M', 2);
+    check_refused("M2RNN with Nq = 6", "d32:M:n12:q6:k16:v8:gn", 'M', 4);
+    check_refused("RNN with 3 heads", "d32:R:rh3", 'R', 2);
+    check_refused("MoE", "d32:A:ffn=e:xe4:xk2:xf16", 'e', 2);
     return test_summary("test_tp_shard");
 }
