@@ -318,9 +318,9 @@ static void cpu_tp_sum(TPLink *link, void *x, size_t n, size_t elem) {
 }
 static void cpu_tp_max(TPLink *link, real *x, size_t n) { comm_tp_allreduce_max((const Comm *)link->ctx, x, n, sizeof(real)); }
 
-// the ranges (offset, count pairs) of the local buffer: out_sum, the gradients summed over the TP group (see
-// tp_partial_rows); out_once, those plus the replicated tensors outside the kinds (norms of the residual stream),
-// which every rank holds whole and counts in the gradient norm only on TP rank 0. Returns the counts.
+// the ranges (offset, count pairs, in buffer order) of the local buffer: tp_sum_ranges, the gradients summed over the
+// TP group (tp_partial_rows); tp_once_ranges, those plus the replicated tensors outside the kinds (the residual
+// stream's norms), which every rank holds whole and only TP rank 0 counts in the gradient norm
 static void model_tp_ranges(Model *model, int tp) {
     const ParamTable *ft = &model->table, *lt = &model->lt;
     size_t *sum = (size_t *)mallocCheck((size_t)lt->num_specs * MAX_SEGMENTS * 2 * sizeof(size_t));
