@@ -257,7 +257,7 @@ build/bench_attention: dev/bench/bench_attention.cu $(ATTENTION_GPU_HEADERS)
 # every .cuh (a new layer kind's file needs no edit here)
 TRAINER_GPU_HEADERS = $(REF_HEADERS) $(wildcard *.cuh)
 TRAINER_PROGRAMS = train_m2rnn infer_m2rnn
-TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32 test/test_gpu_nccl.sh build/test_moe_gpu \
+TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32 test/test_gpu_nccl.sh test/test_gpu_tp.sh build/test_moe_gpu \
                 build/test_moe_gpu_fp32 build/test_gdn_gpu build/test_gdn_gpu_fp32
 ifeq ($(PRECISION),FP32)
   TRAINER_PRECISION = -DENABLE_FP32
@@ -339,8 +339,14 @@ build/bench_infer: dev/bench/bench_infer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
 
 test/test_gpu_nccl.sh: train_m2rnn build/train_m2rnn_fp32 build/test_train
+test/test_gpu_tp.sh: train_m2rnn build/train_m2rnn_fp32 build/test_train
 
-CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_infer build/bench_moe build/bench_gdn
+# what tensor parallelism costs each layer kind (mpirun -np 2 build/bench_tp DESCRIPTOR B T)
+build/bench_tp: dev/bench/bench_tp.cu dev/bench/bench_common.cuh train_m2rnn.cu $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) $(TRAINER_PARALLEL) -o $@ $< $(NVCC_LDLIBS) $(TRAINER_PARALLEL_LIBS)
+
+CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_infer build/bench_moe build/bench_gdn build/bench_tp
 CUDA_TESTS += $(TRAINER_TESTS)
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -17,8 +17,9 @@ vocabulary ones, each an all-reduce over the TP group (comm_tp_allreduce_sum / _
   reduce_from_tp      forward: all-reduce the output         backward: identity
                       (after them: their output projections are row-parallel, each rank a partial sum)
   vocabulary-parallel embedding: forward all-reduce of the ranks' rows (zeros for tokens outside them)
-  vocabulary-parallel cross-entropy: forward the rows' max, then their sums of exp and target logits; backward the
-                      d(final norm output) partial sums (the LM head is column-parallel by vocabulary)
+  vocabulary-parallel cross-entropy: forward the rows' max, then their sums of exp and target logits (the GPU: one
+                      all-gather of each rank's (max, sum, target logit), combined in the same order on every rank);
+                      backward the d(final norm output) partial sums (the LM head is column-parallel by vocabulary)
   RMSNormTP (inside M²RNN topology-independent, RNN, GRU): forward the rows' sums of squares, backward their Σ dy·w·x
   once a step: the gradients of tensors a rank holds whole but computes from its own heads (M²RNN's shared q/k, GDN's
                       norm weight) summed over the group; checkpoints all-gather the local buffers.
@@ -55,6 +56,7 @@ typedef struct {
 #endif
 #ifdef USE_NCCL
     ncclComm_t nccl_dp; // the data-parallel group on the GPUs (NULL until comm_nccl_init)
+    ncclComm_t nccl_tp; // this replica's tensor-parallel group (NULL until comm_nccl_init, and with -tp 1)
 #endif
 } Comm;
 
@@ -71,6 +73,7 @@ static void comm_init(Comm *c, int *argc, char ***argv) {
     c->rank = 0; c->world = 1; c->tp = 1; c->dp = 1; c->tp_rank = 0; c->dp_rank = 0; c->local_rank = 0;
 #ifdef USE_NCCL
     c->nccl_dp = NULL;
+    c->nccl_tp = NULL;
 #endif
 #ifdef USE_MPI
     int provided = 0;
@@ -118,8 +121,9 @@ static void nccl_check(ncclResult_t r, const char *file, int line) {
     }
 }
 
-// the data-parallel group's NCCL communicator, on the current device: its first rank makes the unique id and
-// broadcasts it over MPI. Collective over the group.
+// the NCCL communicators of this process's groups, on the current device: the data-parallel one, and the
+// tensor-parallel one when -tp > 1. Each group's first rank makes its unique id and broadcasts it over MPI; every
+// rank creates the DP communicator, then the TP one, so no group waits on a rank busy with the other. Collective.
 static void comm_nccl_init(Comm *c) {
     if (c->nccl_dp != NULL) { return; }
     ncclUniqueId id;
@@ -128,12 +132,20 @@ static void comm_nccl_init(Comm *c) {
     if (c->dp > 1) { MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, c->dp_comm); }
 #endif
     ncclCheck(ncclCommInitRank(&c->nccl_dp, c->dp, id, c->dp_rank));
+    if (c->tp > 1) {
+        if (c->tp_rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
+#ifdef USE_MPI
+        MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, c->tp_comm);
+#endif
+        ncclCheck(ncclCommInitRank(&c->nccl_tp, c->tp, id, c->tp_rank));
+    }
 }
 #endif
 
 static void comm_finalize(Comm *c) {
 #ifdef USE_NCCL
     if (c->nccl_dp != NULL) { ncclCommDestroy(c->nccl_dp); c->nccl_dp = NULL; }
+    if (c->nccl_tp != NULL) { ncclCommDestroy(c->nccl_tp); c->nccl_tp = NULL; }
 #endif
 #ifdef USE_MPI
     if (comm_mpi_active) {

@@ -95,6 +95,19 @@ typedef struct {
                           // repeatable; env M2RNN_PLAIN_RECURRENCE=1, or tests)
 } Runtime;
 
+// The tensor-parallel group a layer runs in on the GPUs (comm.h's TP group; lm.cuh fills it over NCCL; NULL or size
+// 1: one GPU): sum all-reduces n numbers in place on the stream, fp32 (per-token scalars) or floatX (activations),
+// and counts each call in calls (the tests count the collectives per layer). The CPU twin is ref/common.h's TPLink.
+typedef struct TPGroup {
+    int size, rank;
+    void (*sum)(struct TPGroup *g, void *x, size_t n, int fp32, cudaStream_t stream);
+    void *ctx;
+    long calls;
+} TPGroup;
+static inline void tp_sum(TPGroup *g, void *x, size_t n, int fp32, cudaStream_t stream) {
+    if (g != NULL && g->size > 1) { g->calls++; g->sum(g, x, n, fp32, stream); }
+}
+
 // sets up the runtime on `device`, refusing with a hint when there is none or it is older than the build's target
 static void runtime_init(Runtime *rt, int device) {
     memset(rt, 0, sizeof(*rt));
@@ -237,15 +250,24 @@ static void matmul_backward(floatX *dinp, float *dweight, const floatX *dout, co
 // embedding
 
 // one block per token row (no 64-bit division per element)
-__global__ void embedding_forward_kernel(floatX *out, const int *tokens, const floatX *wte, int M, int C) {
+__global__ void embedding_forward_kernel(floatX *out, const int *tokens, const floatX *wte, int M, int C, int v0,
+                                         int Vl) {
     const long m = blockIdx.x;
-    const floatX *src = wte + (long)tokens[m] * C;
+    const int r = tokens[m] - v0;
+    if (r < 0 || r >= Vl) { // (vocabulary-parallel: a token of another rank's rows)
+        for (int c = threadIdx.x; c < C; c += blockDim.x) { out[m * C + c] = (floatX)0.0f; }
+        return;
+    }
+    const floatX *src = wte + (long)r * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) { out[m * C + c] = src[c]; }
 }
 
-// out (M, C) = wte[tokens]; tokens on the device
-static void embedding_forward(floatX *out, const int *tokens, const floatX *wte, int M, int C, cudaStream_t stream) {
-    embedding_forward_kernel<<<M, 256, 0, stream>>>(out, tokens, wte, M, C);
+// out (M, C) = wte[tokens − v0] for the tokens in rows v0 .. v0+Vl−1 of the vocabulary (wte holds those rows), 0 for
+// the others; tokens on the device. One process: v0 = 0, Vl = the padded vocabulary (every token is in it).
+// Vocabulary-parallel (a tensor-parallel rank's shard of the rows): the block all-reduces the ranks' outputs.
+static void embedding_forward(floatX *out, const int *tokens, const floatX *wte, int M, int C, int v0, int Vl,
+                              cudaStream_t stream) {
+    embedding_forward_kernel<<<M, 256, 0, stream>>>(out, tokens, wte, M, C, v0, Vl);
     cudaCheck(cudaGetLastError());
 }
 
@@ -270,7 +292,9 @@ static int compare_token_position(const void *a, const void *b) {
     return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
-static void embedding_backward(float *dwte, const floatX *dout, const int *tokens_host, int M, int C,
+// dwte (Vl, C) += the rows of dout (M, C) of the tokens in rows v0 .. v0+Vl−1 (embedding_forward's), the others
+// skipped
+static void embedding_backward(float *dwte, const floatX *dout, const int *tokens_host, int M, int C, int v0, int Vl,
                                EmbeddingBuckets *buckets, cudaStream_t stream) {
     if (buckets->capacity < M) {
         free(buckets->host);
@@ -279,22 +303,27 @@ static void embedding_backward(float *dwte, const floatX *dout, const int *token
         cudaCheck(cudaMalloc(&buckets->device, (size_t)(3 * M + 1) * sizeof(int)));
         buckets->capacity = M;
     }
-    int *pairs = buckets->host + 3 * M + 1; // (M, 2) token, position
-    for (int i = 0; i < M; i++) { pairs[2 * i] = tokens_host[i]; pairs[2 * i + 1] = i; }
-    qsort(pairs, (size_t)M, 2 * sizeof(int), compare_token_position);
+    int *pairs = buckets->host + 3 * M + 1; // (M, 2) row, position
+    int n = 0;
+    for (int i = 0; i < M; i++) {
+        const int r = tokens_host[i] - v0;
+        if (r >= 0 && r < Vl) { pairs[2 * n] = r; pairs[2 * n + 1] = i; n++; }
+    }
+    qsort(pairs, (size_t)n, 2 * sizeof(int), compare_token_position);
     int *bucket_token = buckets->host, *bucket_start = buckets->host + M, *positions = buckets->host + 2 * M + 1;
     int nb = 0;
-    for (int i = 0; i < M; i++) {
+    for (int i = 0; i < n; i++) {
         if (i == 0 || pairs[2 * i] != pairs[2 * i - 2]) { bucket_token[nb] = pairs[2 * i]; bucket_start[nb++] = i; }
         positions[i] = pairs[2 * i + 1];
     }
-    bucket_start[nb] = M;
-    // device layout: bucket_token (M) | bucket_start (M+1) | positions (M), copied from the same host layout
-    cudaCheck(cudaMemcpyAsync(buckets->device, buckets->host, (size_t)(3 * M + 1) * sizeof(int),
-                              cudaMemcpyHostToDevice, stream));
-    embedding_backward_kernel<<<nb, 256, 0, stream>>>(dwte, dout, buckets->device, buckets->device + M,
-                                                      buckets->device + 2 * M + 1, C);
-    cudaCheck(cudaGetLastError());
+    bucket_start[nb] = n;
+    if (nb > 0) { // device layout: bucket_token (M) | bucket_start (M+1) | positions (M), copied from the same host layout
+        cudaCheck(cudaMemcpyAsync(buckets->device, buckets->host, (size_t)(3 * M + 1) * sizeof(int),
+                                  cudaMemcpyHostToDevice, stream));
+        embedding_backward_kernel<<<nb, 256, 0, stream>>>(dwte, dout, buckets->device, buckets->device + M,
+                                                          buckets->device + 2 * M + 1, C);
+        cudaCheck(cudaGetLastError());
+    }
     cudaCheck(cudaStreamSynchronize(stream)); // the host buffer is reused by the next call
 }
 
@@ -466,14 +495,11 @@ static void rmsnorm_backward(floatX *dinp, float *dweight, float *scratch, const
 // ----------------------------------------------------------------------------------------------------------------
 // classifier: the forward keeps only each row's log-sum-exp; the backward turns the logits into dlogits in place
 
-// One block per row; rows are Vp (a multiple of 128) apart, so 16-byte aligned. One pass over the row: each thread
+// One block per row; rows are Vp (a multiple of 8) apart, so 16-byte aligned. One pass over the row: each thread
 // keeps a running max and the sum of exponentials relative to it (rescaled when the max grows), then the block merges
 // the (max, sum) pairs. (Two passes, max then sum, read a 100K-vocabulary row twice from device memory: the rows in
-// flight exceed L2.)
-__global__ void crossentropy_forward_kernel(float *losses, float *lse, const floatX *logits, const int *targets, int V,
-                                            int Vp) {
-    const long row = blockIdx.x;
-    const floatX *x = logits + row * Vp;
+// flight exceed L2.) Every thread gets the row's max and its sum of exp(x − max) over the first V columns.
+__device__ void row_max_sumexp(float *maxv_out, float *sum_out, const floatX *x, int V) {
     float m = -INFINITY, sum = 0.0f;
     for (int i = threadIdx.x * PACK; i < V; i += blockDim.x * PACK) {
         const Pack p = *(const Pack *)(x + i);
@@ -483,7 +509,16 @@ __global__ void crossentropy_forward_kernel(float *losses, float *lse, const flo
         for (int k = 0; k < PACK; k++) { if (i + k < V) { sum += expf(to_float(p.v[k]) - m); } }
     }
     const float maxv = block_reduce_max(m);
-    sum = block_reduce_sum(m == -INFINITY ? 0.0f : sum * expf(m - maxv));
+    *sum_out = block_reduce_sum(m == -INFINITY ? 0.0f : sum * expf(m - maxv));
+    *maxv_out = maxv;
+}
+
+__global__ void crossentropy_forward_kernel(float *losses, float *lse, const floatX *logits, const int *targets, int V,
+                                            int Vp) {
+    const long row = blockIdx.x;
+    const floatX *x = logits + row * Vp;
+    float maxv, sum;
+    row_max_sumexp(&maxv, &sum, x, V);
     if (threadIdx.x == 0) {
         const float l = maxv + logf(sum);
         lse[row] = l;
@@ -491,12 +526,48 @@ __global__ void crossentropy_forward_kernel(float *losses, float *lse, const flo
     }
 }
 
+// (vocabulary-parallel) stats (M, 3) = each row's max and sum of exp over this rank's V real columns (max −inf, sum 0
+// when it has none), and its target's logit if the target is one of this rank's rows v0 .. (else 0)
+__global__ void crossentropy_partial_kernel(float *stats, const floatX *logits, const int *targets, int V, int Vp,
+                                            int v0) {
+    const long row = blockIdx.x;
+    const floatX *x = logits + row * Vp;
+    float maxv, sum;
+    row_max_sumexp(&maxv, &sum, x, V);
+    if (threadIdx.x == 0) {
+        const int r = targets[row] - v0;
+        stats[row * 3] = maxv;
+        stats[row * 3 + 1] = sum;
+        stats[row * 3 + 2] = r >= 0 && r < V ? to_float(x[r]) : 0.0f;
+    }
+}
+
+// (vocabulary-parallel) all (tp, M, 3): every rank's stats, gathered; lse = M + log Σ_r sum_r·exp(max_r − M) with
+// M = max_r max_r, the loss lse − the target logit (held by one rank). Every rank computes the same numbers in the
+// same order.
+__global__ void crossentropy_combine_kernel(float *losses, float *lse, const float *all, int M, int tp) {
+    const int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= M) { return; }
+    float mx = -INFINITY, target = 0.0f;
+    for (int r = 0; r < tp; r++) { mx = fmaxf(mx, all[((long)r * M + row) * 3]); }
+    float sum = 0.0f;
+    for (int r = 0; r < tp; r++) {
+        const float *s = all + ((long)r * M + row) * 3;
+        if (s[0] > -INFINITY) { sum += s[1] * expf(s[0] - mx); }
+        target += s[2];
+    }
+    const float l = mx + logf(sum);
+    lse[row] = l;
+    losses[row] = l - target;
+}
+
+// targets are vocabulary ids; this rank's logits (M, Vp) are of rows v0 .. v0+Vp−1 (v0 = 0 with one process)
 __global__ void crossentropy_backward_kernel(floatX *logits, const float *lse, const int *targets, float dloss, int V,
-                                             int Vp) {
+                                             int Vp, int v0) {
     const long row = blockIdx.x;
     floatX *x = logits + row * Vp;
     const float l = lse[row];
-    const int target = targets[row];
+    const int target = targets[row] - v0;
     for (int i = threadIdx.x * PACK; i < Vp; i += blockDim.x * PACK) {
         Pack p = *(const Pack *)(x + i);
         for (int k = 0; k < PACK; k++) {
@@ -515,10 +586,10 @@ static void crossentropy_forward(float *losses, float *lse, const floatX *logits
     crossentropy_forward_kernel<<<M, 1024, 0, stream>>>(losses, lse, logits, targets, V, Vp);
     cudaCheck(cudaGetLastError());
 }
-// logits (M, Vp) become (softmax − onehot) · dloss in place; the padding columns become 0
+// logits (M, Vp) of vocabulary rows v0 .. become (softmax − onehot) · dloss in place; the padding columns become 0
 static void crossentropy_backward_inplace(floatX *logits, const float *lse, const int *targets, float dloss, int M,
-                                          int V, int Vp, cudaStream_t stream) {
-    crossentropy_backward_kernel<<<M, 1024, 0, stream>>>(logits, lse, targets, dloss, V, Vp);
+                                          int V, int Vp, int v0, cudaStream_t stream) {
+    crossentropy_backward_kernel<<<M, 1024, 0, stream>>>(logits, lse, targets, dloss, V, Vp, v0);
     cudaCheck(cudaGetLastError());
 }
 
@@ -675,6 +746,103 @@ static void group_rmsnorm_backward(floatX *dinp, float *dweight, float *scratch,
 }
 
 
+// ----------------------------------------------------------------------------------------------------------------
+// RMSNormTP (the paper's appendix; ref/common.h's rmsnorm_tp_*): the norm of a row whose C channels here are 1/tp of
+// it, the rest on the other ranks of the group: the rows' sums of squares are all-reduced (M floats) before
+// rstd = 1/sqrt(Σ/(tp·C) + eps), and in the backward the rows' Σ dy·w·x likewise. The weight (C) is this rank's shard;
+// its gradient needs no collective.
+
+// out (M) = Σ_i a·b·w over each row (w NULL: 1), one warp per row
+__global__ void row_dot_kernel(float *out, const floatX *a, const floatX *b, const floatX *w, long M, int C) {
+    const long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= M) { return; }
+    float acc = 0.0f;
+    for (int i = lane; i < C; i += 32) {
+        const float p = to_float(a[row * C + i]) * to_float(b[row * C + i]);
+        acc += w != NULL ? p * to_float(w[i]) : p;
+    }
+    acc = warp_reduce_sum(acc);
+    if (lane == 0) { out[row] = acc; }
+}
+
+// rstd (M): in, the group's sums of squares; out, 1/sqrt(Σ/Cg + eps). out (M, C) = inp · rstd · w
+__global__ void rmsnorm_tp_apply_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *weight, long M, int C,
+                                        float Cg) {
+    const long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= M) { return; }
+    const float s = rsqrtf(rstd[row] / Cg + 1e-5f);
+    __syncwarp();
+    if (lane == 0) { rstd[row] = s; }
+    for (int i = lane; i < C; i += 32) { out[row * C + i] = (floatX)(to_float(inp[row * C + i]) * s * to_float(weight[i])); }
+}
+
+// dinp = s·w·dy − (Σ_group dy·w·x)·s³/Cg · x (written); dot (M) the group's sums
+__global__ void rmsnorm_tp_dinp_kernel(floatX *dinp, const floatX *dout, const floatX *inp, const floatX *weight,
+                                       const float *rstd, const float *dot, long M, int C, float Cg) {
+    const long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= M) { return; }
+    const float s = rstd[row], coef = dot[row] * s * s * s / Cg;
+    for (int i = lane; i < C; i += 32) {
+        const long o = row * C + i;
+        dinp[o] = (floatX)(s * to_float(weight[i]) * to_float(dout[o]) - coef * to_float(inp[o]));
+    }
+}
+
+// The recurrent mixers' output norm over their C = N·V channels (ref/common.h's mixer_norm_*): one RMSNorm over all
+// of them, per group of C/G (groups > 1), or RMSNormTP across the tensor-parallel group (tp_norm > 1: a rank's local
+// config); rstd (M, groups)
+static void mixer_norm_forward(floatX *out, float *rstd, const floatX *inp, const floatX *weight, long M, int C,
+                               int groups, int tp_norm, TPGroup *tp, cudaStream_t stream) {
+    if (tp_norm > 1) {
+        if (tp == NULL || tp->size != tp_norm) {
+            fail_with_hint("run a tensor-parallel config in its TP group", "RMSNormTP over %d ranks without that group",
+                           tp_norm);
+        }
+        const unsigned blocks = (unsigned)CEIL_DIV(M, 8L);
+        row_dot_kernel<<<blocks, 256, 0, stream>>>(rstd, inp, inp, NULL, M, C);
+        cudaCheck(cudaGetLastError());
+        tp_sum(tp, rstd, (size_t)M, 1, stream);
+        rmsnorm_tp_apply_kernel<<<blocks, 256, 0, stream>>>(out, rstd, inp, weight, M, C, (float)C * tp_norm);
+        cudaCheck(cudaGetLastError());
+    } else if (groups > 1) {
+        group_rmsnorm_forward(out, rstd, inp, weight, M, C, groups, stream);
+    } else {
+        rmsnorm_forward(out, rstd, NULL, inp, NULL, weight, (int)M, C, stream);
+    }
+}
+
+// floats of scratch mixer_norm_backward needs
+static inline size_t mixer_norm_scratch(long M, int C) {
+    const size_t plain = rmsnorm_backward_scratch((int)M, C), grouped = (size_t)token_chunks(M) * C + (size_t)M;
+    return plain > grouped ? plain : grouped;
+}
+
+// dinp (M, C) written; dweight (C) +=; scratch: mixer_norm_scratch(M, C) floats
+static void mixer_norm_backward(floatX *dinp, float *dweight, float *scratch, const floatX *dout, const floatX *inp,
+                                const floatX *weight, const float *rstd, long M, int C, int groups, int tp_norm,
+                                TPGroup *tp, cudaStream_t stream) {
+    if (tp_norm > 1) {
+        const unsigned blocks = (unsigned)CEIL_DIV(M, 8L);
+        const int chunks = token_chunks(M);
+        float *dot = scratch + (size_t)chunks * C;
+        row_dot_kernel<<<blocks, 256, 0, stream>>>(dot, dout, inp, weight, M, C);
+        cudaCheck(cudaGetLastError());
+        tp_sum(tp, dot, (size_t)M, 1, stream);
+        rmsnorm_tp_dinp_kernel<<<blocks, 256, 0, stream>>>(dinp, dout, inp, weight, rstd, dot, M, C, (float)C * tp_norm);
+        cudaCheck(cudaGetLastError());
+        group_rmsnorm_dweight_kernel<<<dim3(CEIL_DIV(C, 128), chunks), 128, 0, stream>>>(scratch, dout, inp, rstd, M, C, 1);
+        cudaCheck(cudaGetLastError());
+        reduce_partials(dweight, scratch, chunks, C, stream);
+    } else if (groups > 1) {
+        group_rmsnorm_backward(dinp, dweight, scratch, dout, inp, weight, rstd, M, C, groups, stream);
+    } else {
+        rmsnorm_backward(dinp, dweight, scratch, dout, inp, weight, rstd, (int)M, C, 0, stream);
+    }
+}
+
 // hands out 256-byte aligned slices of one allocation; measures when base == NULL (used = bytes needed)
 typedef struct { char *base; size_t used; } DeviceArena;
 static inline void *take(DeviceArena *a, size_t bytes) {
@@ -706,6 +874,7 @@ typedef struct {
     // aux_grad = dL/d(aux) (the loss scale)
     double *aux;
     float aux_grad;
+    TPGroup *tp; // the tensor-parallel group (NULL: one GPU): RMSNormTP's collectives
 } KindTensors;
 
 typedef struct {

@@ -9,6 +9,8 @@ Numbers in checkpoints (the master weights and the AdamW moments) have executor_
 #define M2RNN_EXECUTOR_H
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "comm.h"
 #include "model.h"
@@ -66,6 +68,73 @@ static void model_decode_step(Model *model, const int *tokens, const int *pos);
 static void model_decode_logits(Model *model, int b, float *out);
 static size_t model_decode_state_size(const Model *model);
 static void model_decode_state_io(Model *model, int b, void *buf, int save); // save = 1: state → buf; 0: buf → state
+
+// ----------------------------------------------------------------------------------------------------------------
+// tensor parallelism, what every executor does the same way around its own buffers (host side)
+
+// The ranges (offset, count pairs, in buffer order) of a TP rank's local buffer (table lt; ft the whole model's):
+// sum, the gradients each rank computes only in part (model.h's tp_partial_rows: tensors every rank holds whole but
+// computes from its own heads: M²RNN's shared q/k, GDN's norm weight), summed over the group once a step; once, those
+// plus the replicated tensors outside the kinds (the residual stream's norms), which every rank holds whole: only TP
+// rank 0 counts them in the gradient norm.
+typedef struct {
+    size_t *sum, *once;
+    int num_sum, num_once;
+} TPRanges;
+
+static void tp_ranges_build(TPRanges *r, const ParamTable *ft, const ParamTable *lt, int tp) {
+    r->sum = (size_t *)mallocCheck((size_t)lt->num_specs * MAX_SEGMENTS * 2 * sizeof(size_t));
+    r->once = (size_t *)mallocCheck((size_t)lt->num_specs * MAX_SEGMENTS * 2 * sizeof(size_t));
+    int ns = 0, no = 0;
+    for (int i = 0; i < lt->num_specs; i++) {
+        const ParamSpec *s = &lt->specs[i];
+        const size_t row_len = s->shape[0] > 0 ? s->numel / s->shape[0] : 0;
+        if (s->kind == 0) {
+            if (s->split == SPLIT_REPLICATED) { r->once[2 * no] = s->offset; r->once[2 * no++ + 1] = s->numel; }
+            continue;
+        }
+        const ParamDef d = param_table_def(&ft->specs[i]), dl = param_table_def(s);
+        size_t r0[MAX_SEGMENTS], r1[MAX_SEGMENTS];
+        const int n = tp_partial_rows(&d, &dl, tp, r0, r1);
+        for (int j = 0; j < n; j++) {
+            r->sum[2 * ns] = r->once[2 * no] = s->offset + r0[j] * row_len;
+            r->sum[2 * ns++ + 1] = r->once[2 * no++ + 1] = (r1[j] - r0[j]) * row_len;
+        }
+    }
+    r->num_sum = ns;
+    r->num_once = no;
+}
+static void tp_ranges_free(TPRanges *r) { free(r->sum); free(r->once); r->sum = r->once = NULL; }
+
+// the pieces of [a, b) a rank counts in the gradient norm: all of it on TP rank 0; on the others [a, b) less the once
+// ranges. Writes up to num_once + 1 (begin, end) pairs to out; returns how many.
+static int tp_counted_pieces(size_t *out, const TPRanges *r, int tp_rank, size_t a, size_t b) {
+    if (tp_rank == 0) { out[0] = a; out[1] = b; return a < b; }
+    int n = 0;
+    size_t at = a;
+    for (int i = 0; i <= r->num_once && at < b; i++) { // (the ranges are in buffer order)
+        const size_t r0 = i < r->num_once ? r->once[2 * i] : b, r1 = i < r->num_once ? r0 + r->once[2 * i + 1] : b;
+        const size_t g1 = r0 < b ? r0 : b;
+        if (g1 > at) { out[2 * n] = at; out[2 * n + 1] = g1; n++; }
+        if (r1 > at) { at = r1; }
+    }
+    return n;
+}
+
+// a TP group's local buffers (each nl numbers of elem bytes, table lt) → the whole model's layout (table ft) on every
+// rank: all-gathered over the group (collective), each put in its place
+static void tp_gather_full(const Comm *comm, void *full, const ParamTable *ft, const void *local, const ParamTable *lt,
+                           size_t elem) {
+    const int tp = comm->tp;
+    const size_t nl = lt->num_parameters;
+    memset(full, 0, ft->num_parameters * elem); // (the alignment gaps between tensors)
+    char *all = (char *)mallocCheck((size_t)tp * nl * elem);
+    comm_tp_allgather(comm, all, local, nl, elem);
+    for (int r = 0; r < tp; r++) { // (the ranks' local tables differ only in their vocabulary's padding rows)
+        model_tp_shard(full, ft, all + (size_t)r * nl * elem, lt, elem, r, tp, 1);
+    }
+    free(all);
+}
 
 // the executor
 static const char *executor_name(void);      // for banners and usage

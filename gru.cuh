@@ -164,7 +164,7 @@ static size_t gru_scratch_layout(GRUScratch *s, void *base, const ModelConfig *c
     s->d_gated = TAKE_X(&ar, BT * NV);
     s->d_normed = TAKE_X(&ar, BT * NV);
     s->dU_part = TAKE_F(&ar, 3 * (size_t)B * N * V * V);
-    s->reduce = TAKE_F(&ar, rmsnorm_backward_scratch((int)BT, (int)NV));
+    s->reduce = TAKE_F(&ar, mixer_norm_scratch((long)BT, (int)NV));
     return ar.used;
 }
 
@@ -189,7 +189,7 @@ static void gru_mixer_forward(floatX *out, void *acts, void *scratch, const floa
                                                               w->U_n, T, N, V);
     cudaCheck(cudaGetLastError());
     output_gate_forward(a.y, a.gated, NULL, a.proj + 3 * NV, NULL, BT, NV, 0, Rs, stream);
-    rmsnorm_forward(a.normed, a.rstd, NULL, a.gated, NULL, w->norm_w, BT, NV, stream);
+    mixer_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV, 1, c->vrnn.tp_norm, t->tp, stream);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C, rt);
 }
 
@@ -204,7 +204,8 @@ static void gru_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, 
     const int BT = B * T, C = c->d_model, N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V, Rs = gru_proj_stride(c);
     cudaStream_t stream = rt->stream;
     matmul_backward(s.d_normed, g->out_w, dout, a.normed, w->out_w, BT, NV, C, 0, rt);
-    rmsnorm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, NV, 0, stream);
+    mixer_norm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, NV, 1,
+                        c->vrnn.tp_norm, t->tp, stream);
     output_gate_backward(s.d_y, s.d_proj + 3 * NV, s.d_gated, a.y, a.proj + 3 * NV, BT, NV, Rs, stream);
     gru_backward_kernel<<<dim3(N, B), WARP_SIZE, 0, stream>>>(s.d_proj, s.dU_part, s.d_y, a.h_all, a.proj, Rs, w->U_r,
                                                                w->U_z, w->U_n, T, B, N, V);

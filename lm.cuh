@@ -8,6 +8,13 @@ The block is written once: each layer's mixer and feed-forward run through the k
 letters, with their activations in blocks they lay out themselves and one scratch the kinds share. Everything runs
 on the Runtime the model owns (its device, stream, cuBLASLt handle), not on a global device or stream.
 
+Tensor parallelism (-tp, over NCCL; model_set_parallel), as ref/lm.h does it: each rank builds its layers from its
+local config (model.h's model_config_tp_local) and holds its shards in one local buffer (ParamTable lt; the whole
+model's table stays the checkpoints' layout). Megatron's pair around every mixer and feed-forward: their output is
+all-reduced in the forward, their input gradient in the backward (floatX, on the main stream); the embedding and the
+classifier are vocabulary-parallel; M²RNN topology-independent, RNN and GRU run RMSNormTP inside (KindTensors.tp);
+the gradients a rank has only part of are summed over the group once a step, in model_grad_norm.
+
 Precision: floatX (bf16; fp32 with make PRECISION=FP32) weights and activations, fp32 master weights, fp32 parameter
 gradients and AdamW state, fp32 accumulation everywhere. The residual add is fused into the following RMSNorm; the
 classifier never stores probabilities; the embedding backward is deterministic. Decoding runs each kind's step with
@@ -47,10 +54,12 @@ typedef struct {
 } LayerActs;
 
 struct Model {
-    ModelConfig config;
-    ParamTable table;
+    ModelConfig config;    // the whole model (checkpoints, FLOPs)
+    ParamTable table;      // the whole model's parameters: the layout of checkpoints and of model_read/write_state
+    ModelConfig lc;        // this rank's layers (= config without tensor parallelism)
+    ParamTable lt;         // this rank's parameter buffer (= table without tensor parallelism)
     Runtime rt;
-    size_t num_parameters;
+    size_t num_parameters; // of lt
     floatX *params_memory;  // (num_parameters) the working copy the kernels read
     float *master_memory;   // (num_parameters) fp32 master weights
     float *grads_memory;    // (num_parameters) fp32
@@ -67,6 +76,8 @@ struct Model {
     float *lnf_rstd;       // (B,T)
     floatX *logits;        // (B,T,Vp); the backward overwrites them with dlogits
     float *losses, *lse;   // (B,T)
+    float *ce_stats;       // (B,T,3) tensor-parallel: this rank's rows' max, sum of exp, target logit
+    float *ce_all;         // (tp,B,T,3) the group's, gathered
     float *losses_host;    // (B,T)
     int *tokens_dev;       // (2,B,T) inputs then targets
     int *inputs_host;      // (B,T)
@@ -92,7 +103,8 @@ struct Model {
     cudaGraphExec_t dec_graph;     // the step of all B sequences, captured (NULL: not yet, or not possible)
     int dec_steps;                 // eager steps since begin (the second is captured: the first sets kernel attributes)
     int dec_graph_off;             // 1: run eagerly (M2RNN_NO_GRAPH=1, or a capture failed)
-    // data parallelism over NCCL (ZeRO-1; model_set_parallel): NULL dp_comm = one GPU, the plain path
+    // data parallelism over NCCL (ZeRO-1; model_set_parallel): NULL dp_comm = one GPU, the plain path (dp_comm is the
+    // whole process layout: its TP group too)
     const Comm *dp_comm;
     int dp, dp_rank;
     size_t n_pad;                  // the gradient and master buffers' length: num_parameters rounded to the buckets
@@ -107,15 +119,22 @@ struct Model {
     float *dp_norms;               // (num_grad_buckets + 1) the pieces' sums of squares, then their sum
     double exposed_ms;             // Σ over steps of the reduce-scatter time left after the backward ended
     int exposed_steps, exposed_calls;
+    size_t *norm_pieces;           // (host) the (begin, end) pairs of the buffer this rank counts in the norm
+    int max_norm_pieces;
+    // tensor parallelism over NCCL (model_set_parallel): tp = 1 without it
+    int tp, tp_rank;
+    TPGroup tp_group;              // the kinds' and the block's collectives over the group
+    TPRanges tp_ranges;            // the gradients summed over the group once a step; those counted once in the norm
 };
 
 static const ModelConfig *model_config(const Model *model) { return &model->config; }
 static const ParamTable *model_table(const Model *model) { return &model->table; }
 
 static KindTensors kind_tensors(floatX *const *w, float *const *w32, float *const *g) {
-    KindTensors t = {w, w32, g};
+    KindTensors t = {w, w32, g, NULL, 0.0f, NULL};
     return t;
 }
+static inline TPGroup *model_tp_group(Model *model) { return model->tp > 1 ? &model->tp_group : NULL; }
 
 // the device of a model built by model_create: M2RNN_DEVICE, else the process's rank on its node (comm.h; 0 for one
 // process), modulo the GPUs it sees: one process per GPU
@@ -134,6 +153,9 @@ static Model *model_create(const ModelConfig *config) {
     model_config_validate(&model->config);
     runtime_init(&model->rt, executor_device());
     param_table_build(&model->table, &model->config);
+    model->lc = model->config;
+    model->lt = model->table;
+    model->tp = 1;
     for (int l = 0; l < model->config.n_layer; l++) {
         model->mixer_ops[l] = kind_ops(model->config.pattern[l]);
         model->ffn_ops[l] = kind_ops(model_ffn_letter(&model->config, l));
@@ -160,15 +182,21 @@ static void model_upload_params(Model *model, const float *host) {
     cudaCheck(cudaStreamSynchronize(model->rt.stream));
 }
 
+// the whole model's init (every executor and TP size starts from the same numbers), then this rank's shards
 static void model_init_weights(Model *model, uint64_t seed) {
-    float *init = (float *)mallocCheck(model->num_parameters * sizeof(float));
+    float *init = (float *)mallocCheck(model->table.num_parameters * sizeof(float)), *local = init;
     model_init_parameters(init, &model->table, seed);
-    model_upload_params(model, init);
+    if (model->tp > 1) {
+        local = (float *)callocCheck(model->num_parameters, sizeof(float));
+        model_tp_shard(init, &model->table, local, &model->lt, sizeof(float), model->tp_rank, model->tp, 0);
+    }
+    model_upload_params(model, local);
+    if (local != init) { free(local); }
     free(init);
 }
 
 static void model_layout_activations(Model *model, DeviceArena *a) {
-    const ModelConfig *c = &model->config;
+    const ModelConfig *c = &model->lc;
     const Runtime *rt = &model->rt;
     const int B = model->B, T = model->T;
     const size_t BT = (size_t)B * T, C = c->d_model;
@@ -194,6 +222,8 @@ static void model_layout_activations(Model *model, DeviceArena *a) {
     model->logits = TAKE_X(a, BT * c->padded_vocab_size);
     model->losses = TAKE_F(a, BT);
     model->lse = TAKE_F(a, BT);
+    model->ce_stats = model->tp > 1 ? TAKE_F(a, BT * 3) : NULL;
+    model->ce_all = model->tp > 1 ? TAKE_F(a, (size_t)model->tp * BT * 3) : NULL;
     model->tokens_dev = (int *)take(a, 2 * BT * sizeof(int));
     model->branch_out = TAKE_X(a, BT * C);
     model->d_resid = TAKE_X(a, BT * C);
@@ -227,11 +257,20 @@ static void model_ensure_activations(Model *model, int B, int T) {
     model->losses_host = (float *)mallocCheck((size_t)B * T * sizeof(float));
 }
 
+#ifdef USE_NCCL
+// all (tp · n) = every TP rank's mine (n floats), in rank order, on the main stream
+static void tp_allgather_f32(Model *model, float *all, const float *mine, size_t n) {
+    model->tp_group.calls++;
+    ncclCheck(ncclAllGather(mine, all, n, ncclFloat, model->dp_comm->nccl_tp, model->rt.stream));
+}
+#endif
+
 static double model_forward(Model *model, const int *inputs, const int *targets, int B, int T) {
-    const ModelConfig *c = &model->config;
+    const ModelConfig *c = &model->lc; // (this rank's sizes; the vocabulary check is the whole model's)
     const Runtime *rt = &model->rt;
     cudaStream_t stream = rt->stream;
-    const int BT = B * T, C = c->d_model, V = c->vocab_size, Vp = c->padded_vocab_size;
+    TPGroup *tp = model_tp_group(model);
+    const int BT = B * T, C = c->d_model, V = model->config.vocab_size, Vp = c->padded_vocab_size;
     model_ensure_activations(model, B, T);
     model_check_tokens(inputs, (size_t)BT, V, "input");
     memcpy(model->inputs_host, inputs, (size_t)BT * sizeof(int));
@@ -241,7 +280,9 @@ static double model_forward(Model *model, const int *inputs, const int *targets,
         cudaCheck(cudaMemcpyAsync(model->tokens_dev + BT, targets, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice,
                                   stream));
     }
-    embedding_forward(model->layer_acts[0].resid_in, model->tokens_dev, model->params.wte, BT, C, stream);
+    embedding_forward(model->layer_acts[0].resid_in, model->tokens_dev, model->params.wte, BT, C, c->vocab_offset, Vp,
+                      stream);
+    tp_sum(tp, model->layer_acts[0].resid_in, (size_t)BT * C, 0, stream); // vocabulary-parallel: one rank's row each
     rmsnorm_forward(model->layer_acts[0].ln1_out, model->layer_acts[0].ln1_rstd, NULL, model->layer_acts[0].resid_in,
                     NULL, model->params.layers[0].ln1_w, BT, C, stream);
     model->aux_loss = 0.0;
@@ -249,14 +290,17 @@ static double model_forward(Model *model, const int *inputs, const int *targets,
         LayerActs *la = &model->layer_acts[l];
         const ModelParamsLayer *w = &model->params.layers[l];
         const ModelParams32Layer *w32 = &model->master.layers[l], *g = &model->grads.layers[l];
-        const KindTensors tm = kind_tensors(w->mixer, w32->mixer, g->mixer);
+        KindTensors tm = kind_tensors(w->mixer, w32->mixer, g->mixer);
         KindTensors tf = kind_tensors(w->ffn, w32->ffn, g->ffn);
         tf.aux = &model->aux_loss;
+        tm.tp = tf.tp = tp;
         model->mixer_ops[l]->forward(model->branch_out, la->mixer, model->kind_scratch, la->ln1_out, &tm, c, B, T, rt);
+        tp_sum(tp, model->branch_out, (size_t)BT * C, 0, stream); // reduce_from_tp: the row-parallel partial sums
         // resid_mid = resid_in + mixer; ln2 = RMSNorm(resid_mid)
         rmsnorm_forward(la->ln2_out, la->ln2_rstd, la->resid_mid, la->resid_in, model->branch_out, w->ln2_w, BT, C,
                         stream);
         model->ffn_ops[l]->forward(model->branch_out, la->ffn, model->kind_scratch, la->ln2_out, &tf, c, B, T, rt);
+        tp_sum(tp, model->branch_out, (size_t)BT * C, 0, stream); // reduce_from_tp
         // the next layer's input = resid_mid + feed-forward, normalized by its ln1 (or the final norm)
         if (l + 1 < c->n_layer) {
             LayerActs *next = &model->layer_acts[l + 1];
@@ -273,7 +317,19 @@ static double model_forward(Model *model, const int *inputs, const int *targets,
         model->mean_loss = -1;
         return -1;
     }
-    crossentropy_forward(model->losses, model->lse, model->logits, model->tokens_dev + BT, BT, V, Vp, stream);
+    if (tp != NULL) { // vocabulary-parallel: each rank's (max, sum of exp, target logit), gathered and combined
+#ifdef USE_NCCL
+        crossentropy_partial_kernel<<<BT, 1024, 0, stream>>>(model->ce_stats, model->logits, model->tokens_dev + BT,
+                                                            c->vocab_size, Vp, c->vocab_offset);
+        cudaCheck(cudaGetLastError());
+        tp_allgather_f32(model, model->ce_all, model->ce_stats, (size_t)BT * 3);
+        crossentropy_combine_kernel<<<CEIL_DIV(BT, 256), 256, 0, stream>>>(model->losses, model->lse, model->ce_all, BT,
+                                                                           model->tp);
+        cudaCheck(cudaGetLastError());
+#endif
+    } else {
+        crossentropy_forward(model->losses, model->lse, model->logits, model->tokens_dev + BT, BT, V, Vp, stream);
+    }
     cudaCheck(cudaMemcpyAsync(model->losses_host, model->losses, (size_t)BT * sizeof(float), cudaMemcpyDeviceToHost,
                               stream));
     cudaCheck(cudaStreamSynchronize(stream));
@@ -366,18 +422,20 @@ static double model_comm_exposed_ms(const Model *model) {
 }
 
 static void model_backward(Model *model, float loss_scale) {
-    const ModelConfig *c = &model->config;
+    const ModelConfig *c = &model->lc;
     const Runtime *rt = &model->rt;
     cudaStream_t stream = rt->stream;
+    TPGroup *tp = model_tp_group(model);
     if (!model->have_targets || model->mean_loss < 0) {
         fail_with_hint("call model_forward with targets first", "model_backward without a forward pass with targets");
     }
     const int B = model->B, T = model->T, BT = B * T, C = c->d_model, Vp = c->padded_vocab_size;
     float *scratch = model->norm_reduce;
     crossentropy_backward_inplace(model->logits, model->lse, model->tokens_dev + BT, loss_scale / BT, BT, c->vocab_size,
-                                  Vp, stream);
+                                  Vp, c->vocab_offset, stream);
     matmul_backward(model->d_norm, model->grads.lm_head, model->logits, model->lnf_out, model->params.lm_head, BT, C, Vp,
                     0, rt);
+    tp_sum(tp, model->d_norm, (size_t)BT * C, 0, stream); // the vocabulary shards' parts of d(lnf_out)
     rmsnorm_backward(model->d_resid, model->grads.lnf_w, scratch, model->d_norm, model->resid_out, model->params.lnf_w,
                      model->lnf_rstd, BT, C, 0, stream);
     dp_buckets_ready(model, c->n_layer);
@@ -387,46 +445,83 @@ static void model_backward(Model *model, float loss_scale) {
         const ModelParamsLayer *w = &model->params.layers[l];
         ModelParams32Layer *g = &model->grads.layers[l];
         const ModelParams32Layer *w32 = &model->master.layers[l];
-        const KindTensors tm = kind_tensors(w->mixer, w32->mixer, g->mixer);
+        KindTensors tm = kind_tensors(w->mixer, w32->mixer, g->mixer);
         KindTensors tf = kind_tensors(w->ffn, w32->ffn, g->ffn);
         tf.aux_grad = loss_scale; // the auxiliary losses count in the objective as the mean loss does
+        tm.tp = tf.tp = tp;
         // x_out = resid_mid + FFN(RMSNorm(resid_mid))
         model->ffn_ops[l]->backward(model->d_norm, model->kind_scratch, model->d_resid, la->ln2_out, la->ffn, &tf, c, B,
                                     T, rt);
+        tp_sum(tp, model->d_norm, (size_t)BT * C, 0, stream); // copy_to_tp's backward: the input gradient's parts
         rmsnorm_backward(model->d_resid, g->ln2_w, scratch, model->d_norm, la->resid_mid, w->ln2_w, la->ln2_rstd, BT, C,
                          1, stream);
         // resid_mid = resid_in + Mixer(RMSNorm(resid_in))
         model->mixer_ops[l]->backward(model->d_norm, model->kind_scratch, model->d_resid, la->ln1_out, la->mixer, &tm,
                                       c, B, T, rt);
+        tp_sum(tp, model->d_norm, (size_t)BT * C, 0, stream); // copy_to_tp's backward
         rmsnorm_backward(model->d_resid, g->ln1_w, scratch, model->d_norm, la->resid_in, w->ln1_w, la->ln1_rstd, BT, C,
                          1, stream);
         dp_buckets_ready(model, l);
     }
-    embedding_backward(model->grads.wte, model->d_resid, model->inputs_host, BT, C, &model->buckets, stream);
+    embedding_backward(model->grads.wte, model->d_resid, model->inputs_host, BT, C, c->vocab_offset, Vp, &model->buckets,
+                       stream);
     dp_buckets_ready(model, -1);
     model->sync_next = 0;
 }
 
-// data-parallel: the reduce-scatter is finished first; the norm is then the replicas' sum of their pieces' squares
+#ifdef USE_NCCL
+// tensor-parallel: the gradients each rank computes only in part (TPRanges.sum) summed over the group, within this
+// rank's data-parallel pieces (the TP group's ranks share their dp_rank, so their pieces coincide); one group call
+static void tp_sum_partial_grads(Model *model) {
+    const TPRanges *r = &model->tp_ranges;
+    if (r->num_sum == 0) { return; }
+    model->tp_group.calls++;
+    ncclCheck(ncclGroupStart());
+    for (int k = 0; k < model->num_grad_buckets; k++) {
+        const size_t p0 = dp_piece_begin(model, &model->grad_buckets[k]), p1 = p0 + dp_piece_len(model, &model->grad_buckets[k]);
+        for (int i = 0; i < r->num_sum; i++) {
+            const size_t a = r->sum[2 * i] > p0 ? r->sum[2 * i] : p0;
+            const size_t e = r->sum[2 * i] + r->sum[2 * i + 1] < p1 ? r->sum[2 * i] + r->sum[2 * i + 1] : p1;
+            if (a >= e) { continue; }
+            ncclCheck(ncclAllReduce(model->grads_memory + a, model->grads_memory + a, e - a, ncclFloat, ncclSum,
+                                    model->dp_comm->nccl_tp, model->rt.stream));
+        }
+    }
+    ncclCheck(ncclGroupEnd());
+}
+#endif
+
+// Data-parallel: the reduce-scatter is finished first; tensor-parallel: the partial gradients summed over the group.
+// The norm is then the sum over all ranks of their pieces' squares, each number counted once (TP ranks > 0 leave out
+// what every TP rank holds whole).
 static double model_grad_norm(Model *model) {
     float norm2;
     cudaStream_t stream = model->rt.stream;
     if (model->dp_comm != NULL) { dp_finish_reduce(model); }
-    if (model->dp_comm == NULL || model->dp == 1) {
+#ifdef USE_NCCL
+    if (model->tp > 1) { tp_sum_partial_grads(model); }
+#endif
+    const int spread = model->dp_comm != NULL && (model->dp > 1 || model->tp > 1);
+    if (!spread) {
         global_sum_squares(model->norm_scratch + NORM_BLOCKS, model->norm_scratch, model->grads_memory,
                            model->num_parameters, stream);
         cudaCheck(cudaMemcpyAsync(&norm2, model->norm_scratch + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost,
                                   stream));
     } else {
-        const int nb = model->num_grad_buckets;
-        for (int k = 0; k < nb; k++) {
+        int np = 0;
+        for (int k = 0; k < model->num_grad_buckets; k++) {
             const GradBucket *b = &model->grad_buckets[k];
-            global_sum_squares(model->dp_norms + k, model->norm_scratch, model->grads_memory + dp_piece_begin(model, b),
-                               dp_piece_len(model, b), stream);
+            const size_t p0 = dp_piece_begin(model, b);
+            np += tp_counted_pieces(model->norm_pieces + 2 * np, &model->tp_ranges, model->tp_rank, p0,
+                                    p0 + dp_piece_len(model, b));
         }
-        sum_partials_kernel<<<1, 256, 0, stream>>>(model->dp_norms + nb, model->dp_norms, nb);
+        for (int i = 0; i < np; i++) {
+            const size_t a = model->norm_pieces[2 * i], e = model->norm_pieces[2 * i + 1];
+            global_sum_squares(model->dp_norms + i, model->norm_scratch, model->grads_memory + a, e - a, stream);
+        }
+        sum_partials_kernel<<<1, 256, 0, stream>>>(model->dp_norms + np, model->dp_norms, np);
         cudaCheck(cudaGetLastError());
-        cudaCheck(cudaMemcpyAsync(&norm2, model->dp_norms + nb, sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemcpyAsync(&norm2, model->dp_norms + np, sizeof(float), cudaMemcpyDeviceToHost, stream));
     }
     cudaCheck(cudaStreamSynchronize(stream));
     if (model->dp_comm != NULL) {
@@ -436,7 +531,7 @@ static double model_grad_norm(Model *model) {
             model->exposed_ms += ms > 0.0f ? ms : 0.0f;
             model->exposed_steps++;
         }
-        if (model->dp > 1) { return sqrt(comm_dp_sum(model->dp_comm, (double)norm2)); }
+        if (spread) { return sqrt(comm_world_sum(model->dp_comm, (double)norm2)); }
     }
     return sqrt((double)norm2);
 }
@@ -468,8 +563,8 @@ static void model_update(Model *model, const OptimizerConfig *opt, int step, dou
             p1 = p0 + dp_piece_len(model, b);
             moments = b->shard_off;
         }
-        for (int i = 0; i < model->table.num_specs; i++) {
-            const ParamSpec *s = &model->table.specs[i];
+        for (int i = 0; i < model->lt.num_specs; i++) {
+            const ParamSpec *s = &model->lt.specs[i];
             const size_t a = s->offset > p0 ? s->offset : p0;
             const size_t e = s->offset + s->numel < p1 ? s->offset + s->numel : p1;
             if (a >= e) { continue; }
@@ -512,6 +607,8 @@ static void model_free(Model *model) {
         cudaCheck(cudaEventDestroy(model->ev_bwd_end));
     }
     free(model->buckets.host);
+    free(model->norm_pieces);
+    tp_ranges_free(&model->tp_ranges);
     free(model->inputs_host);
     free(model->losses_host);
     runtime_free(&model->rt);
@@ -544,17 +641,32 @@ static void dp_gather_moments(const Model *model, float *host, const float *piec
 #endif
 }
 
-// the full state (every data-parallel rank calls it: the moments are gathered from the replicas' pieces)
+// the full state, in the whole model's layout (every rank calls it: the moments are gathered from the replicas'
+// pieces, and tensor-parallel ranks all-gather their local buffers)
 static void model_read_state(const Model *model, void *params, void *m, void *v) {
-    const size_t bytes = model->num_parameters * sizeof(float);
-    cudaCheck(cudaMemcpy(params, model->master_memory, bytes, cudaMemcpyDeviceToHost));
-    if (m != NULL && model->m_memory != NULL) {
+    const size_t nl = model->num_parameters, bytes = nl * sizeof(float);
+    const int tp = model->tp, moments = m != NULL && model->m_memory != NULL;
+    float *lp = tp > 1 ? (float *)mallocCheck(bytes) : (float *)params;
+    float *lm = moments && tp > 1 ? (float *)mallocCheck(bytes) : (float *)m;
+    float *lv = moments && tp > 1 ? (float *)mallocCheck(bytes) : (float *)v;
+    cudaCheck(cudaMemcpy(lp, model->master_memory, bytes, cudaMemcpyDeviceToHost));
+    if (moments) {
         if (model->dp_comm != NULL) {
-            dp_gather_moments(model, (float *)m, model->m_memory);
-            dp_gather_moments(model, (float *)v, model->v_memory);
+            dp_gather_moments(model, lm, model->m_memory);
+            dp_gather_moments(model, lv, model->v_memory);
         } else {
-            cudaCheck(cudaMemcpy(m, model->m_memory, bytes, cudaMemcpyDeviceToHost));
-            cudaCheck(cudaMemcpy(v, model->v_memory, bytes, cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(lm, model->m_memory, bytes, cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(lv, model->v_memory, bytes, cudaMemcpyDeviceToHost));
+        }
+    }
+    if (tp > 1) {
+        tp_gather_full(model->dp_comm, params, &model->table, lp, &model->lt, sizeof(float));
+        free(lp);
+        if (moments) {
+            tp_gather_full(model->dp_comm, m, &model->table, lm, &model->lt, sizeof(float));
+            tp_gather_full(model->dp_comm, v, &model->table, lv, &model->lt, sizeof(float));
+            free(lm);
+            free(lv);
         }
     }
 }
@@ -572,8 +684,23 @@ static void dp_scatter_moments(Model *model, float *pieces, const float *host) {
     }
 }
 
+// from a full state (a checkpoint written at any data-parallel or tensor-parallel size, in the whole model's layout):
+// each rank keeps its tensor-parallel shards, and of the moments its data-parallel pieces of those
 static void model_write_state(Model *model, const void *params, const void *m, const void *v) {
     const size_t n = model->num_parameters, bytes = n * sizeof(float);
+    float *local[3] = {NULL, NULL, NULL};
+    if (model->tp > 1) { // this rank's shards of the whole model's numbers
+        const void *full[3] = {params, m, v};
+        for (int i = 0; i < 3; i++) {
+            if (full[i] == NULL) { continue; }
+            local[i] = (float *)callocCheck(n, sizeof(float));
+            model_tp_shard((void *)full[i], &model->table, local[i], &model->lt, sizeof(float), model->tp_rank,
+                           model->tp, 0);
+        }
+        params = local[0];
+        m = local[1];
+        v = local[2];
+    }
     model_upload_params(model, (const float *)params);
     if (model->m_memory != NULL) {
         cudaCheck(cudaFree(model->m_memory));
@@ -590,6 +717,7 @@ static void model_write_state(Model *model, const void *params, const void *m, c
         cudaCheck(cudaMemcpy(model->m_memory, m, bytes, cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(model->v_memory, v, bytes, cudaMemcpyHostToDevice));
     }
+    for (int i = 0; i < 3; i++) { free(local[i]); }
 }
 
 // Vp floatX values of device memory → host floats
@@ -600,9 +728,17 @@ static void copy_logits_row(float *out, const floatX *row, int Vp) {
     free(tmp);
 }
 
+// (tensor-parallel: the group's vocabulary shards of the row, all-gathered; every rank of the group calls it)
 static void model_logits_row(Model *model, int b, int t, float *out) {
-    const int Vp = model->config.padded_vocab_size;
-    copy_logits_row(out, model->logits + ((size_t)b * model->T + t) * Vp, Vp);
+    const int Vl = model->lc.padded_vocab_size;
+    if (model->tp == 1) {
+        copy_logits_row(out, model->logits + ((size_t)b * model->T + t) * Vl, Vl);
+        return;
+    }
+    float *mine = (float *)mallocCheck((size_t)Vl * sizeof(float));
+    copy_logits_row(mine, model->logits + ((size_t)b * model->T + t) * Vl, Vl);
+    comm_tp_allgather(model->dp_comm, out, mine, (size_t)Vl, sizeof(float));
+    free(mine);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -614,6 +750,10 @@ static void model_decode_begin(Model *model, int B, int context) {
     const ModelConfig *c = &model->config;
     const Runtime *rt = &model->rt;
     const size_t C = (size_t)c->d_model;
+    if (model->tp > 1) {
+        fail_with_hint("generate from the checkpoint with one process (./infer_m2rnn); checkpoints hold the whole model",
+                       "decoding under tensor parallelism (-tp %d) is not supported", model->tp);
+    }
     if (B < 1 || context < 1) { fail_with_hint("decode at least one sequence of one token", "model_decode_begin(B=%d, context=%d)", B, context); }
     if (model->dec_memory != NULL) { cudaCheck(cudaFree(model->dec_memory)); }
     if (model->dec_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_graph)); model->dec_graph = NULL; }
@@ -678,7 +818,7 @@ static void decode_run(Model *model, int b0, int nb, int T) {
     const Runtime *rt = &model->rt;
     cudaStream_t stream = rt->stream;
     const int C = c->d_model, n = nb * T, Vp = c->padded_vocab_size;
-    embedding_forward(model->dec_x, model->dec_tokens, model->params.wte, n, C, stream);
+    embedding_forward(model->dec_x, model->dec_tokens, model->params.wte, n, C, 0, c->padded_vocab_size, stream);
     rmsnorm_forward(model->dec_norm, model->dec_rstd, NULL, model->dec_x, NULL, model->params.layers[0].ln1_w, n, C,
                     stream);
     for (int l = 0; l < c->n_layer; l++) {
@@ -798,24 +938,61 @@ static void model_decode_state_io(Model *model, int b, void *buf, int save) {
 
 static double model_aux_loss(const Model *model) { return model->aux_loss; }
 
+#ifdef USE_NCCL
+// the TP group's all-reduce (TPGroup.sum): in place, on the caller's stream (the main one)
+static void tp_nccl_sum(TPGroup *g, void *x, size_t n, int fp32, cudaStream_t stream) {
+    const ncclDataType_t type = fp32 || FLOATX_IS_FP32 ? ncclFloat : ncclBfloat16;
+    ncclCheck(ncclAllReduce(x, x, n, type, ncclSum, ((const Comm *)g->ctx)->nccl_tp, stream));
+}
+
+// tensor parallelism: this rank's local config and table replace the whole model's (before the weights are set:
+// model_init_weights and model_write_state shard the whole model's); the buffers are made again at the local size
+static void model_set_tensor_parallel(Model *model, const Comm *comm) {
+    const char *why = model_config_tp_local(&model->config, &model->lc, comm->tp, comm->tp_rank);
+    if (why != NULL) {
+        fail_with_hint("use a TP size (-tp) that divides the heads of every layer kind, or -tp 1",
+                       "tensor parallelism -tp %d: %s", comm->tp, why);
+    }
+    param_table_build(&model->lt, &model->lc);
+    model->tp = comm->tp;
+    model->tp_rank = comm->tp_rank;
+    const size_t n = model->lt.num_parameters;
+    model->num_parameters = model->n_pad = n;
+    cudaCheck(cudaFree(model->params_memory));
+    cudaCheck(cudaFree(model->master_memory));
+    cudaCheck(cudaFree(model->grads_memory));
+    cudaCheck(cudaMalloc(&model->params_memory, n * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&model->master_memory, n * sizeof(float)));
+    cudaCheck(cudaMalloc(&model->grads_memory, n * sizeof(float)));
+    cudaCheck(cudaMemset(model->master_memory, 0, n * sizeof(float)));
+    cudaCheck(cudaMemset(model->grads_memory, 0, n * sizeof(float)));
+    model_point_views(&model->params, model->params_memory, sizeof(floatX), &model->lt);
+    tp_ranges_build(&model->tp_ranges, &model->table, &model->lt, comm->tp);
+    TPGroup g = {comm->tp, comm->tp_rank, tp_nccl_sum, (void *)comm, 0};
+    model->tp_group = g;
+    if (model->acts_memory != NULL) { // (laid out for the whole model's layers, if a forward ran)
+        cudaCheck(cudaFree(model->acts_memory));
+        model->acts_memory = NULL;
+    }
+}
+#endif
+
 // Data parallelism on the GPUs (NCCL, ZeRO-1; see "data parallelism over NCCL" above): more than one process, or
 // one with M2RNN_NCCL=1 (the NCCL path with a single rank, which must equal the plain path bit for bit). Lays out the
 // buckets and this rank's pieces, widens the gradient and master buffers to the padded length, makes the comm stream.
+// With -tp > 1 the tensor-parallel layout comes first, and the buckets cut this rank's local buffer.
 static void model_set_parallel(Model *model, const Comm *comm) {
     const char *env = getenv("M2RNN_NCCL");
     const int want = comm->world > 1 || (env != NULL && strcmp(env, "1") == 0);
     if (!want) { return; }
-    if (comm->tp > 1) {
-        fail_with_hint("run tensor parallelism on CPU ranks (mpirun -np N ./train_m2rnn_cpu -tp T) or data parallelism "
-                       "on GPUs (-tp 1)", "tensor parallelism on the GPU (-tp %d) is not written yet", comm->tp);
-    }
 #ifndef USE_NCCL
     fail_with_hint("build train_m2rnn with MPI and NCCL (make finds mpicc and nccl.h: apt-get install libopenmpi-dev, "
                    "NCCL from CUDA's repository), or run one process",
                    "this ./train_m2rnn was built without NCCL and cannot run %d processes", comm->world);
 #else
-    const ModelConfig *c = &model->config;
-    const ParamTable *t = &model->table;
+    if (comm->tp > 1) { model_set_tensor_parallel(model, comm); }
+    const ModelConfig *c = &model->lc;
+    const ParamTable *t = &model->lt;
     const size_t n = model->num_parameters, align = (size_t)comm->dp * 64;
     model->dp_comm = comm;
     model->dp = comm->dp;
@@ -864,7 +1041,10 @@ static void model_set_parallel(Model *model, const Comm *comm) {
     model->master_memory = master;
     model_point_views(&model->grads, model->grads_memory, sizeof(float), t);
     model_point_views(&model->master, model->master_memory, sizeof(float), t);
-    cudaCheck(cudaMalloc(&model->dp_norms, (size_t)(nb + 1) * sizeof(float)));
+    // the norm's pieces: each bucket's piece, less (TP ranks > 0) the ranges every TP rank holds whole
+    model->max_norm_pieces = nb * (model->tp_ranges.num_once + 1);
+    model->norm_pieces = (size_t *)mallocCheck((size_t)model->max_norm_pieces * 2 * sizeof(size_t));
+    cudaCheck(cudaMalloc(&model->dp_norms, (size_t)(model->max_norm_pieces + 1) * sizeof(float)));
     cudaCheck(cudaStreamCreate(&model->comm_stream));
     cudaCheck(cudaEventCreate(&model->ev_ready));
     cudaCheck(cudaEventCreate(&model->ev_comm_done));

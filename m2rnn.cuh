@@ -362,7 +362,7 @@ static size_t m2rnn_scratch_layout(M2RNNScratch *s, void *base, const ModelConfi
     s->d_W = TAKE_F(&ar, N * V * V);
     s->rec_scratch = m2rnn_use_fast(c, rt) ? NULL : TAKE_F(&ar, m2rnn_plain_scratch_floats((long)BT, (int)N, c->m2rnn.k, (int)V));
     const size_t chunks = token_chunks((long)BT);
-    size_t reduce = rmsnorm_backward_scratch((int)BT, (int)NV);
+    size_t reduce = mixer_norm_scratch((long)BT, (int)NV);
     const size_t others[3] = {chunks * CD * c->m2rnn.conv, chunks * 2 * N, chunks * NV};
     for (int i = 0; i < 3; i++) { reduce = others[i] > reduce ? others[i] : reduce; }
     s->reduce = TAKE_F(&ar, reduce);
@@ -378,13 +378,12 @@ static size_t m2rnn_mixer_scratch_bytes(const ModelConfig *c, int B, int T, cons
     return m2rnn_scratch_layout(&s, NULL, c, B, T, rt);
 }
 
-// normed (M, N·V) = the layer's RMSNorm of gated: over all heads, or per q/k group with group_norm (the topology-aware
-// TP model); rstd (M, groups)
+// normed (M, N·V) = the layer's RMSNorm of gated: over all heads, per q/k group with group_norm (the topology-aware
+// TP model), or RMSNormTP over the group's heads (tp_norm: a tensor-parallel rank's config); rstd (M, groups)
 static void m2rnn_norm_forward(floatX *normed, float *rstd, const floatX *gated, const floatX *norm_w, const ModelConfig *c,
-                               long M, cudaStream_t stream) {
-    const int NV = c->m2rnn.heads * c->m2rnn.v, G = m2rnn_norm_groups(c);
-    if (G > 1) { group_rmsnorm_forward(normed, rstd, gated, norm_w, M, NV, G, stream); }
-    else { rmsnorm_forward(normed, rstd, NULL, gated, NULL, norm_w, (int)M, NV, stream); }
+                               long M, TPGroup *tp, cudaStream_t stream) {
+    mixer_norm_forward(normed, rstd, gated, norm_w, M, c->m2rnn.heads * c->m2rnn.v, m2rnn_norm_groups(c),
+                       c->m2rnn.tp_norm, tp, stream);
 }
 
 // out (B,T,C) = M2RNN(inp); the gate reads A_log and dt_bias from the fp32 master weights
@@ -402,7 +401,7 @@ static void m2rnn_mixer_forward(floatX *out, void *acts, void *scratch, const fl
     decay_gate_forward(a.f, a.proj + CD, w32->A_log, w32->dt_bias, BT, N, Rs, stream);
     m2rnn_recurrence_forward(a.y, a.rec_saved, a.conv_act, a.f, w->W, c, B, T, m2rnn_use_fast(c, rt), rt);
     output_gate_forward(a.y, a.gated, a.conv_act + off_v, a.proj + CD + N, w->D, BT, NV, CD, Rs, stream);
-    m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, BT, stream);
+    m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, BT, t->tp, stream);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C, rt);
 }
 
@@ -419,12 +418,8 @@ static void m2rnn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout
     const int N = c->m2rnn.heads, NV = N * c->m2rnn.v, off_v = 2 * c->m2rnn.qk_heads * c->m2rnn.k;
     cudaStream_t stream = rt->stream;
     matmul_backward(s.d_normed, g->out_w, dout, a.normed, w->out_w, BT, NV, C, 0, rt);
-    if (m2rnn_norm_groups(c) > 1) {
-        group_rmsnorm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, NV,
-                               m2rnn_norm_groups(c), stream);
-    } else {
-        rmsnorm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, NV, 0, stream);
-    }
+    mixer_norm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, NV,
+                        m2rnn_norm_groups(c), c->m2rnn.tp_norm, t->tp, stream);
     output_gate_backward(s.d_y, s.d_proj + CD + N, s.d_gated, a.y, a.proj + CD + N, BT, NV, Rs, stream);
     m2rnn_recurrence_backward(s.d_conv_act, s.d_f, g->W, s.d_W, s.rec_scratch, s.d_y, a.rec_saved, a.conv_act, a.f,
                               w->W, c, B, T, m2rnn_use_fast(c, rt), rt);
@@ -468,7 +463,7 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, const floatX 
         m2rnn_plain_forward(a.y, NULL, H, H, stride, q, k, v, CD, a.f, w->W, B, 1, N, Nq, K, V, stream);
     }
     output_gate_forward(a.y, a.gated, a.conv_act + 2 * Nq * K, a.proj + CD + N, w->D, B, NV, CD, Rs, stream);
-    m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, B, stream);
+    m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, B, NULL, stream);
     matmul_forward(out, a.normed, w->out_w, B, NV, C, rt);
 }
 
@@ -505,7 +500,7 @@ static void m2rnn_mixer_advance(floatX *out, void *state, void *work, const floa
         m2rnn_plain_forward(a.y, NULL, H, H, stride, q, k, v, CD, a.f, w->W, B, T, N, Nq, K, V, stream);
     }
     output_gate_forward(a.y, a.gated, v, a.proj + CD + N, w->D, BT, NV, CD, Rs, stream);
-    m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, BT, stream);
+    m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, BT, NULL, stream);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C, rt);
 }
 

@@ -141,7 +141,7 @@ static size_t rnn_scratch_layout(RNNScratch *s, void *base, const ModelConfig *c
     s->d_f = TAKE_F(&ar, BT * N);
     s->dW_part = TAKE_F(&ar, (size_t)B * N * V * V);
     const size_t chunks = token_chunks((long)BT);
-    size_t reduce = rmsnorm_backward_scratch((int)BT, (int)NV);
+    size_t reduce = mixer_norm_scratch((long)BT, (int)NV);
     const size_t others[3] = {chunks * NV * c->vrnn.conv, chunks * 2 * N, chunks * NV};
     for (int i = 0; i < 3; i++) { reduce = others[i] > reduce ? others[i] : reduce; }
     s->reduce = TAKE_F(&ar, reduce);
@@ -172,7 +172,7 @@ static void rnn_mixer_forward(floatX *out, void *acts, void *scratch, const floa
     rnn_forward_kernel<<<dim3(N, B), WARP_SIZE, 0, stream>>>(a.y, a.h_all, NULL, NULL, 0, a.u, NV, a.f, w->W, T, N, V);
     cudaCheck(cudaGetLastError());
     output_gate_forward(a.y, a.gated, a.u, a.proj + NV + N, w->D, BT, NV, NV, Rs, stream);
-    rmsnorm_forward(a.normed, a.rstd, NULL, a.gated, NULL, w->norm_w, BT, NV, stream);
+    mixer_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, BT, NV, 1, c->vrnn.tp_norm, t->tp, stream);
     matmul_forward(out, a.normed, w->out_w, BT, NV, C, rt);
 }
 
@@ -188,7 +188,8 @@ static void rnn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, 
     const int N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V;
     cudaStream_t stream = rt->stream;
     matmul_backward(s.d_normed, g->out_w, dout, a.normed, w->out_w, BT, NV, C, 0, rt);
-    rmsnorm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, NV, 0, stream);
+    mixer_norm_backward(s.d_gated, g->norm_w, s.reduce, s.d_normed, a.gated, w->norm_w, a.rstd, BT, NV, 1,
+                        c->vrnn.tp_norm, t->tp, stream);
     output_gate_backward(s.d_y, s.d_proj + NV + N, s.d_gated, a.y, a.proj + NV + N, BT, NV, Rs, stream);
     // y = h + u ⊙ D: d_y is the gradient of every h_t; the recurrence writes du, the residual adds d_y ⊙ D
     rnn_backward_kernel<<<dim3(N, B), WARP_SIZE, 0, stream>>>(s.d_u, s.d_f, s.dW_part, s.d_y, a.h_all, a.u, NV, a.f,

@@ -81,11 +81,10 @@ struct Model {
     const Comm *comm;
     size_t shard0, shard1;
     real *shard_grads;
-    // tensor parallelism: the group's link, the ranges (offset, count) of lt whose gradients are summed over the group
-    // each step, and those a rank > 0 leaves out of the gradient norm (every rank holds them whole)
+    // tensor parallelism: the group's link, the ranges of lt whose gradients are summed over the group each step, and
+    // those a rank > 0 leaves out of the gradient norm (executor.h's TPRanges)
     TPLink tp_link;
-    size_t *tp_sum_ranges, *tp_once_ranges;
-    int tp_num_sum, tp_num_once;
+    TPRanges tp_ranges;
     double aux_loss;  // the auxiliary losses (MoE load balancing) of the last forward, summed over layers
     // decoding
     int dec_B, dec_context;
@@ -318,35 +317,6 @@ static void cpu_tp_sum(TPLink *link, void *x, size_t n, size_t elem) {
 }
 static void cpu_tp_max(TPLink *link, real *x, size_t n) { comm_tp_allreduce_max((const Comm *)link->ctx, x, n, sizeof(real)); }
 
-// the ranges (offset, count pairs, in buffer order) of the local buffer: tp_sum_ranges, the gradients summed over the
-// TP group (tp_partial_rows); tp_once_ranges, those plus the replicated tensors outside the kinds (the residual
-// stream's norms), which every rank holds whole and only TP rank 0 counts in the gradient norm
-static void model_tp_ranges(Model *model, int tp) {
-    const ParamTable *ft = &model->table, *lt = &model->lt;
-    size_t *sum = (size_t *)mallocCheck((size_t)lt->num_specs * MAX_SEGMENTS * 2 * sizeof(size_t));
-    size_t *once = (size_t *)mallocCheck((size_t)lt->num_specs * MAX_SEGMENTS * 2 * sizeof(size_t));
-    int ns = 0, no = 0;
-    for (int i = 0; i < lt->num_specs; i++) {
-        const ParamSpec *s = &lt->specs[i];
-        const size_t row_len = s->shape[0] > 0 ? s->numel / s->shape[0] : 0;
-        if (s->kind == 0) {
-            if (s->split == SPLIT_REPLICATED) { once[2 * no] = s->offset; once[2 * no++ + 1] = s->numel; }
-            continue;
-        }
-        const ParamDef d = param_table_def(&ft->specs[i]), dl = param_table_def(s);
-        size_t r0[MAX_SEGMENTS], r1[MAX_SEGMENTS];
-        const int n = tp_partial_rows(&d, &dl, tp, r0, r1);
-        for (int j = 0; j < n; j++) {
-            sum[2 * ns] = once[2 * no] = s->offset + r0[j] * row_len;
-            sum[2 * ns++ + 1] = once[2 * no++ + 1] = (r1[j] - r0[j]) * row_len;
-        }
-    }
-    model->tp_sum_ranges = sum;
-    model->tp_once_ranges = once;
-    model->tp_num_sum = ns;
-    model->tp_num_once = no;
-}
-
 // The parallel layout: with a TP group (comm->tp > 1) this rank's local config and parameter buffer replace the whole
 // model's (before the weights are set: model_init_weights and model_write_state shard the whole model's); then the
 // data-parallel shard of the (local) buffer.
@@ -367,7 +337,7 @@ static void model_set_parallel(Model *model, const Comm *comm) {
         model_point_views(&model->grads, model->grads_memory, sizeof(real), &model->lt);
         TPLink link = {comm->tp, comm->tp_rank, cpu_tp_sum, cpu_tp_max, (void *)comm, 0};
         model->tp_link = link;
-        model_tp_ranges(model, comm->tp);
+        tp_ranges_build(&model->tp_ranges, &model->table, &model->lt, comm->tp);
         free(model->acts_memory); // (sized for the whole model's layers, if a forward ran)
         model->acts_memory = NULL;
     }
@@ -384,17 +354,12 @@ static inline int model_dp(const Model *model) { return model->comm != NULL ? mo
 // the sum of squares of x[a, b) of the local buffer (x holds [base, ...)), leaving out the ranges a TP rank > 0 does
 // not count (every rank holds them whole)
 static double model_sum_squares_counted(const Model *model, const real *x, size_t base, size_t a, size_t b) {
-    if (model_tp(model) == 1 || model->comm->tp_rank == 0) { return sum_squares_fixed(x + (a - base), b - a); }
+    if (model_tp(model) == 1) { return sum_squares_fixed(x + (a - base), b - a); }
+    size_t *pieces = (size_t *)mallocCheck(((size_t)model->tp_ranges.num_once + 1) * 2 * sizeof(size_t));
+    const int n = tp_counted_pieces(pieces, &model->tp_ranges, model->comm->tp_rank, a, b);
     double total = 0.0;
-    size_t at = a;
-    for (int i = 0; i <= model->tp_num_once; i++) { // the ranges are in buffer order
-        const size_t r0 = i < model->tp_num_once ? model->tp_once_ranges[2 * i] : b;
-        const size_t r1 = i < model->tp_num_once ? r0 + model->tp_once_ranges[2 * i + 1] : b;
-        const size_t g1 = r0 < b ? r0 : b;
-        if (g1 > at) { total += sum_squares_fixed(x + (at - base), g1 - at); }
-        if (r1 > at) { at = r1; }
-        if (at >= b) { break; }
-    }
+    for (int i = 0; i < n; i++) { total += sum_squares_fixed(x + (pieces[2 * i] - base), pieces[2 * i + 1] - pieces[2 * i]); }
+    free(pieces);
     return total;
 }
 
@@ -403,19 +368,20 @@ static double model_sum_squares_counted(const Model *model, const real *x, size_
 // is the sum over all ranks of their shards' squares, each number counted once.
 static double model_grad_norm(Model *model) {
     const size_t n = model->lt.num_parameters;
-    if (model_tp(model) > 1 && model->tp_num_sum > 0) {
+    const TPRanges *tr = &model->tp_ranges;
+    if (model_tp(model) > 1 && tr->num_sum > 0) {
         size_t total = 0;
-        for (int i = 0; i < model->tp_num_sum; i++) { total += model->tp_sum_ranges[2 * i + 1]; }
+        for (int i = 0; i < tr->num_sum; i++) { total += tr->sum[2 * i + 1]; }
         real *buf = (real *)mallocCheck(total * sizeof(real)), *p = buf;
-        for (int i = 0; i < model->tp_num_sum; i++) {
-            memcpy(p, model->grads_memory + model->tp_sum_ranges[2 * i], model->tp_sum_ranges[2 * i + 1] * sizeof(real));
-            p += model->tp_sum_ranges[2 * i + 1];
+        for (int i = 0; i < tr->num_sum; i++) {
+            memcpy(p, model->grads_memory + tr->sum[2 * i], tr->sum[2 * i + 1] * sizeof(real));
+            p += tr->sum[2 * i + 1];
         }
         tp_sum(&model->tp_link, buf, total, sizeof(real));
         p = buf;
-        for (int i = 0; i < model->tp_num_sum; i++) {
-            memcpy(model->grads_memory + model->tp_sum_ranges[2 * i], p, model->tp_sum_ranges[2 * i + 1] * sizeof(real));
-            p += model->tp_sum_ranges[2 * i + 1];
+        for (int i = 0; i < tr->num_sum; i++) {
+            memcpy(model->grads_memory + tr->sum[2 * i], p, tr->sum[2 * i + 1] * sizeof(real));
+            p += tr->sum[2 * i + 1];
         }
         free(buf);
     }
@@ -468,26 +434,11 @@ static void model_free(Model *model) {
     free(model->dec_memory);
     free(model->shard_grads);
     free(model->ce_stats);
-    free(model->tp_sum_ranges);
-    free(model->tp_once_ranges);
+    tp_ranges_free(&model->tp_ranges);
     free(model);
 }
 
 static int model_has_optimizer(const Model *model) { return model->m_memory != NULL; }
-
-// this rank's local buffer (lt) → the whole model's layout (table): the TP group's local buffers are all-gathered
-// and each put in its place
-static void model_tp_gather(const Model *model, void *full, const void *local) {
-    const int tp = model_tp(model);
-    const size_t nl = model->lt.num_parameters;
-    memset(full, 0, model->table.num_parameters * sizeof(real)); // (the alignment gaps between tensors)
-    real *all = (real *)mallocCheck((size_t)tp * nl * sizeof(real));
-    comm_tp_allgather(model->comm, all, local, nl, sizeof(real));
-    for (int r = 0; r < tp; r++) { // (the ranks' local tables differ only in their vocabulary's padding rows)
-        model_tp_shard(full, &model->table, all + (size_t)r * nl, &model->lt, sizeof(real), r, tp, 1);
-    }
-    free(all);
-}
 
 // the full state (every rank gets all of m and v: data-parallel ranks all-gather their shards, tensor-parallel ranks
 // their local buffers), in the whole model's layout
@@ -510,10 +461,10 @@ static void model_read_state(const Model *model, void *params, void *m, void *v)
         memcpy(params, model->params_memory, bytes);
         return;
     }
-    model_tp_gather(model, params, model->params_memory);
+    tp_gather_full(model->comm, params, &model->table, model->params_memory, &model->lt, sizeof(real));
     if (lm != NULL) {
-        model_tp_gather(model, m, lm);
-        model_tp_gather(model, v, lv);
+        tp_gather_full(model->comm, m, &model->table, lm, &model->lt, sizeof(real));
+        tp_gather_full(model->comm, v, &model->table, lv, &model->lt, sizeof(real));
         free(lm);
         free(lv);
     }
