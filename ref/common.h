@@ -343,30 +343,10 @@ static void mixer_norm_backward(real *dinp, real *dweight, const real *dout, con
 // ----------------------------------------------------------------------------------------------------------------
 // token embedding
 
-// out (M, C) = wte[tokens]
-static void embedding_forward(real *out, const int *tokens, const real *wte, int M, int C) {
-#pragma omp parallel for schedule(static)
-    for (int m = 0; m < M; m++) { memcpy(out + (size_t)m * C, wte + (size_t)tokens[m] * C, (size_t)C * sizeof(real)); }
-}
-
-// dwte (Vp, C) += scatter of dout (M, C). Parallel over channel blocks, tokens in order: deterministic.
-static void embedding_backward(real *dwte, const real *dout, const int *tokens, int M, int C) {
-    const int block = 64, blocks = (C + block - 1) / block;
-#pragma omp parallel for schedule(static)
-    for (int cb = 0; cb < blocks; cb++) {
-        const int c0 = cb * block, c1 = c0 + block < C ? c0 + block : C;
-        for (int m = 0; m < M; m++) {
-            real *dst = dwte + (size_t)tokens[m] * C;
-            const real *src = dout + (size_t)m * C;
-            for (int c = c0; c < c1; c++) { dst[c] += src[c]; }
-        }
-    }
-}
-
-// Vocabulary-parallel (a tensor-parallel rank holds rows v0 .. v0+Vl−1 of wte): out (M, C) = wte[token − v0] for
-// the tokens in its rows, 0 for the others (the block all-reduces the ranks' outputs); the backward scatters into
-// its rows only.
-static void embedding_forward_vp(real *out, const int *tokens, const real *wte, int M, int C, int v0, int Vl) {
+// out (M, C) = wte[tokens − v0] for the tokens in rows v0 .. v0+Vl−1 of the vocabulary (wte holds those rows), 0 for
+// the others. One process: v0 = 0, Vl = the padded vocabulary. Vocabulary-parallel (a tensor-parallel rank's shard
+// of the rows): the block all-reduces the ranks' outputs.
+static void embedding_forward(real *out, const int *tokens, const real *wte, int M, int C, int v0, int Vl) {
 #pragma omp parallel for schedule(static)
     for (int m = 0; m < M; m++) {
         const int r = tokens[m] - v0;
@@ -374,7 +354,10 @@ static void embedding_forward_vp(real *out, const int *tokens, const real *wte, 
         else { memset(out + (size_t)m * C, 0, (size_t)C * sizeof(real)); }
     }
 }
-static void embedding_backward_vp(real *dwte, const real *dout, const int *tokens, int M, int C, int v0, int Vl) {
+
+// dwte (Vl, C) += scatter of the rows of dout (M, C) whose tokens are in rows v0 .. v0+Vl−1, the others skipped.
+// Parallel over channel blocks, tokens in order: deterministic.
+static void embedding_backward(real *dwte, const real *dout, const int *tokens, int M, int C, int v0, int Vl) {
     const int block = 64, blocks = (C + block - 1) / block;
 #pragma omp parallel for schedule(static)
     for (int cb = 0; cb < blocks; cb++) {

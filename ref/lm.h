@@ -197,12 +197,8 @@ static double model_forward(Model *model, const int *inputs, const int *targets,
     memcpy(model->inputs, inputs, (size_t)BT * sizeof(int));
     model->aux_loss = 0.0;
     real *x = model->layer_acts[0].resid_in;
-    if (tp != NULL) { // vocabulary-parallel: each rank's rows, summed
-        embedding_forward_vp(x, inputs, model->params.wte, BT, C, c->vocab_offset, Vp);
-        tp_sum(tp, x, (size_t)BT * C, sizeof(real));
-    } else {
-        embedding_forward(x, inputs, model->params.wte, BT, C);
-    }
+    embedding_forward(x, inputs, model->params.wte, BT, C, c->vocab_offset, Vp);
+    tp_sum(tp, x, (size_t)BT * C, sizeof(real)); // vocabulary-parallel: each rank's rows, summed
     for (int l = 0; l < c->n_layer; l++) {
         LayerActs *la = &model->layer_acts[l];
         const ModelParamsLayer *w = &model->params.layers[l];
@@ -288,11 +284,7 @@ static void model_backward(Model *model, float loss_scale) {
         tp_sum(tp, model->d_norm, (size_t)BT * C, sizeof(real)); // copy_to_tp's backward
         rmsnorm_backward(model->d_resid, gw->ln1_w, model->d_norm, la->resid_in, w->ln1_w, la->ln1_rstd, BT, C);
     }
-    if (tp != NULL) {
-        embedding_backward_vp(model->grads.wte, model->d_resid, model->inputs, BT, C, c->vocab_offset, Vp);
-    } else {
-        embedding_backward(model->grads.wte, model->d_resid, model->inputs, BT, C);
-    }
+    embedding_backward(model->grads.wte, model->d_resid, model->inputs, BT, C, c->vocab_offset, Vp);
 }
 
 // global L2 norm of the gradients, summed in fixed chunks: the same bits whatever the thread count
@@ -554,7 +546,7 @@ static void model_decode_advance(Model *model, int b0, int nb, const int *tokens
             memcpy(tok + (size_t)i * Tc, tokens + (size_t)i * T + s0, (size_t)Tc * sizeof(int));
             cpos[i] = pos[i] + s0;
         }
-        embedding_forward(x, tok, model->params.wte, n, C);
+        embedding_forward(x, tok, model->params.wte, n, C, 0, Vp);
         for (int l = 0; l < c->n_layer; l++) {
             const ModelParamsLayer *w = &model->params.layers[l];
             const KindTensors tm = kind_tensors(w->mixer, NULL), tf = kind_tensors(w->ffn, NULL);

@@ -11,10 +11,7 @@
 # Skips without a GPU, or with a ./train_m2rnn built without NCCL.
 set -u
 cd "$(dirname "$0")/.."
-passed=0; failed=0; skipped=0
-ok() { echo "PASS $1: $2"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
-skip() { echo "SKIP $1"; skipped=$((skipped + 1)); }
+. test/lib_runs.sh
 if ! nvidia-smi -L > /dev/null 2>&1; then
     echo "SKIP the NCCL path of the CUDA trainer: no GPU"; echo "test_gpu_nccl: 0 passed, 0 failed, 1 skipped"; exit 0
 fi
@@ -28,12 +25,8 @@ rm -rf "$dir"; mkdir -p "$dir"
 # every GPU kind of the one-GPU tests (gpu_infer.sh) in one small model
 A=(-e d128:MARU:rope -vs 61 -i "$dir/fx/train_*.bin" -j "$dir/fx/val_*.bin" -t 64 -x 20 -v 10 -m 2 -u 2 -ex 0)
 run() { timeout 300 "$@" > "$dir/last.log" 2>&1; }
-losses() { grep -o 'trl:[0-9.]*\|tel:[0-9.]*' "$1/main.log" | cut -d: -f2; }
 same_log() { [ "$(losses "$1" | wc -l)" -ge 20 ] && diff <(losses "$1") <(losses "$2") > /dev/null; }
 same_ckpt() { ./build/test_train --compare "$1" "$2" 1e-300; } # every weight and moment equal (relative difference 0)
-track() { paste <(losses "$1") <(losses "$2") | awk 'BEGIN{w=0; n=0} {d=($1-$2)/$2; if (d<0) d=-d; if (d>w) w=d; n++}
-                                                    END{if (n < 20) print "missing"; else printf("%.2e", w)}'; }
-under() { awk -v x="$1" -v t="$2" 'BEGIN{exit !(x != "missing" && x + 0 < t)}'; }
 
 export M2RNN_DETERMINISTIC=1 # (the M²RNN backward's dq/dk in a fixed order: bitwise comparisons)
 run ./train_m2rnn "${A[@]}" -b 4 -n 10 -o "$dir/plain" || bad "plain run" "$(tail -3 "$dir/last.log")"
@@ -57,8 +50,7 @@ gpus=$(nvidia-smi -L | wc -l)
 if [ "$gpus" -lt 2 ] || ! command -v mpirun > /dev/null 2>&1; then
     skip "two ranks: $gpus GPU(s) here, or no mpirun (scripts/gpu_two.sh runs them on a 2-GPU machine)"
 else
-    MPI=(mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE=0)
-    [ "$(id -u)" = 0 ] && MPI=(mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE=0)
+    mpi_launcher -np 2 -x NCCL_NVLS_ENABLE=0
     for b in fp32 bf16; do
         bin=./train_m2rnn; [ $b = fp32 ] && bin=./build/train_m2rnn_fp32
         run $bin "${A[@]}" -b 4 -n 10 -o "$dir/one_$b" || bad "one GPU $b" "$(tail -3 "$dir/last.log")"

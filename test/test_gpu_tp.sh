@@ -14,17 +14,14 @@
 # Skips without two GPUs, mpirun, or a ./train_m2rnn built with NCCL.
 set -u
 cd "$(dirname "$0")/.."
-passed=0; failed=0; skipped=0
-ok() { echo "PASS $1: $2"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+. test/lib_runs.sh
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$gpus" -lt 2 ] || ! command -v mpirun > /dev/null 2>&1 || ! ldd ./train_m2rnn 2>/dev/null | grep -q libnccl; then
     echo "SKIP tensor parallelism on GPUs: $gpus GPU(s), or no mpirun, or ./train_m2rnn built without NCCL (scripts/gpu_two.sh runs it on a 2-GPU machine)"
     echo "test_gpu_tp: 0 passed, 0 failed, 1 skipped"; exit 0
 fi
 export NCCL_NVLS_ENABLE=0 # (NVLink multicast stays off on shared machines)
-MPI=(mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE=0)
-[ "$(id -u)" = 0 ] && MPI=(mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE=0)
+mpi_launcher -np 2 -x NCCL_NVLS_ENABLE=0
 dir=build/test_gpu_tp
 rm -rf "$dir"; mkdir -p "$dir"
 ./build/test_train --fixtures "$dir/fx" > /dev/null 2>&1 || { bad fixtures "build/test_train --fixtures failed"; echo "test_gpu_tp: 0 passed, 1 failed, 0 skipped"; exit 1; }
@@ -33,10 +30,6 @@ HYB=d128:MAGSRU:rope:n4:k16:v16:h4:hk2:rh4:gh2:gk32:gv48:gneg:si128:sp32:sn24:sg
 AWARE=d128:MMAM:n4:q2:gn:k16:v16:h4:hk2
 common=(-vs 61 -i "$dir/fx/train_*.bin" -j "$dir/fx/val_*.bin" -t 64 -x 20 -v 10 -m 2 -u 2 -ex 0 -b 4)
 run() { timeout 300 "$@" > "$dir/last.log" 2>&1; }
-losses() { grep -o 'trl:[0-9.]*\|tel:[0-9.]*' "$1/main.log" | cut -d: -f2; }
-track() { paste <(losses "$1") <(losses "$2") | awk 'BEGIN{w=0; n=0} {d=($1-$2)/$2; if (d<0) d=-d; if (d>w) w=d; n++}
-                                                    END{if (n < 20) print "missing"; else printf("%.2e", w)}'; }
-under() { awk -v x="$1" -v t="$2" 'BEGIN{exit !(x != "missing" && x + 0 < t)}'; }
 same_run() { # label, dir a, dir b, loss tolerance, checkpoint tolerance
     local w c rc
     w=$(track "$2" "$3")

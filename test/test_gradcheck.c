@@ -147,14 +147,14 @@ static void test_rmsnorm(void) {
 typedef struct { real *out, *wte, *R; int *tokens; int M, C; } EmbCase;
 static double emb_loss(void *p) {
     EmbCase *c = (EmbCase *)p;
-    embedding_forward(c->out, c->tokens, c->wte, c->M, c->C);
+    embedding_forward(c->out, c->tokens, c->wte, c->M, c->C, 0, 7);
     return dot(c->out, c->R, (size_t)c->M * c->C);
 }
 static void test_embedding(void) {
     int tokens[9] = {3, 1, 3, 0, 6, 6, 6, 2, 1};
     EmbCase c = {zero_tensor(9 * 70), random_tensor(7 * 70, 1), random_tensor(9 * 70, 1), tokens, 9, 70};
     real *dwte = zero_tensor(7 * 70);
-    embedding_backward(dwte, c.R, tokens, 9, 70);
+    embedding_backward(dwte, c.R, tokens, 9, 70, 0, 7);
     report("embedding: dwte (repeated tokens)", fd_check("wte", c.wte, dwte, 7 * 70, emb_loss, &c));
     free(c.out); free(c.wte); free(c.R); free(dwte);
 }

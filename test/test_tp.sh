@@ -13,15 +13,12 @@
 # Skips without mpirun or an MPI build of ./train_m2rnn_cpu.
 set -u
 cd "$(dirname "$0")/.."
-passed=0; failed=0; skipped=0
-ok() { echo "PASS $1: $2"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+. test/lib_runs.sh
 if ! command -v mpirun > /dev/null 2>&1 || ! ldd ./train_m2rnn_cpu 2>/dev/null | grep -q libmpi; then
     echo "SKIP tensor parallelism over MPI: no mpirun, or ./train_m2rnn_cpu built without MPI (install openmpi-bin libopenmpi-dev)"
     echo "test_tp: 0 passed, 0 failed, 1 skipped"; exit 0
 fi
-MPI=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPI=(mpirun --allow-run-as-root --oversubscribe)
+mpi_launcher
 dir=build/test_tp_data
 rm -rf "$dir"; mkdir -p "$dir"
 
@@ -42,10 +39,6 @@ AWARE=d32:MMAM:n4:q2:gn:k16:v8:h4
 common=(-vs 61 -i "$dir/fx/train_*.bin" -j "$dir/fx/val_*.bin" -t 16 -x 20 -v 10 -m 2 -u 2 -ex 0 -nt 1)
 run1() { timeout 300 ./train_m2rnn_cpu "$@" > "$dir/last.log" 2>&1; }
 runn() { local np=$1; shift; timeout 300 "${MPI[@]}" -np "$np" ./train_m2rnn_cpu "$@" > "$dir/last.log" 2>&1; }
-losses() { grep -o 'trl:[0-9.]*\|tel:[0-9.]*' "$1/main.log" | cut -d: -f2; }
-track() { paste <(losses "$1") <(losses "$2") | awk 'BEGIN{w=0; n=0} {d=($1-$2)/$2; if (d<0) d=-d; if (d>w) w=d; n++}
-                                                    END{if (n < 20) print "missing"; else printf("%.2e", w)}'; }
-under() { awk -v x="$1" -v t="$2" 'BEGIN{exit !(x != "missing" && x + 0 < t)}'; }
 same_run() { # label, dir a, dir b
     local w c
     w=$(track "$2" "$3")

@@ -1,7 +1,7 @@
 /*
 test_tp_common.h: what the two tensor-parallel layer tests share (test_tp_shard: the ranks one after another in one
 process; test_tp_mpi: the ranks as MPI processes): seeded random tensors around each tensor's init, and the relative
-error. Included after train_m2rnn.c (the CPU reference's real, Rng, ParamDef).
+error, the whole layer's run. Included after train_m2rnn.c (the CPU reference's real, Rng, ParamDef, KindOps).
 */
 #ifndef M2RNN_TEST_TP_COMMON_H
 #define M2RNN_TEST_TP_COMMON_H
@@ -34,6 +34,22 @@ static double rel(const real *a, const real *b, size_t n) {
         den += (double)b[i] * b[i];
     }
     return sqrt(num / (den > 0 ? den : 1));
+}
+
+// the whole layer (config c, weights w; its gradients accumulate into g) in one process: out and dinp (B,T,C)
+// returned fresh (the caller frees them), from inp and dout
+static void tp_run_whole(real **out, real **dinp, const KindOps *ops, const ModelConfig *c, real **w, real **g,
+                         const real *inp, const real *dout, int B, int T) {
+    const size_t BTC = (size_t)B * T * c->d_model;
+    *out = (real *)callocCheck(BTC, sizeof(real));
+    *dinp = (real *)callocCheck(BTC, sizeof(real));
+    real *acts = (real *)callocCheck(ops->acts_size(c, B, T) + 1, sizeof(real));
+    real *scratch = (real *)callocCheck(ops->scratch_size(c, B, T) + 1, sizeof(real));
+    KindTensors t = {w, g, NULL, 1.0f, NULL};
+    ops->forward(*out, acts, inp, &t, c, B, T);
+    ops->backward(*dinp, scratch, dout, inp, acts, &t, c, B, T);
+    free(acts);
+    free(scratch);
 }
 
 #endif // M2RNN_TEST_TP_COMMON_H

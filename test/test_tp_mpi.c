@@ -59,12 +59,8 @@ static void check_kind(const char *label, const char *desc, char letter, int wan
     }
     real *inp = tp_random(BTC, 1.0, 0.0), *dout = tp_random(BTC, 1.0, 0.0);
     // the whole layer, on every rank alone
-    real *out = (real *)callocCheck(BTC, sizeof(real)), *dinp = (real *)callocCheck(BTC, sizeof(real));
-    real *acts = (real *)callocCheck(ops->acts_size(&c, B, T) + 1, sizeof(real));
-    real *scratch = (real *)callocCheck(ops->scratch_size(&c, B, T) + 1, sizeof(real));
-    KindTensors t = {w, g, NULL, 1.0f, NULL};
-    ops->forward(out, acts, inp, &t, &c, B, T);
-    ops->backward(dinp, scratch, dout, inp, acts, &t, &c, B, T);
+    real *out, *dinp;
+    tp_run_whole(&out, &dinp, ops, &c, w, g, inp, dout, B, T);
     // this rank's shard, with the group
     TPLink link = {tp, rank, mpi_sum, mpi_max, NULL, 0};
     real *out_r = (real *)callocCheck(BTC, sizeof(real)), *dinp_r = (real *)callocCheck(BTC, sizeof(real));
@@ -122,7 +118,7 @@ static void check_kind(const char *label, const char *desc, char letter, int wan
                 "forward %ld, backward %ld, a step %d (expected %d, %d, %d); the paper's: forward %d, backward %d",
                 fwd, bwd, step, want_fwd, want_bwd, want_step, paper_fwd, paper_bwd);
     for (int i = 0; i < n; i++) { free(w[i]); free(g[i]); free(wl[i]); free(gl[i]); free(g_back[i]); }
-    free(inp); free(dout); free(out); free(dinp); free(acts); free(scratch);
+    free(inp); free(dout); free(out); free(dinp);
     free(out_r); free(dinp_r); free(acts_l); free(scratch_l);
 }
 

@@ -58,12 +58,8 @@ static void check_kind(const char *label, const char *desc, char letter, int tp)
     test_result(shapes_ok, name, "%d tensors", n);
     if (!shapes_ok) { return; }
     real *inp = tp_random(BTC, 1.0, 0.0), *dout = tp_random(BTC, 1.0, 0.0);
-    real *out = (real *)callocCheck(BTC, sizeof(real)), *dinp = (real *)callocCheck(BTC, sizeof(real));
-    real *acts = (real *)callocCheck(ops->acts_size(&c, B, T) + 1, sizeof(real));
-    real *scratch = (real *)callocCheck(ops->scratch_size(&c, B, T) + 1, sizeof(real));
-    KindTensors t = {w, g, NULL, 1.0f, NULL};
-    ops->forward(out, acts, inp, &t, &c, B, T);
-    ops->backward(dinp, scratch, dout, inp, acts, &t, &c, B, T);
+    real *out, *dinp;
+    tp_run_whole(&out, &dinp, ops, &c, w, g, inp, dout, B, T);
     // the ranks: outputs and input gradients summed, gradients gathered (replicated ones summed)
     real *out_sum = (real *)callocCheck(BTC, sizeof(real)), *dinp_sum = (real *)callocCheck(BTC, sizeof(real));
     real *out_r = (real *)callocCheck(BTC, sizeof(real)), *dinp_r = (real *)callocCheck(BTC, sizeof(real));
@@ -115,7 +111,7 @@ static void check_kind(const char *label, const char *desc, char letter, int tp)
         free(w[i]); free(g[i]); free(g_back[i]);
         for (int r = 0; r < tp; r++) { free(wl[r][i]); free(gl[r][i]); }
     }
-    free(inp); free(dout); free(out); free(dinp); free(acts); free(scratch); free(out_sum); free(dinp_sum);
+    free(inp); free(dout); free(out); free(dinp); free(out_sum); free(dinp_sum);
     free(out_r); free(dinp_r); free(acts_l); free(scratch_l);
 }
 
