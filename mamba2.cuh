@@ -26,7 +26,8 @@ over the heads inside one CTA in head order; dA_log, dD go through per-(b, chunk
 order (reduce_partials).
 
 Kernels (launcher in parentheses):
-    mamba2_state_pass_kernel   (mamba2_forward, mamba2_backward)  per (P-slice of 32, h, b), chunks in sequence
+    mamba2_state_pass_kernel   (mamba2_forward, mamba2_backward)  per (P-slice of 32, h, b), chunks in sequence,
+                                                                   the state in registers
     mamba2_chunk_scan_kernel   (mamba2_forward)                    per (chunk, h, b)
     mamba2_chunk_bwd_kernel    (mamba2_backward)                   per (chunk, group, b), heads of the group in turn
     mamba2_step_kernel         (mamba2_step)                       one token from the fp32 decode state
@@ -56,10 +57,10 @@ typedef struct { MAMBA2_PARAMS(VIEW_FIELD_32) } Mamba2Params32; // their gradien
 #define MAMBA2_LDL 72       // pitch (elements) of the bf16 L×L tiles
 #define MAMBA2_LDF 65       // pitch (floats) of the fp32 L×L tiles
 #define MAMBA2_BWD_WARPS 8
-// state-pass buffers: 2 (the next chunk loading during this one's product) measured slower, 0.676 → 0.842 ms a pass
-// on an H100: 61 KB of shared memory a CTA fits 3 CTAs an SM, so the 512 CTAs of the benchmark shape take two waves
-// where 5 CTAs an SM of one buffer took one (dev/bench/NOTES.md)
-#define MAMBA2_PASS_BUFS 1
+// The state pass keeps its (32 × N) state in the MMA accumulators (registers) and double-buffers the chunks' rows in
+// shared memory (the next chunk's cp.async copies land during this chunk's product): 46 KB a CTA at N = 128, 4 CTAs
+// an SM, so the benchmark shape's 512 CTAs take one wave. (The state in fp32 shared memory with two buffers took 61 KB:
+// 3 CTAs an SM, two waves, slower than one buffer: dev/bench/NOTES.md.)
 
 typedef struct {
     int B, T, H, P, N, G; // sequences, tokens per sequence, heads, head dim, state size, B/C groups
@@ -72,8 +73,7 @@ static inline int mamba2_chunks(const Mamba2Dims *d) { return CEIL_DIV(d->T, MAM
 // shared memory of the three chunk kernels (bytes), the same carving as in the kernels
 static inline size_t mamba2_pass_smem(int P, int N) {
     const int Np = mamba2_pad(N);
-    return MAMBA2_PASS_BUFS * ((size_t)MAMBA2_L * (MAMBA2_PS + 8) + (size_t)MAMBA2_L * (Np + 8)) * sizeof(floatX) +
-           (size_t)MAMBA2_PS * Np * 4 + (2 * MAMBA2_PASS_BUFS + 1) * MAMBA2_L * 4;
+    return 2 * ((size_t)MAMBA2_L * (MAMBA2_PS + 8) + (size_t)MAMBA2_L * (Np + 8)) * sizeof(floatX) + 6 * MAMBA2_L * 4;
 }
 static inline size_t mamba2_scan_smem(int P, int N) {
     const int Np = mamba2_pad(N), Pp = mamba2_pad(P);
@@ -177,7 +177,10 @@ __device__ __forceinline__ void m2_tiles(int M, int NC, int K, const floatX *A, 
 //   forward: Sst[c] = S before chunk c;  S ← e^{Acs_last} S + (U ∘ e^{Acs_last − Acs} dt)ᵀ V   (U = x, V = B)
 //   reverse: Sst[c] = dS after chunk c;  dS ← e^{Acs_last} dS + (U ∘ e^{Acs})ᵀ V              (U = dy, V = C)
 // Sst (B,H,chunks,P,N) bf16; init / fin (H,P,N) fp32 at b·state_stride or NULL (may be the same memory);
-// U (tok, H·P) view with token stride su; V (tok, G·N) view with token stride sv; dt (tok, H) fp32
+// U (tok, H·P) view with token stride su; V (tok, G·N) view with token stride sv; dt (tok, H) fp32.
+// The carried state lives in the accumulators: TPW 16×32 tiles of the 32 × Np state per warp (tile = warp + 4·t),
+// fp32 from the first chunk to the last; each chunk scales them by its decay and adds its product in place.
+template <int TPW>
 __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, float *fin, const float *init,
                                                                 long state_stride, const floatX *U, long su,
                                                                 const floatX *V, long sv, const float *dt,
@@ -186,71 +189,101 @@ __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, flo
     extern __shared__ __align__(16) unsigned char m2_smem[];
     const int p0 = blockIdx.x * MAMBA2_PS, h = blockIdx.y, b = blockIdx.z, g = h / (H / G);
     const int Np = mamba2_pad(N), ldu = MAMBA2_PS + 8, ldv = Np + 8, nc = CEIL_DIV(T, MAMBA2_L);
-    const int warp = threadIdx.x / 32, prows = min(MAMBA2_PS, P - p0);
+    const int warp = threadIdx.x / 32, prows = min(MAMBA2_PS, P - p0), nct = Np / 32, ntiles = 2 * nct;
     const int BUF = MAMBA2_L * ldu + MAMBA2_L * ldv; // one buffer: U rows (L, ldu), V rows (L, ldv)
-    floatX *sbuf = (floatX *)m2_smem;                                   // MAMBA2_PASS_BUFS buffers
-    float *sS = (float *)(sbuf + MAMBA2_PASS_BUFS * BUF);               // (PS, Np) the carried state
-    float *sAcsb = sS + MAMBA2_PS * Np, *sdtb = sAcsb + MAMBA2_PASS_BUFS * MAMBA2_L;
-    float *sw = sdtb + MAMBA2_PASS_BUFS * MAMBA2_L;
+    floatX *sbuf = (floatX *)m2_smem;                // two buffers
+    float *sAcsb = (float *)(sbuf + 2 * BUF), *sdtb = sAcsb + 2 * MAMBA2_L, *swb = sdtb + 2 * MAMBA2_L; // (2, L) each
     const float A = -expf(A_log[h]);
     const long bh = (long)b * H + h;
-    for (int i = threadIdx.x; i < MAMBA2_PS * Np; i += blockDim.x) {
-        const int r = i / Np, n = i - r * Np;
-        sS[i] = (init != NULL && r < prows && n < N) ? init[b * state_stride + ((long)h * P + p0 + r) * N + n] : 0.0f;
+    float acc[TPW][4][4]; // element (i of n8-tile j) of tile t: state row tr·16 + acc_row(i), column tc·32 + acc_col(j, i)
+#pragma unroll
+    for (int t = 0; t < TPW; t++) {
+        const int tile = warp + 4 * t, tr = tile / nct, tc = tile - tr * nct;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = tr * 16 + acc_row(i), n = tc * 32 + acc_col(j, i);
+                acc[t][j][i] = (init != NULL && tile < ntiles && r < prows && n < N)
+                                   ? init[b * state_stride + ((long)h * P + p0 + r) * N + n] : 0.0f;
+            }
+        }
     }
-    auto issue = [&](int it, int buf) { // chunk it's raw U and V rows (cp.async) and its cumsum (warp 0)
+    // the state before chunk c (the carried accumulators), out as floatX pairs
+    auto put_state = [&](int c) {
+        floatX *out = Sst + ((bh * nc + c) * P + p0) * N;
+#pragma unroll
+        for (int t = 0; t < TPW; t++) {
+            const int tile = warp + 4 * t, tr = tile / nct, tc = tile - tr * nct;
+            if (tile >= ntiles) { continue; }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i += 2) {
+                    const int r = tr * 16 + acc_row(i), n = tc * 32 + acc_col(j, i);
+                    if (r < prows && n < N) {
+                        chunk_put2(out + (long)r * N + n, acc[t][j][i], acc[t][j][i + 1], true, n + 1 < N);
+                    }
+                }
+            }
+        }
+    };
+    // chunk it's raw U and V rows (cp.async) into buffer buf, and (warp 0) its cumsum, its decay and its row weights
+    // w_s = e^{Acs_last − Acs_s} dt_s (forward) or e^{Acs_s} (reverse)
+    auto issue = [&](int it, int buf) {
         const int c = reverse ? nc - 1 - it : it, t0 = c * MAMBA2_L, valid = min(MAMBA2_L, T - t0);
         const long tok0 = (long)b * T + t0;
         floatX *sU = sbuf + buf * BUF, *sV = sU + MAMBA2_L * ldu;
         chunk_stage(sU, ldu, U + tok0 * su + (long)h * P + p0, su, valid, prows, MAMBA2_L, MAMBA2_PS, (const float *)NULL);
         chunk_stage(sV, ldv, V + tok0 * sv + (long)g * N, sv, valid, N, MAMBA2_L, Np, (const float *)NULL);
-        m2_chunk_cumsum(sAcsb + buf * MAMBA2_L, sdtb + buf * MAMBA2_L, dt + tok0 * H + h, valid, H, A);
-    };
-    if (MAMBA2_PASS_BUFS == 2) { issue(0, 0); }
-    for (int it = 0; it < nc; it++) {
-        const int buf = it % MAMBA2_PASS_BUFS, c = reverse ? nc - 1 - it : it;
-        if (MAMBA2_PASS_BUFS == 1) { issue(it, 0); }
-        floatX *sU = sbuf + buf * BUF, *sV = sU + MAMBA2_L * ldu;
-        const float *sAcs = sAcsb + buf * MAMBA2_L, *sdt = sdtb + buf * MAMBA2_L;
-        chunk_sync(); // chunk it's rows and cumsum are in; the other buffer's readers are done
-        if (MAMBA2_PASS_BUFS == 2 && it + 1 < nc) { issue(it + 1, buf ^ 1); } // lands during this chunk's product
-        if (threadIdx.x < MAMBA2_L) {
-            const int s = threadIdx.x;
-            sw[s] = reverse ? expf(sAcs[s]) : expf(sAcs[MAMBA2_L - 1] - sAcs[s]) * sdt[s];
-        }
-        { // the state before this chunk, out as floatX (16-byte stores where the row allows)
-            floatX *out = Sst + ((bh * nc + c) * P + p0) * N;
-            constexpr int VEC = 16 / sizeof(floatX);
-            const bool vec = N % VEC == 0 && ((uintptr_t)out & 15) == 0;
-            for (int i = threadIdx.x; i < prows * (Np / VEC); i += blockDim.x) {
-                const int r = i / (Np / VEC), n = (i % (Np / VEC)) * VEC;
-                if (vec && n + VEC <= N) {
-                    __align__(16) floatX o[VEC];
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) { o[e] = m2_bf(sS[r * Np + n + e]); }
-                    *(uint4 *)(out + (long)r * N + n) = *(const uint4 *)o;
-                } else {
-                    for (int e = 0; e < VEC && n + e < N; e++) { out[(long)r * N + n + e] = m2_bf(sS[r * Np + n + e]); }
-                }
+        float *sAcs = sAcsb + buf * MAMBA2_L, *sdt = sdtb + buf * MAMBA2_L, *w = swb + buf * MAMBA2_L;
+        m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, A);
+        if (threadIdx.x < 32) { // (the lanes that wrote the cumsum: their warp's writes are visible after a syncwarp)
+            __syncwarp();
+            for (int s = threadIdx.x; s < MAMBA2_L; s += 32) {
+                w[s] = reverse ? expf(sAcs[s]) : expf(sAcs[MAMBA2_L - 1] - sAcs[s]) * sdt[s];
             }
         }
-        __syncthreads(); // (not chunk_sync: the next chunk's copies stay in flight) sw ready, sS read
+    };
+    issue(0, 0);
+    put_state(reverse ? nc - 1 : 0);
+    for (int it = 0; it < nc; it++) {
+        const int buf = it & 1;
+        floatX *sU = sbuf + buf * BUF, *sV = sU + MAMBA2_L * ldu;
+        const float *sAcs = sAcsb + buf * MAMBA2_L, *w = swb + buf * MAMBA2_L;
+        chunk_sync(); // chunk it's rows, cumsum and weights are in; every warp is done with the other buffer
+        if (it + 1 < nc) { issue(it + 1, buf ^ 1); } // lands during this chunk's product
         for (int i = threadIdx.x; i < MAMBA2_L * MAMBA2_PS; i += blockDim.x) { // U rows · weight, in place
             const int r = i / MAMBA2_PS, col = i - r * MAMBA2_PS;
-            sU[r * ldu + col] = m2_bf(m2_f(sU[r * ldu + col]) * sw[r]);
+            sU[r * ldu + col] = m2_bf(m2_f(sU[r * ldu + col]) * w[r]);
         }
         __syncthreads();
         const float decay = expf(sAcs[MAMBA2_L - 1]);
-        m2_tiles<true, false>(MAMBA2_PS, Np, MAMBA2_L, sU, ldu, sV, ldv, warp, 4, [&](int r, int n, float v) {
-            sS[r * Np + n] = decay * sS[r * Np + n] + v;
-        });
-        if (MAMBA2_PASS_BUFS == 1) { __syncthreads(); } // the next issue() rewrites this buffer
+#pragma unroll
+        for (int t = 0; t < TPW; t++) {
+            const int tile = warp + 4 * t, tr = tile / nct, tc = tile - tr * nct;
+            if (tile >= ntiles) { continue; }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) { acc[t][j][i] *= decay; }
+            }
+            warp_gemm<4, true, false>(acc[t], sU + tr * 16, ldu, sV + tc * 32, ldv, MAMBA2_L);
+        }
+        if (it + 1 < nc) { put_state(reverse ? nc - 2 - it : it + 1); } // (stores in flight over the next wait)
     }
-    __syncthreads();
-    if (fin != NULL) {
-        for (int i = threadIdx.x; i < prows * N; i += blockDim.x) {
-            const int r = i / N, n = i - r * N;
-            fin[b * state_stride + ((long)h * P + p0 + r) * N + n] = sS[r * Np + n];
+    if (fin != NULL) { // (after every read of init: they may be the same memory, each element this thread's own)
+#pragma unroll
+        for (int t = 0; t < TPW; t++) {
+            const int tile = warp + 4 * t, tr = tile / nct, tc = tile - tr * nct;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = tr * 16 + acc_row(i), n = tc * 32 + acc_col(j, i);
+                    if (tile < ntiles && r < prows && n < N) { fin[b * state_stride + ((long)h * P + p0 + r) * N + n] = acc[t][j][i]; }
+                }
+            }
         }
     }
 }
@@ -523,9 +556,15 @@ static void mamba2_state_pass(floatX *Sst, float *fin, const float *init, long s
                               long su, const floatX *V, long sv, const float *dt, const float *A_log,
                               const Mamba2Dims *d, int reverse, cudaStream_t stream) {
     const size_t smem = mamba2_pass_smem(d->P, d->N);
-    mamba2_set_smem((const void *)mamba2_state_pass_kernel, smem);
-    mamba2_state_pass_kernel<<<dim3(CEIL_DIV(d->P, MAMBA2_PS), d->H, d->B), 128, smem, stream>>>(
-        Sst, fin, init, state_stride, U, su, V, sv, dt, A_log, d->T, d->H, d->P, d->N, d->G, reverse);
+    const dim3 grid(CEIL_DIV(d->P, MAMBA2_PS), d->H, d->B);
+    const int tpw = CEIL_DIV(2 * mamba2_pad(d->N) / 32, 4); // the state's 16×32 tiles per warp
+#define MAMBA2_PASS_LAUNCH(K)                                                                                          \
+    mamba2_set_smem((const void *)mamba2_state_pass_kernel<K>, smem);                                                  \
+    mamba2_state_pass_kernel<K><<<grid, 128, smem, stream>>>(Sst, fin, init, state_stride, U, su, V, sv, dt, A_log,    \
+                                                             d->T, d->H, d->P, d->N, d->G, reverse)
+    if (tpw <= 1) { MAMBA2_PASS_LAUNCH(1); } else if (tpw == 2) { MAMBA2_PASS_LAUNCH(2); }
+    else if (tpw == 3) { MAMBA2_PASS_LAUNCH(3); } else { MAMBA2_PASS_LAUNCH(4); }
+#undef MAMBA2_PASS_LAUNCH
     cudaCheck(cudaGetLastError());
 }
 
