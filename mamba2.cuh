@@ -18,8 +18,9 @@ computes dx, ddt, dB, dC and the dA_log, dD partials from S_start[c] and dS_end[
 Numeric contract: the tensor-core products take bf16 operands (x, B, C, dy as stored in bf16) and accumulate in fp32;
 the fp32 build (PRECISION=FP32) stages fp32 tiles and multiplies them on the FMA pipe (tiles.cuh's fp32 warp_gemm),
 unrounded. Rounded to bf16 (floatX) besides the inputs: S_start and dS_end (stored between kernels), the decay-weighted operands
-(x·e^{Acs_last−Acs}·dt, dy·e^{Acs}, x·e^{Acs_last−Acs}·dt in the backward), the masked chunk matrices
-(C Bᵀ ∘ Λ ∘ dt in the forward, its transpose-use in dx), and the head-summed d(C Bᵀ) before its two last products.
+of the state passes (x·e^{Acs_last−Acs}·dt forward, dy·e^{Acs} reverse; the chunk backward applies its row weights to
+fp32 products instead), the masked chunk matrices (C Bᵀ ∘ Λ ∘ dt in the forward, its transpose-use in dx), and the
+head-summed d(C Bᵀ) before its two last products.
 The carried state of a pass, the cumsums, every decay, dt, ddt, the final state, dh0 and all reductions are fp32.
 Gradients are deterministic: no float atomics; B and C, shared by the heads of a group, get their gradients summed
 over the heads inside one CTA in head order; dA_log, dD go through per-(b, chunk, head) partials reduced in a fixed
@@ -84,12 +85,12 @@ static inline size_t mamba2_bwd_smem(int P, int N) {
     const int Np = mamba2_pad(N), Pp = mamba2_pad(P);
     return (size_t)2 * MAMBA2_L * (Np + 8) * sizeof(floatX)         // sB, sC
            + (size_t)2 * MAMBA2_L * MAMBA2_LDF * 4     // sCB, sdCB
-           + (size_t)4 * MAMBA2_L * (Pp + 8) * sizeof(floatX)       // sX, sXw, sdY, sdYe
+           + (size_t)2 * MAMBA2_L * (Pp + 8) * sizeof(floatX)       // sX, sdY
            + (size_t)2 * Pp * (Np + 8) * sizeof(floatX)             // sS, sdS
            + (size_t)MAMBA2_L * MAMBA2_LDL * sizeof(floatX)         // sW1
            + (size_t)MAMBA2_L * MAMBA2_LDF * 4         // sQ
            + (size_t)2 * MAMBA2_L * (Pp + 1) * 4       // sSB, sYS
-           + (size_t)8 * MAMBA2_L * 4;                 // per-token vectors
+           + (size_t)12 * MAMBA2_L * 4;                // per-token vectors (a head's four, twice; four sums)
 }
 
 static const char *mamba2_check_dims(const Mamba2Dims *d) {
@@ -374,12 +375,22 @@ __global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, float
     const long tok0 = (long)b * T + t0, HP = (long)H * P;
     floatX *sB = (floatX *)m2_smem, *sC = sB + MAMBA2_L * ldN;
     float *sCB = (float *)(sC + MAMBA2_L * ldN), *sdCB = sCB + MAMBA2_L * MAMBA2_LDF;
-    floatX *sX = (floatX *)(sdCB + MAMBA2_L * MAMBA2_LDF), *sXw = sX + MAMBA2_L * ldP;
-    floatX *sdY = sXw + MAMBA2_L * ldP, *sdYe = sdY + MAMBA2_L * ldP;
-    floatX *sS = sdYe + MAMBA2_L * ldP, *sdS = sS + Pp * ldN, *sW1 = sdS + Pp * ldN;
+    floatX *sX = (floatX *)(sdCB + MAMBA2_L * MAMBA2_LDF), *sdY = sX + MAMBA2_L * ldP;
+    floatX *sS = sdY + MAMBA2_L * ldP, *sdS = sS + Pp * ldN, *sW1 = sdS + Pp * ldN;
     float *sQ = (float *)(sW1 + MAMBA2_L * MAMBA2_LDL), *sSB = sQ + MAMBA2_L * MAMBA2_LDF, *sYS = sSB + MAMBA2_L * ldPf;
-    float *sAcs = sYS + MAMBA2_L * ldPf, *sdt = sAcs + MAMBA2_L, *sw = sdt + MAMBA2_L, *se = sw + MAMBA2_L;
-    float *sdAcs = se + MAMBA2_L, *sddt = sdAcs + MAMBA2_L, *sE = sddt + MAMBA2_L, *sDD = sE + MAMBA2_L;
+    float *shead = sYS + MAMBA2_L * ldPf; // (2, 4, L): a head's cumsum, dt, w, e; the next head's filled meanwhile
+    float *sdAcs = shead + 8 * MAMBA2_L, *sddt = sdAcs + MAMBA2_L, *sE = sddt + MAMBA2_L, *sDD = sE + MAMBA2_L;
+    // (warp 0) head hh's cumsum Acs, dt, w_s = e^{Acs_last − Acs_s} dt_s and e_s = e^{Acs_s} into buffer buf
+    auto head_vectors = [&](int hh, int buf) {
+        if (threadIdx.x >= 32) { return; }
+        float *acs = shead + buf * 4 * MAMBA2_L, *dts = acs + MAMBA2_L, *w = dts + MAMBA2_L, *e = w + MAMBA2_L;
+        m2_chunk_cumsum(acs, dts, dt + tok0 * H + hh, valid, H, -expf(A_log[hh]));
+        __syncwarp();
+        for (int s = threadIdx.x; s < MAMBA2_L; s += 32) {
+            w[s] = expf(acs[MAMBA2_L - 1] - acs[s]) * dts[s];
+            e[s] = expf(acs[s]);
+        }
+    };
 
     chunk_stage(sB, ldN, Bm + tok0 * stride + (long)g * N, stride, valid, N, MAMBA2_L, Np, (const float *)NULL);
     chunk_stage(sC, ldN, Cm + tok0 * stride + (long)g * N, stride, valid, N, MAMBA2_L, Np, (const float *)NULL);
@@ -397,25 +408,18 @@ __global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, float
             for (int i = 0; i < 4; i++) { accB[k][j][i] = 0.0f; accC[k][j][i] = 0.0f; }
         }
     }
+    head_vectors(g * hpg, 0);
     for (int h = g * hpg; h < (g + 1) * hpg; h++) {
+        const int cur = (h - g * hpg) & 1;
         const float A = -expf(A_log[h]), Dh = D[h];
-        chunk_sync(); // the previous head's readers are done
-        m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, A);
-        chunk_sync();
-        if (threadIdx.x < MAMBA2_L) {
-            const int s = threadIdx.x;
-            const float dec = expf(sAcs[MAMBA2_L - 1] - sAcs[s]);
-            sw[s] = dec * sdt[s];
-            se[s] = expf(sAcs[s]);
-        }
-        chunk_sync();
+        const float *sAcs = shead + cur * 4 * MAMBA2_L, *sdt = sAcs + MAMBA2_L, *sw = sdt + MAMBA2_L, *se = sw + MAMBA2_L;
+        chunk_sync(); // the previous head's readers are done; this head's vectors are in
         const long sidx = (((long)b * H + h) * nc + c) * P * N;
         chunk_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, valid, P, MAMBA2_L, Pp, (const float *)NULL);
-        chunk_stage(sXw, ldP, x + tok0 * stride + (long)h * P, stride, valid, P, MAMBA2_L, Pp, sw);
         chunk_stage(sdY, ldP, dy + tok0 * HP + (long)h * P, HP, valid, P, MAMBA2_L, Pp, (const float *)NULL);
-        chunk_stage(sdYe, ldP, dy + tok0 * HP + (long)h * P, HP, valid, P, MAMBA2_L, Pp, se);
         chunk_stage(sS, ldN, Sst + sidx, N, P, N, Pp, Np, (const float *)NULL);
         chunk_stage(sdS, ldN, dSst + sidx, N, P, N, Pp, Np, (const float *)NULL);
+        if (h + 1 < (g + 1) * hpg) { head_vectors(h + 1, cur ^ 1); } // (its dt loads overlap the copies)
         chunk_sync();
         // dy xᵀ → Q, dCB, W1 = CB ∘ Λ ∘ dt (bf16)
         m2_tiles<false, true>(MAMBA2_L, MAMBA2_L, Pp, sdY, ldP, sX, ldP, warp, MAMBA2_BWD_WARPS,
@@ -436,14 +440,30 @@ __global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, float
                               [&](int l, int p, float v) { sSB[l * ldPf + p] = v; });
         m2_tiles<false, true>(MAMBA2_L, Pp, Np, sC, ldN, sS, ldN, warp, MAMBA2_BWD_WARPS,
                               [&](int l, int p, float v) { sYS[l * ldPf + p] = v; });
-        // the state terms of dB and dC, summed over the heads in registers
+        // the state terms of dB and dC, summed over the heads in registers: dB_s += w_s (X dS)_s, dC_s += e_s (dY S)_s
+        // (each head's product in fp32, its row weights applied in fp32 before the sum)
 #pragma unroll
         for (int k = 0; k < TPW; k++) {
             const int tile = warp + MAMBA2_BWD_WARPS * k;
             if (tile < ntBC) {
                 const int tr = tile / nctN, tc = tile - tr * nctN;
-                warp_gemm<4, false, false>(accB[k], sXw + tr * 16 * ldP, ldP, sdS + tc * 32, ldN, Pp);
-                warp_gemm<4, false, false>(accC[k], sdYe + tr * 16 * ldP, ldP, sS + tc * 32, ldN, Pp);
+                float t1[4][4], t2[4][4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) { t1[j][i] = 0.0f; t2[j][i] = 0.0f; }
+                }
+                warp_gemm<4, false, false>(t1, sX + tr * 16 * ldP, ldP, sdS + tc * 32, ldN, Pp);
+                warp_gemm<4, false, false>(t2, sdY + tr * 16 * ldP, ldP, sS + tc * 32, ldN, Pp);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int r = tr * 16 + acc_row(i);
+                        accB[k][j][i] += sw[r] * t1[j][i];
+                        accC[k][j][i] += se[r] * t2[j][i];
+                    }
+                }
             }
         }
         chunk_sync();

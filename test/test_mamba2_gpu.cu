@@ -3,7 +3,8 @@ test_mamba2_gpu.cu: checks the Mamba-2 GPU recurrence (mamba2.cuh: the chunked S
 every input, dh0; the single-token step; the decode advance) against a float64 CPU loop written here straight from
 ref/mamba2.h's equations (the per-token recurrence and its hand-written backward, every state kept), plus the conv
 bias and the group RMSNorm against float64 loops.
-Cases: T not a multiple of 64, odd P and N (the paper's P=19, N=216 shape), G > 1, with and without h0 / dh_final.
+Cases: T not a multiple of 64, odd P and N (the paper's P=19, N=216 shape), G > 1, with and without h0 / dh_final, a
+chunk backward near the shared-memory limit (P=64, N=160).
 Reported: normwise relative error ‖gpu − ref‖ / ‖ref‖ per tensor. Tolerance: 2e-2 for every tensor in the bf16 build
 (bf16 operands, fp32 accumulation); 2e-4 in the fp32 build (fp32 tiles on the FMA pipe; the shapes whose fp32 tiles
 exceed the shared memory are refused there and skipped, the bf16 build runs them).
@@ -496,6 +497,7 @@ int main(void) {
         {"P32 N64 G2 T64", 2, 64, 4, 32, 64, 2, false, false},
         {"P16 N16 G4 T37 dhT", 3, 37, 8, 16, 16, 4, false, true},
         {"P40 N100 G1 T333 h0 dhT", 1, 333, 3, 40, 100, 1, true, true},
+        {"P64 N160 G1 T130 h0 dhT", 1, 130, 3, 64, 160, 1, true, true},
     };
     int seed = 1;
     for (const Case &c : cases) { run_case(c, 1000 + seed++); }
