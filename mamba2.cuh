@@ -29,7 +29,7 @@ order (reduce_partials).
 Kernels (launcher in parentheses):
     mamba2_state_pass_kernel   (mamba2_forward, mamba2_backward)  per (P-slice of 32, h, b), chunks in sequence,
                                                                    the state in registers
-    mamba2_chunk_scan_kernel   (mamba2_forward)                    per (chunk, h, b)
+    mamba2_chunk_scan_kernel   (mamba2_forward)                    per (chunk, 4 heads of a group, b)
     mamba2_chunk_bwd_kernel    (mamba2_backward)                   per (chunk, group, b), heads of the group in turn
     mamba2_step_kernel         (mamba2_step)                       one token from the fp32 decode state
     mamba2_dt_forward_kernel / mamba2_dt_backward_kernel, (the layer's pointwise parts; the group RMSNorm is common.cuh's)
@@ -58,6 +58,7 @@ typedef struct { MAMBA2_PARAMS(VIEW_FIELD_32) } Mamba2Params32; // their gradien
 #define MAMBA2_LDL 72       // pitch (elements) of the bf16 L×L tiles
 #define MAMBA2_LDF 65       // pitch (floats) of the fp32 L×L tiles
 #define MAMBA2_BWD_WARPS 8
+#define MAMBA2_SCAN_HB 4    // heads (of one group) a chunk-scan CTA takes in turn, C Bᵀ computed once for them
 // The state pass keeps its (32 × N) state in the MMA accumulators (registers) and double-buffers the chunks' rows in
 // shared memory (the next chunk's cp.async copies land during this chunk's product): 46 KB a CTA at N = 128, 4 CTAs
 // an SM, so the benchmark shape's 512 CTAs take one wave. (The state in fp32 shared memory with two buffers took 61 KB:
@@ -76,10 +77,15 @@ static inline size_t mamba2_pass_smem(int P, int N) {
     const int Np = mamba2_pad(N);
     return 2 * ((size_t)MAMBA2_L * (MAMBA2_PS + 8) + (size_t)MAMBA2_L * (Np + 8)) * sizeof(floatX) + 6 * MAMBA2_L * 4;
 }
+// (the chunk scan: B's rows, then C Bᵀ in fp32, share one area)
+__host__ __device__ static inline size_t mamba2_scan_bcb(int N) {
+    const size_t rows = (size_t)MAMBA2_L * (mamba2_pad(N) + 8) * sizeof(floatX), cb = (size_t)MAMBA2_L * MAMBA2_LDF * 4;
+    return (rows > cb ? rows : cb + 15) / 16 * 16;
+}
 static inline size_t mamba2_scan_smem(int P, int N) {
     const int Np = mamba2_pad(N), Pp = mamba2_pad(P);
-    return (size_t)2 * MAMBA2_L * (Np + 8) * sizeof(floatX) + (size_t)MAMBA2_L * (Pp + 8) * sizeof(floatX) + (size_t)Pp * (Np + 8) * sizeof(floatX) +
-           (size_t)MAMBA2_L * MAMBA2_LDL * sizeof(floatX) + 2 * MAMBA2_L * 4;
+    return (size_t)MAMBA2_L * (Np + 8) * sizeof(floatX) + mamba2_scan_bcb(N) + (size_t)MAMBA2_L * (Pp + 8) * sizeof(floatX) +
+           (size_t)Pp * (Np + 8) * sizeof(floatX) + (size_t)MAMBA2_L * MAMBA2_LDL * sizeof(floatX) + 2 * MAMBA2_L * 4;
 }
 static inline size_t mamba2_bwd_smem(int P, int N) {
     const int Np = mamba2_pad(N), Pp = mamba2_pad(P);
@@ -290,7 +296,8 @@ __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, flo
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// the chunk scan: one CTA per (chunk, head, sequence), 4 warps
+// the chunk scan: one CTA per (chunk, block of MAMBA2_SCAN_HB heads of one group, sequence), 4 warps; C Bᵀ once per
+// CTA (fp32, in the space of B once B is read), then per head
 //   M = (C Bᵀ) ∘ Λ ∘ dt (Λ_ls = e^{Acs_l − Acs_s} for s ≤ l, else 0), bf16;  y = M x + e^{Acs} (C S_startᵀ) + D x
 // y (tok, H·P); Sst (B,H,chunks,P,N) bf16 from the state pass; the rest as mamba2_forward
 __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const floatX *Sst, const floatX *x,
@@ -298,51 +305,84 @@ __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const
                                                                 const float *dt, const float *A_log, const float *D,
                                                                 int T, int H, int P, int N, int G) {
     extern __shared__ __align__(16) unsigned char m2_smem[];
-    const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (H / G), nc = gridDim.x;
+    const int hpg = H / G, blocks = CEIL_DIV(hpg, MAMBA2_SCAN_HB), g = blockIdx.y / blocks;
+    const int h0 = g * hpg + (blockIdx.y - g * blocks) * MAMBA2_SCAN_HB, h1 = min(h0 + MAMBA2_SCAN_HB, (g + 1) * hpg);
+    const int c = blockIdx.x, b = blockIdx.z, nc = gridDim.x;
     const int Np = mamba2_pad(N), Pp = mamba2_pad(P), ldN = Np + 8, ldP = Pp + 8, warp = threadIdx.x / 32;
     const int t0 = c * MAMBA2_L, valid = min(MAMBA2_L, T - t0);
     const long tok0 = (long)b * T + t0, HP = (long)H * P;
-    floatX *sC = (floatX *)m2_smem, *sB = sC + MAMBA2_L * ldN, *sX = sB + MAMBA2_L * ldN;
-    floatX *sS = sX + MAMBA2_L * ldP, *sM = sS + Pp * ldN;
+    floatX *sC = (floatX *)m2_smem, *sB = sC + MAMBA2_L * ldN;
+    float *sCB = (float *)sB; // (L, LDF) fp32 C Bᵀ, over B once every warp has read it (mamba2_scan_bcb: room for both)
+    floatX *sX = (floatX *)((unsigned char *)sB + mamba2_scan_bcb(N)), *sS = sX + MAMBA2_L * ldP, *sM = sS + Pp * ldN;
     float *sAcs = (float *)(sM + MAMBA2_L * MAMBA2_LDL), *sdt = sAcs + MAMBA2_L;
-    m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, -expf(A_log[h]));
     chunk_stage(sC, ldN, Cm + tok0 * stride + (long)g * N, stride, valid, N, MAMBA2_L, Np, (const float *)NULL);
     chunk_stage(sB, ldN, Bm + tok0 * stride + (long)g * N, stride, valid, N, MAMBA2_L, Np, (const float *)NULL);
-    chunk_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, valid, P, MAMBA2_L, Pp, (const float *)NULL);
-    chunk_stage(sS, ldN, Sst + (((long)b * H + h) * nc + c) * P * N, N, P, N, Pp, Np, (const float *)NULL);
     chunk_sync();
-    m2_tiles<false, true>(MAMBA2_L, MAMBA2_L, Np, sC, ldN, sB, ldN, warp, 4, [&](int l, int s, float v) {
-        sM[l * MAMBA2_LDL + s] = m2_bf(s <= l ? v * expf(sAcs[l] - sAcs[s]) * sdt[s] : 0.0f);
-    });
-    chunk_sync();
-    const float Dh = D[h];
+    { // C Bᵀ: 8 tiles of 16×32, two a warp, held in registers until every warp is done with B
+        float cb[2][4][4];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int tile = warp + 4 * k, tr = tile / 2, tc = tile - tr * 2;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) { cb[k][j][i] = 0.0f; }
+            }
+            warp_gemm<4, false, true>(cb[k], sC + tr * 16 * ldN, ldN, sB + tc * 32 * ldN, ldN, Np);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int tile = warp + 4 * k, tr = tile / 2, tc = tile - tr * 2;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) { sCB[(tr * 16 + acc_row(i)) * MAMBA2_LDF + tc * 32 + acc_col(j, i)] = cb[k][j][i]; }
+            }
+        }
+    }
     const int nct = Pp / 32;
-    for (int tile = warp; tile < 4 * nct; tile += 4) {
-        const int tr = tile / nct, tc = tile - tr * nct;
-        float acc[4][4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) { acc[j][i] = 0.0f; }
+    for (int h = h0; h < h1; h++) {
+        chunk_sync(); // (h > h0) the previous head's readers are done
+        m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, -expf(A_log[h]));
+        chunk_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, valid, P, MAMBA2_L, Pp, (const float *)NULL);
+        chunk_stage(sS, ldN, Sst + (((long)b * H + h) * nc + c) * P * N, N, P, N, Pp, Np, (const float *)NULL);
+        chunk_sync(); // (also: C Bᵀ is in)
+        for (int i = threadIdx.x; i < MAMBA2_L * MAMBA2_L; i += blockDim.x) {
+            const int l = i / MAMBA2_L, s_ = i - l * MAMBA2_L;
+            sM[l * MAMBA2_LDL + s_] =
+                m2_bf(s_ <= l ? sCB[l * MAMBA2_LDF + s_] * expf(sAcs[l] - sAcs[s_]) * sdt[s_] : 0.0f);
         }
-        warp_gemm<4, false, true>(acc, sC + tr * 16 * ldN, ldN, sS + tc * 32 * ldN, ldN, Np); // C S_startᵀ
-        const float e0 = expf(sAcs[tr * 16 + acc_row(0)]), e1 = expf(sAcs[tr * 16 + acc_row(2)]);
+        __syncthreads();
+        const float Dh = D[h];
+        for (int tile = warp; tile < 4 * nct; tile += 4) {
+            const int tr = tile / nct, tc = tile - tr * nct;
+            float acc[4][4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            acc[j][0] *= e0;
-            acc[j][1] *= e0;
-            acc[j][2] *= e1;
-            acc[j][3] *= e1;
-        }
-        warp_gemm<4, false, false>(acc, sM + tr * 16 * MAMBA2_LDL, MAMBA2_LDL, sX + tc * 32, ldP, MAMBA2_L);
+            for (int j = 0; j < 4; j++) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+                for (int i = 0; i < 4; i++) { acc[j][i] = 0.0f; }
+            }
+            warp_gemm<4, false, true>(acc, sC + tr * 16 * ldN, ldN, sS + tc * 32 * ldN, ldN, Np); // C S_startᵀ
+            const float e0 = expf(sAcs[tr * 16 + acc_row(0)]), e1 = expf(sAcs[tr * 16 + acc_row(2)]);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int l = tr * 16 + acc_row(i), p = tc * 32 + acc_col(j, i);
-                if (l < valid && p < P) {
-                    const float xv = to_float(x[(tok0 + l) * stride + (long)h * P + p]);
-                    y[(tok0 + l) * HP + (long)h * P + p] = (floatX)(acc[j][i] + Dh * xv);
+            for (int j = 0; j < 4; j++) {
+                acc[j][0] *= e0;
+                acc[j][1] *= e0;
+                acc[j][2] *= e1;
+                acc[j][3] *= e1;
+            }
+            warp_gemm<4, false, false>(acc, sM + tr * 16 * MAMBA2_LDL, MAMBA2_LDL, sX + tc * 32, ldP, MAMBA2_L);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i += 2) {
+                    const int l = tr * 16 + acc_row(i), p = tc * 32 + acc_col(j, i);
+                    if (l < valid && p < P) {
+                        const float x0 = m2_f(sX[l * ldP + p]), x1 = m2_f(sX[l * ldP + p + 1]);
+                        chunk_put2(y + (tok0 + l) * HP + (long)h * P + p, acc[j][i] + Dh * x0, acc[j][i + 1] + Dh * x1,
+                                   true, p + 1 < P);
+                    }
                 }
             }
         }
@@ -598,7 +638,8 @@ static void mamba2_forward(floatX *y, float *h_final, const floatX *x, const flo
     mamba2_state_pass(Sst, h_final, h0, state_stride, x, d->stride, Bm, d->stride, dt, A_log, d, 0, stream);
     const size_t smem = mamba2_scan_smem(d->P, d->N);
     mamba2_set_smem((const void *)mamba2_chunk_scan_kernel, smem);
-    mamba2_chunk_scan_kernel<<<dim3(mamba2_chunks(d), d->H, d->B), 128, smem, stream>>>(
+    mamba2_chunk_scan_kernel<<<dim3(mamba2_chunks(d), d->G * CEIL_DIV(d->H / d->G, MAMBA2_SCAN_HB), d->B), 128, smem,
+                               stream>>>(
         y, Sst, x, Bm, Cm, d->stride, dt, A_log, D, d->T, d->H, d->P, d->N, d->G);
     cudaCheck(cudaGetLastError());
 }
