@@ -57,7 +57,9 @@ typedef struct { MAMBA2_PARAMS(VIEW_FIELD_32) } Mamba2Params32; // their gradien
 #define MAMBA2_PS 32        // rows of P per state-pass CTA (16 was slower: NOTES.md)
 #define MAMBA2_LDL 72       // pitch (elements) of the bf16 L×L tiles
 #define MAMBA2_LDF 65       // pitch (floats) of the fp32 L×L tiles
-#define MAMBA2_BWD_WARPS 8
+#ifndef MAMBA2_BWD_WARPS
+#define MAMBA2_BWD_WARPS 16 // warps of a chunk-backward CTA (one CTA an SM: its shared memory)
+#endif
 #define MAMBA2_SCAN_HB 4    // heads (of one group) a chunk-scan CTA takes in turn, C Bᵀ computed once for them
 // The state pass keeps its (32 × N) state in the MMA accumulators (registers) and double-buffers the chunks' rows in
 // shared memory (the next chunk's cp.async copies land during this chunk's product): 46 KB a CTA at N = 128, 4 CTAs
@@ -390,7 +392,7 @@ __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// the backward of a chunk: one CTA per (chunk, group, sequence), 8 warps, the group's heads in turn. Per head, with
+// the backward of a chunk: one CTA per (chunk, group, sequence), MAMBA2_BWD_WARPS warps, the group's heads in turn. Per head, with
 // S = S_start[c], dS = dS_end[c], Λ as in the scan, dec_s = e^{Acs_last − Acs_s}, CB = C Bᵀ (shared by the heads):
 //   Q = CB ∘ Λ ∘ (dy xᵀ)                 dCB = Λ ∘ dt_s ∘ (dy xᵀ) (summed over the heads)
 //   dx_s  = Σ_l (CB∘Λ)_ls dt_s dy_l + dec_s dt_s (dS B_s) + D dy_s
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const
 // dx, dB, dC views (token stride `stride`) written; ddt (tok, H) written; part (2, B·chunks, H): dA_log and dD
 // partials per (b, chunk, head); Sst, dSst (B,H,chunks,P,N) bf16 from the two state passes
 template <int TPW> // 16×32 tiles of dB (and of dC) per warp: 4·Np/32 tiles over 8 warps
-__global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, floatX *dB, floatX *dC, float *ddt,
+__global__ void __launch_bounds__(MAMBA2_BWD_WARPS * 32) mamba2_chunk_bwd_kernel(floatX *dx, floatX *dB, floatX *dC, float *ddt,
                                                                float *part, const floatX *dy,
                                                                const floatX *Sst, const floatX *dSst,
                                                                const floatX *x, const floatX *Bm, const floatX *Cm,
@@ -511,7 +513,7 @@ __global__ void __launch_bounds__(256) mamba2_chunk_bwd_kernel(floatX *dx, float
         m2_tiles<true, false>(MAMBA2_L, Pp, MAMBA2_L, sW1, MAMBA2_LDL, sdY, ldP, warp, MAMBA2_BWD_WARPS,
                               [&](int s, int p, float v) {
                                   if (s < valid && p < P) {
-                                      const float dyv = to_float(dy[(tok0 + s) * HP + (long)h * P + p]);
+                                      const float dyv = m2_f(sdY[s * ldP + p]);
                                       dx[(tok0 + s) * stride + (long)h * P + p] =
                                           (floatX)(v + sw[s] * sSB[s * ldPf + p] + Dh * dyv);
                                   }
@@ -663,7 +665,7 @@ static void mamba2_backward(floatX *dx, floatX *dB, floatX *dC, float *ddt, floa
     const int tpw = CEIL_DIV(4 * mamba2_pad(d->N) / 32, MAMBA2_BWD_WARPS);
 #define MAMBA2_BWD_LAUNCH(K)                                                                                           \
     mamba2_set_smem((const void *)mamba2_chunk_bwd_kernel<K>, smem);                                                   \
-    mamba2_chunk_bwd_kernel<K><<<grid, 256, smem, stream>>>(dx, dB, dC, ddt, part, dy, Sst, dSst, x, Bm, Cm,           \
+    mamba2_chunk_bwd_kernel<K><<<grid, MAMBA2_BWD_WARPS * 32, smem, stream>>>(dx, dB, dC, ddt, part, dy, Sst, dSst, x, Bm, Cm,           \
                                                             d->stride, dt, A_log, D, d->T, d->H, d->P, d->N, d->G)
     if (tpw <= 1) { MAMBA2_BWD_LAUNCH(1); } else if (tpw == 2) { MAMBA2_BWD_LAUNCH(2); }
     else if (tpw == 3) { MAMBA2_BWD_LAUNCH(3); } else { MAMBA2_BWD_LAUNCH(4); }
