@@ -10,7 +10,8 @@
 #      rounded to bf16 once more than on one GPU) and its gap is printed;
 #   2. checkpoints hold the whole model: a TP = 2 checkpoint resumes on one GPU and a one-GPU checkpoint on TP = 2,
 #      both finishing as the uninterrupted run did (fp32, 1e-5);
-#   3. refusals end both ranks with one line: heads that do not divide, MoE layers.
+#   3. refusals end both ranks with one line: heads that do not divide, MoE layers;
+#   with four GPUs also TP=2 x DP=2 (two communicators a rank, the norm over ZeRO-1 pieces less the replicated ranges).
 # Skips without two GPUs, mpirun, or a ./train_m2rnn built with NCCL.
 set -u
 cd "$(dirname "$0")/.."
@@ -52,6 +53,15 @@ grep -q "processes             | 2: 1 data-parallel replicas (B rows each) x 2 t
 run ./train_m2rnn -e "$HYB" "${common[@]}" -o "$dir/hyb1_bf16" || bad "hybrid, one GPU (bf16)" "$(tail -2 "$dir/last.log")"
 run "${MPI[@]}" ./train_m2rnn -e "$HYB" "${common[@]}" -tp 2 -o "$dir/hyb_tp2_bf16" || bad "hybrid, TP=2 (bf16)" "$(tail -2 "$dir/last.log")"
 same_run "hybrid, TP=2 tracks one GPU (bf16; measured, not bit-exact)" "$dir/hyb_tp2_bf16" "$dir/hyb1_bf16" 2e-2 1
+
+# (four GPUs) TP=2 x DP=2: each TP group reads its own rows, ZeRO-1 within each TP position, two communicators a rank
+if [ "$gpus" -ge 4 ]; then
+    mpi_launcher -np 4 -x NCCL_NVLS_ENABLE=0
+    run "${MPI[@]}" $FP32 -e "$HYB" "${common[@]}" -b 2 -n 10 -tp 2 -o "$dir/hyb_tp2dp2" \
+        || bad "hybrid, TP=2 x DP=2 (fp32)" "$(tail -2 "$dir/last.log")"
+    same_run "hybrid, TP=2 x DP=2 (4 GPUs) tracks one GPU (fp32)" "$dir/hyb_tp2dp2" "$dir/hyb1" 1e-5 1e-5
+    mpi_launcher -np 2 -x NCCL_NVLS_ENABLE=0
+fi
 
 # 2. resumes across TP sizes
 mkdir -p "$dir/tp2_to_1" && cp "$dir/hyb_tp2/ckpt_00000010.bin" "$dir/tp2_to_1/"
