@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# launch_multi_node.sh: data-parallel training over several machines, one process per GPU. The hostfile lists each
-# machine with its GPU count ("node1 slots=8"); every machine needs the same checkout (built with `make`), the data
+# launch_multi_node.sh: data- and tensor-parallel training over several machines, one process per GPU (-tp T: T
+# consecutive ranks split each layer; mpirun fills a machine's slots in rank order, so a group stays on one machine
+# when T divides its slots). The hostfile lists each machine with its GPU count ("node1 slots=8"); every machine
+# needs the same checkout (built with `make`), the data
 # at the same path, passwordless ssh from this one, and a network NCCL can use. Put -o on a filesystem every machine
 # sees: rank 0 writes the log and the checkpoints, and every rank reads the checkpoint it resumes from (-y).
 # NCCL settings worth knowing (exported to every rank with -x):
