@@ -39,7 +39,7 @@ Layouts (tok = b·T + t):
     dt, ddt (tok, H) fp32 (dt after the softplus; ddt written); A_log, D (H) fp32; dA_log, dD (H) fp32 (+=);
     h0, h_final, dh0, dh_final: (H, P, N) fp32 per sequence at b·state_stride floats, each optional (NULL).
 Limits: any T ≥ 1, G dividing H, P ≤ 128, N ≤ 256 and the backward's shared memory (it grows with P and N: P=64,
-N=128 take 199 KB; P=19, N=216 take 185 KB) within the device's opt-in limit; mamba2_check_dims says which.
+N=128 take 179 KB; P=19, N=216 take 174 KB) within the device's opt-in limit; mamba2_check_dims says which.
 */
 #ifndef M2RNN_MAMBA2_CUH
 #define M2RNN_MAMBA2_CUH
