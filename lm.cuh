@@ -103,9 +103,9 @@ struct Model {
     cudaGraphExec_t dec_graph;     // the step of all B sequences, captured (NULL: not yet, or not possible)
     int dec_steps;                 // eager steps since begin (the second is captured: the first sets kernel attributes)
     int dec_graph_off;             // 1: run eagerly (M2RNN_NO_GRAPH=1, or a capture failed)
-    // data parallelism over NCCL (ZeRO-1; model_set_parallel): NULL dp_comm = one GPU, the plain path (dp_comm is the
-    // whole process layout: its TP group too)
-    const Comm *dp_comm;
+    // the process layout over NCCL (model_set_parallel: its data-parallel and tensor-parallel groups); NULL = one GPU,
+    // the plain path. Data parallelism (ZeRO-1):
+    const Comm *comm;
     int dp, dp_rank;
     size_t n_pad;                  // the gradient and master buffers' length: num_parameters rounded to the buckets
     int num_grad_buckets;
@@ -261,7 +261,7 @@ static void model_ensure_activations(Model *model, int B, int T) {
 // all (tp · n) = every TP rank's mine (n floats), in rank order, on the main stream
 static void tp_allgather_f32(Model *model, float *all, const float *mine, size_t n) {
     model->tp_group.calls++;
-    ncclCheck(ncclAllGather(mine, all, n, ncclFloat, model->dp_comm->nccl_tp, model->rt.stream));
+    ncclCheck(ncclAllGather(mine, all, n, ncclFloat, model->comm->nccl_tp, model->rt.stream));
 }
 #endif
 
@@ -370,14 +370,14 @@ static inline size_t dp_piece_begin(const Model *model, const GradBucket *b) {
 static void dp_reduce_bucket(Model *model, const GradBucket *b) {
     float *base = model->grads_memory + b->begin;
     ncclCheck(ncclReduceScatter(base, model->grads_memory + dp_piece_begin(model, b), dp_piece_len(model, b),
-                                ncclFloat, ncclAvg, model->dp_comm->nccl_dp, model->comm_stream));
+                                ncclFloat, ncclAvg, model->comm->nccl_dp, model->comm_stream));
 }
 #endif
 
 // the backward has finished `layer` (n_layer: the head, -1: the embedding): start the buckets it completes
 static void dp_buckets_ready(Model *model, int layer) {
 #ifdef USE_NCCL
-    if (model->dp_comm == NULL || !model->sync_next || !model->overlap) { return; }
+    if (model->comm == NULL || !model->sync_next || !model->overlap) { return; }
     int any = 0;
     for (int k = 0; k < model->num_grad_buckets; k++) { any |= model->grad_buckets[k].ready == layer; }
     if (!any) { return; }
@@ -418,7 +418,7 @@ static void model_sync_next_backward(Model *model) { model->sync_next = 1; }
 
 // average milliseconds a step that the gradient reduce-scatter ran on after the backward ended; -1: not data-parallel
 static double model_comm_exposed_ms(const Model *model) {
-    return model->dp_comm != NULL && model->exposed_steps > 0 ? model->exposed_ms / model->exposed_steps : -1.0;
+    return model->comm != NULL && model->exposed_steps > 0 ? model->exposed_ms / model->exposed_steps : -1.0;
 }
 
 static void model_backward(Model *model, float loss_scale) {
@@ -484,7 +484,7 @@ static void tp_sum_partial_grads(Model *model) {
             const size_t e = r->sum[2 * i] + r->sum[2 * i + 1] < p1 ? r->sum[2 * i] + r->sum[2 * i + 1] : p1;
             if (a >= e) { continue; }
             ncclCheck(ncclAllReduce(model->grads_memory + a, model->grads_memory + a, e - a, ncclFloat, ncclSum,
-                                    model->dp_comm->nccl_tp, model->rt.stream));
+                                    model->comm->nccl_tp, model->rt.stream));
         }
     }
     ncclCheck(ncclGroupEnd());
@@ -497,11 +497,11 @@ static void tp_sum_partial_grads(Model *model) {
 static double model_grad_norm(Model *model) {
     float norm2;
     cudaStream_t stream = model->rt.stream;
-    if (model->dp_comm != NULL) { dp_finish_reduce(model); }
+    if (model->comm != NULL) { dp_finish_reduce(model); }
 #ifdef USE_NCCL
     if (model->tp > 1) { tp_sum_partial_grads(model); }
 #endif
-    const int spread = model->dp_comm != NULL && (model->dp > 1 || model->tp > 1);
+    const int spread = model->comm != NULL && (model->dp > 1 || model->tp > 1);
     if (!spread) {
         global_sum_squares(model->norm_scratch + NORM_BLOCKS, model->norm_scratch, model->grads_memory,
                            model->num_parameters, stream);
@@ -524,21 +524,21 @@ static double model_grad_norm(Model *model) {
         cudaCheck(cudaMemcpyAsync(&norm2, model->dp_norms + np, sizeof(float), cudaMemcpyDeviceToHost, stream));
     }
     cudaCheck(cudaStreamSynchronize(stream));
-    if (model->dp_comm != NULL) {
+    if (model->comm != NULL) {
         float ms = 0.0f;
         cudaCheck(cudaEventElapsedTime(&ms, model->ev_bwd_end, model->ev_comm_done));
         if (model->exposed_calls++ > 0) { // (the first step's collectives also set up NCCL's connections)
             model->exposed_ms += ms > 0.0f ? ms : 0.0f;
             model->exposed_steps++;
         }
-        if (spread) { return sqrt(comm_world_sum(model->dp_comm, (double)norm2)); }
+        if (spread) { return sqrt(comm_world_sum(model->comm, (double)norm2)); }
     }
     return sqrt((double)norm2);
 }
 
 // the AdamW moments' length: this rank's pieces (data-parallel) or every parameter
 static size_t model_moments_numel(const Model *model) {
-    return model->dp_comm != NULL ? model->shard_numel : model->num_parameters;
+    return model->comm != NULL ? model->shard_numel : model->num_parameters;
 }
 
 static void model_alloc_moments(Model *model) {
@@ -554,10 +554,10 @@ static void model_alloc_moments(Model *model) {
 static void model_update(Model *model, const OptimizerConfig *opt, int step, double norm) {
     if (model->m_memory == NULL) { model_alloc_moments(model); }
     const float scale = (opt->grad_clip > 0 && norm > opt->grad_clip) ? (float)(opt->grad_clip / norm) : 1.0f;
-    const int pieces = model->dp_comm != NULL ? model->num_grad_buckets : 1;
+    const int pieces = model->comm != NULL ? model->num_grad_buckets : 1;
     for (int k = 0; k < pieces; k++) {
         size_t p0 = 0, p1 = model->num_parameters, moments = 0;
-        if (model->dp_comm != NULL) {
+        if (model->comm != NULL) {
             const GradBucket *b = &model->grad_buckets[k];
             p0 = dp_piece_begin(model, b);
             p1 = p0 + dp_piece_len(model, b);
@@ -575,12 +575,12 @@ static void model_update(Model *model, const OptimizerConfig *opt, int step, dou
         }
     }
 #ifdef USE_NCCL
-    if (model->dp_comm != NULL && model->dp > 1) {
+    if (model->comm != NULL && model->dp > 1) {
         ncclCheck(ncclGroupStart());
         for (int k = 0; k < model->num_grad_buckets; k++) {
             const GradBucket *b = &model->grad_buckets[k];
             ncclCheck(ncclAllGather(model->master_memory + dp_piece_begin(model, b), model->master_memory + b->begin,
-                                    dp_piece_len(model, b), ncclFloat, model->dp_comm->nccl_dp, model->rt.stream));
+                                    dp_piece_len(model, b), ncclFloat, model->comm->nccl_dp, model->rt.stream));
         }
         ncclCheck(ncclGroupEnd());
         cast_f32_to_floatx(model->params_memory, model->master_memory, (long)model->num_parameters, model->rt.stream);
@@ -599,7 +599,7 @@ static void model_free(Model *model) {
     if (model->dec_memory != NULL) { cudaCheck(cudaFree(model->dec_memory)); }
     if (model->dec_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_graph)); }
     if (model->buckets.device != NULL) { cudaCheck(cudaFree(model->buckets.device)); }
-    if (model->dp_comm != NULL) {
+    if (model->comm != NULL) {
         cudaCheck(cudaFree(model->dp_norms));
         cudaCheck(cudaStreamDestroy(model->comm_stream));
         cudaCheck(cudaEventDestroy(model->ev_ready));
@@ -632,7 +632,7 @@ static void dp_gather_moments(const Model *model, float *host, const float *piec
     for (int k = 0; k < model->num_grad_buckets; k++) {
         const GradBucket *b = &model->grad_buckets[k];
         ncclCheck(ncclAllGather(pieces + b->shard_off, full + b->begin, dp_piece_len(model, b), ncclFloat,
-                                model->dp_comm->nccl_dp, model->rt.stream));
+                                model->comm->nccl_dp, model->rt.stream));
     }
     ncclCheck(ncclGroupEnd());
     cudaCheck(cudaStreamSynchronize(model->rt.stream));
@@ -651,7 +651,7 @@ static void model_read_state(const Model *model, void *params, void *m, void *v)
     float *lv = moments && tp > 1 ? (float *)mallocCheck(bytes) : (float *)v;
     cudaCheck(cudaMemcpy(lp, model->master_memory, bytes, cudaMemcpyDeviceToHost));
     if (moments) {
-        if (model->dp_comm != NULL) {
+        if (model->comm != NULL) {
             dp_gather_moments(model, lm, model->m_memory);
             dp_gather_moments(model, lv, model->v_memory);
         } else {
@@ -660,11 +660,11 @@ static void model_read_state(const Model *model, void *params, void *m, void *v)
         }
     }
     if (tp > 1) {
-        tp_gather_full(model->dp_comm, params, &model->table, lp, &model->lt, sizeof(float));
+        tp_gather_full(model->comm, params, &model->table, lp, &model->lt, sizeof(float));
         free(lp);
         if (moments) {
-            tp_gather_full(model->dp_comm, m, &model->table, lm, &model->lt, sizeof(float));
-            tp_gather_full(model->dp_comm, v, &model->table, lv, &model->lt, sizeof(float));
+            tp_gather_full(model->comm, m, &model->table, lm, &model->lt, sizeof(float));
+            tp_gather_full(model->comm, v, &model->table, lv, &model->lt, sizeof(float));
             free(lm);
             free(lv);
         }
@@ -707,7 +707,7 @@ static void model_write_state(Model *model, const void *params, const void *m, c
         cudaCheck(cudaFree(model->v_memory));
         model->m_memory = model->v_memory = NULL;
     }
-    if (m != NULL && model->dp_comm != NULL) { // this rank's pieces of the moments
+    if (m != NULL && model->comm != NULL) { // this rank's pieces of the moments
         model_alloc_moments(model);
         dp_scatter_moments(model, model->m_memory, (const float *)m);
         dp_scatter_moments(model, model->v_memory, (const float *)v);
@@ -737,7 +737,7 @@ static void model_logits_row(Model *model, int b, int t, float *out) {
     }
     float *mine = (float *)mallocCheck((size_t)Vl * sizeof(float));
     copy_logits_row(mine, model->logits + ((size_t)b * model->T + t) * Vl, Vl);
-    comm_tp_allgather(model->dp_comm, out, mine, (size_t)Vl, sizeof(float));
+    comm_tp_allgather(model->comm, out, mine, (size_t)Vl, sizeof(float));
     free(mine);
 }
 
@@ -994,7 +994,7 @@ static void model_set_parallel(Model *model, const Comm *comm) {
     const ModelConfig *c = &model->lc;
     const ParamTable *t = &model->lt;
     const size_t n = model->num_parameters, align = (size_t)comm->dp * 64;
-    model->dp_comm = comm;
+    model->comm = comm;
     model->dp = comm->dp;
     model->dp_rank = comm->dp_rank;
     model->overlap = !(getenv("M2RNN_NO_OVERLAP") != NULL && strcmp(getenv("M2RNN_NO_OVERLAP"), "1") == 0);
