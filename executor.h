@@ -72,6 +72,17 @@ static void model_decode_state_io(Model *model, int b, void *buf, int save); // 
 // ----------------------------------------------------------------------------------------------------------------
 // tensor parallelism, what every executor does the same way around its own buffers (host side)
 
+// a TP rank's layers: its local config lc (model.h's model_config_tp_local) and parameter table lt, or the job ends
+// with why this model cannot be split over comm->tp ranks
+static void tp_local_layout(ModelConfig *lc, ParamTable *lt, const ModelConfig *full, const Comm *comm) {
+    const char *why = model_config_tp_local(full, lc, comm->tp, comm->tp_rank);
+    if (why != NULL) {
+        fail_with_hint("use a TP size (-tp) that divides the heads of every layer kind, or -tp 1",
+                       "tensor parallelism -tp %d: %s", comm->tp, why);
+    }
+    param_table_build(lt, lc);
+}
+
 // The ranges (offset, count pairs, in buffer order) of a TP rank's local buffer (table lt; ft the whole model's):
 // sum, the gradients each rank computes only in part (model.h's tp_partial_rows: tensors every rank holds whole but
 // computes from its own heads: M²RNN's shared q/k, GDN's norm weight), summed over the group once a step; once, those

@@ -948,12 +948,7 @@ static void tp_nccl_sum(TPGroup *g, void *x, size_t n, int fp32, cudaStream_t st
 // tensor parallelism: this rank's local config and table replace the whole model's (before the weights are set:
 // model_init_weights and model_write_state shard the whole model's); the buffers are made again at the local size
 static void model_set_tensor_parallel(Model *model, const Comm *comm) {
-    const char *why = model_config_tp_local(&model->config, &model->lc, comm->tp, comm->tp_rank);
-    if (why != NULL) {
-        fail_with_hint("use a TP size (-tp) that divides the heads of every layer kind, or -tp 1",
-                       "tensor parallelism -tp %d: %s", comm->tp, why);
-    }
-    param_table_build(&model->lt, &model->lc);
+    tp_local_layout(&model->lc, &model->lt, &model->config, comm);
     model->tp = comm->tp;
     model->tp_rank = comm->tp_rank;
     const size_t n = model->lt.num_parameters;

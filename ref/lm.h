@@ -315,12 +315,7 @@ static void cpu_tp_max(TPLink *link, real *x, size_t n) { comm_tp_allreduce_max(
 static void model_set_parallel(Model *model, const Comm *comm) {
     model->comm = comm;
     if (comm->tp > 1) {
-        const char *why = model_config_tp_local(&model->config, &model->lc, comm->tp, comm->tp_rank);
-        if (why != NULL) {
-            fail_with_hint("use a TP size (-tp) that divides the heads of every layer kind, or -tp 1",
-                           "tensor parallelism -tp %d: %s", comm->tp, why);
-        }
-        param_table_build(&model->lt, &model->lc);
+        tp_local_layout(&model->lc, &model->lt, &model->config, comm);
         free(model->params_memory);
         free(model->grads_memory);
         model->params_memory = (real *)callocCheck(model->lt.num_parameters, sizeof(real));
