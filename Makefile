@@ -27,7 +27,15 @@ GPU_ARCH ?= 90a
 NVCC_ARCH = -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARCH) -gencode arch=compute_90,code=compute_90
 NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wno-unused-function -DM2RNN_COMMIT='"$(COMMIT)"'
-NVCC_LDLIBS = -lcublas -lcublasLt
+NVCC_LDLIBS = -lcublas -lcublasLt -ldl
+# cuDNN's fused attention (attention_cudnn.cuh) is compiled in where its headers are (CUDNN_INCLUDE=dir, else found
+# under CUDA_HOME or /usr/include); the library itself is opened at run time, so nothing links against it and the
+# programs run without it (on our own attention kernels)
+CUDNN_INCLUDE ?= $(patsubst %/cudnn_graph.h,%,$(firstword $(wildcard $(CUDA_HOME)/include/cudnn_graph.h \
+                   /usr/include/cudnn_graph.h /usr/include/x86_64-linux-gnu/cudnn_graph.h)))
+ifneq ($(CUDNN_INCLUDE),)
+  NVCCFLAGS += -DUSE_CUDNN $(if $(filter /usr/include,$(CUDNN_INCLUDE)),,-I$(CUDNN_INCLUDE))
+endif
 
 .PHONY: all cpu cuda test train generate clean
 
@@ -241,7 +249,7 @@ build/bench_m2rnn: dev/bench/bench_m2rnn.cu $(M2RNN_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -lineinfo -o $@ $< $(NVCC_LDLIBS)
 
-ATTENTION_GPU_HEADERS = attention_kernels.cuh tiles.cuh cuda_common.h utils.h
+ATTENTION_GPU_HEADERS = attention_kernels.cuh attention_cudnn.cuh tiles.cuh cuda_common.h utils.h
 
 build/test_attention_gpu: test/test_attention_gpu.cu $(ATTENTION_GPU_HEADERS) test/test_common.h
 	@mkdir -p build

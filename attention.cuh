@@ -3,9 +3,11 @@ attention.cuh: causal softmax attention (the A row of layers.h) on the GPU, mirr
 the mixer is the qkv projection → RoPE → attention_core → the output projection, behind the KindOps interface of
 common.cuh, plus the single-token decode step against a KV cache. GQA: query head h reads kv head h / (NH / NKV).
 
-bf16 build (the trainer): the core is the flash kernels of attention_kernels.cuh, reading q, k, v in place as the
-column blocks of the projection's (B,T,(NH+2·NKV)·HS) rows and writing the (B,T,NH·HS) output the projection reads:
-no permute, no T×T matrix; the backward keeps the projection (after RoPE), the output and the log-sum-exp. RoPE
+bf16 build (the trainer): the core is cuDNN's fused flash attention where attention_cudnn.cuh takes the shape (cuDNN
+loaded at run time; M2RNN_ATTENTION=ours opts out), else the flash kernels of attention_kernels.cuh; both read q, k, v
+in place as the column blocks of the projection's (B,T,(NH+2·NKV)·HS) rows and write the (B,T,NH·HS) output the
+projection reads: no permute, no T×T matrix; the backward keeps the projection (after RoPE), the output and the
+log-sum-exp. RoPE
 rotates q and k in place (and un-rotates dq, dk in place: a rotation's adjoint is its inverse). The decode step
 appends the token's rotated k, v to the cache and runs the split-context decode kernel. Head dims 32, 64 or 128.
 
@@ -22,6 +24,7 @@ RoPE: the "rotate half" pairs (i, i+HS/2), angle t·θ^(−2i/HS) and its cos, s
 #include "common.cuh"
 #if !FLOATX_IS_FP32
 #include "attention_kernels.cuh"
+#include "attention_cudnn.cuh"
 #endif
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -149,7 +152,7 @@ static void attention_gpu_check(const ModelConfig *c) {
 typedef struct {
     floatX *qkv;    // (B,T,(NH+2·NKV)·HS) the projection, q and k after RoPE
     floatX *attn_y; // (B,T,NH·HS) the attention output, before the output projection
-    float *lse;     // (B·T, NH) log-sum-exp of each query's scores
+    float *lse;     // B·T·NH log-sum-exp of each query's scores: (B·T, NH) from our kernels, (B, NH, T) from cuDNN's
 } AttnActs;
 
 static size_t attention_acts_layout(AttnActs *a, void *base, const ModelConfig *c, int B, int T) {
@@ -164,7 +167,7 @@ static size_t attention_acts_layout(AttnActs *a, void *base, const ModelConfig *
 typedef struct {
     floatX *d_attn_y; // (B,T,NH·HS)
     floatX *d_qkv;    // (B,T,(NH+2·NKV)·HS)
-    float *D;         // (B·T, NH) Σ dO·O
+    float *D;         // B·T·NH Σ dO·O (layout as the lse's)
     float2 *rope_tab; // (T, HS/2) RoPE's (cos, sin)
 } AttnScratch;
 
@@ -178,11 +181,16 @@ static size_t attention_scratch_layout(AttnScratch *s, void *base, const ModelCo
     return ar.used;
 }
 
-// attn_y (B,T,NH·HS) = attention of the rotated qkv; lse saved
+// attn_y (B,T,NH·HS) = attention of the rotated qkv; lse saved. cuDNN's fused kernels where attention_cudnn.cuh
+// takes the shape (the forward and the backward together), else ours.
 static void attention_core_forward(AttnActs *a, const ModelConfig *c, int B, int T, const Runtime *rt) {
     const AttnDims d = attention_dims(c, B, T);
     const long inner = (long)c->attn.heads * c->attn.head_dim, kv = (long)c->attn.kv_heads * c->attn.head_dim;
-    flash_attention_forward(a->attn_y, a->lse, a->qkv, a->qkv + inner, a->qkv + inner + kv, &d, rt->stream);
+    if (cudnn_attention_takes(&d)) {
+        cudnn_attention_forward(a->attn_y, a->lse, a->qkv, a->qkv + inner, a->qkv + inner + kv, &d, rt->stream);
+    } else {
+        flash_attention_forward(a->attn_y, a->lse, a->qkv, a->qkv + inner, a->qkv + inner + kv, &d, rt->stream);
+    }
 }
 
 // s->d_qkv (all of it written) from s->d_attn_y
@@ -190,8 +198,14 @@ static void attention_core_backward(AttnScratch *s, const AttnActs *a, const Mod
                                     const Runtime *rt) {
     const AttnDims d = attention_dims(c, B, T);
     const long inner = (long)c->attn.heads * c->attn.head_dim, kv = (long)c->attn.kv_heads * c->attn.head_dim;
-    flash_attention_backward(s->d_qkv, s->d_qkv + inner, s->d_qkv + inner + kv, s->D, s->d_attn_y, a->qkv,
-                             a->qkv + inner, a->qkv + inner + kv, a->attn_y, a->lse, (long)B * T, &d, rt->stream);
+    if (cudnn_attention_takes(&d)) {
+        cudnn_attention_backward(s->d_qkv, s->d_qkv + inner, s->d_qkv + inner + kv, s->D, s->d_attn_y, a->qkv,
+                                 a->qkv + inner, a->qkv + inner + kv, a->attn_y, a->lse, &d, rt->stream);
+    } else {
+        flash_attention_backward(s->d_qkv, s->d_qkv + inner, s->d_qkv + inner + kv, s->D, s->d_attn_y, a->qkv,
+                                 a->qkv + inner, a->qkv + inner + kv, a->attn_y, a->lse, (long)B * T, &d,
+                                 rt->stream);
+    }
 }
 
 #else

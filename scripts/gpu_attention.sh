@@ -10,6 +10,7 @@ set -uo pipefail
 parts=${*:-test train decode torch step before}
 OUT=${OUT:-/tmp}
 mkdir -p build
+source scripts/cudnn_env.sh
 targets="build/test_attention_gpu build/bench_attention"
 case " $parts " in *" test "*) targets="$targets build/test_gpu_trainer build/test_gpu_trainer_fp32" ;; esac
 case " $parts " in *" step "*|*" profile "*) targets="$targets build/bench_train_step" ;; esac
@@ -27,8 +28,12 @@ for p in $parts; do
         step)
             for m in "$TPP 8 4096 10 3 100352" "d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84 8 4096 10 3 100352" \
                      "d1024:MAAAAAAAAAAAAAAAAAAAAAAA:n84 8 4096 10 3 100352" "d768:MMMAMMMAMMMA 16 1024 10 3 50257"; do
-                ./build/bench_train_step $m 2>&1 | tail -1
-            done ;;
+                ./build/bench_train_step $m 2>&1 | grep -E "^attention:|^\|" | tail -2
+            done
+            echo "--- the Transformer++ with M2RNN_DETERMINISTIC=1 (cuDNN's deterministic backward)"
+            M2RNN_DETERMINISTIC=1 ./build/bench_train_step $TPP 8 4096 10 3 100352 2>&1 | grep -E "^attention:|^\|" | tail -2
+            echo "--- the Transformer++ on our own attention kernels (M2RNN_ATTENTION=ours)"
+            M2RNN_ATTENTION=ours ./build/bench_train_step $TPP 8 4096 10 3 100352 2>&1 | tail -1 ;;
         before) bash scripts/gpu_step_compare.sh "${BEFORE_DIR:-.peers/before}" ;;
         profile)
             ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \

@@ -5,7 +5,8 @@ must repeat them bit for bit: no atomics), and the split decode kernel. The case
 GQA and MQA, head dim 32, lengths that are not multiples of the tiles (1, 3, 5, 37, 70, 130, 150, 200), packed
 variable-length sequences, a chunked prefill (the queries are the last 37 of 150 keys), prefill chunks against KV
 caches filled to different lengths (len_k), a non-causal pass, and q, k, v as column blocks of one projection row
-(the model's layout). Decode: head dims 32/64/128, MHA/GQA/MQA, lengths from 1 to 70000 (many slices). Errors are normwise relative per tensor, bound 2e-2 (bf16 in and
+(the model's layout); the causal self-attention cases also through cuDNN's fused graphs (attention_cudnn.cuh, both backward
+forms: dQ by fp32 atomics and the deterministic one, whose repeatability is checked; skipped where cuDNN is absent). Decode: head dims 32/64/128, MHA/GQA/MQA, lengths from 1 to 70000 (many slices). Errors are normwise relative per tensor, bound 2e-2 (bf16 in and
 out; the kernels round P to bf16 for the P·V product, as FlashAttention does). Skips without a GPU.
 */
 #include <math.h>
@@ -13,6 +14,7 @@ out; the kernels round P to bf16 for the P·V product, as FlashAttention does). 
 #include <vector>
 
 #include "attention_kernels.cuh"
+#include "attention_cudnn.cuh"
 #include "test/test_common.h"
 
 typedef __nv_bfloat16 bf16;
@@ -170,6 +172,60 @@ static void run_case(const Case &c) {
     test_result(memcmp(gk.data(), gk2.data(), gk.size() * sizeof(bf16)) == 0 &&
                     memcmp(gq.data(), gq2.data(), gq.size() * sizeof(bf16)) == 0,
                 name, "%s", "dq, dk, dv bitwise equal");
+    // the training path's cuDNN graphs (attention_cudnn.cuh), on the causal self-attention cases it takes: the same
+    // reference, lse in cuDNN's (B, NH, T) layout
+    // both backward forms: dQ by cuDNN's fp32 atomics (the default) and the deterministic graph (M2RNN_DETERMINISTIC=1)
+    for (int det = 0; det <= 1 && self && c.causal; det++) {
+        cudnn_deterministic = det;
+        const char *form = det ? "cuDNN deterministic" : "cuDNN";
+        snprintf(name, sizeof(name), "%s %s", c.name, form);
+        const char *why = cudnn_attention_why(&d);
+        if (why[0] != '\0') {
+            test_skip(name, why);
+            continue;
+        }
+        const int L = c.lq[0];
+        cudnn_attention_forward(dO_, dL, dqq, dqk + NH * HS, dqk + (NH + NKV) * HS, &d, 0);
+        cudaCheck(cudaMemset(dgk, 0, (size_t)Tk * W * sizeof(bf16)));
+        cudnn_attention_backward(dgk, dgk + NH * HS, dgk + (NH + NKV) * HS, dD, ddo, dqq, dqk + NH * HS,
+                                 dqk + (NH + NKV) * HS, dO_, dL, &d, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<bf16> co = to_host(dO_, (size_t)Tq * OW), ck1 = to_host(dgk, (size_t)Tk * W);
+        std::vector<float> clse_bht = to_host(dL, (size_t)Tq * NH), clse((size_t)Tq * NH);
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                for (int t = 0; t < L; t++) { clse[((size_t)b * L + t) * NH + h] = clse_bht[((size_t)b * NH + h) * L + t]; }
+            }
+        }
+        cudnn_attention_backward(dgk, dgk + NH * HS, dgk + (NH + NKV) * HS, dD, ddo, dqq, dqk + NH * HS,
+                                 dqk + (NH + NKV) * HS, dO_, dL, &d, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<bf16> ck2 = to_host(dgk, (size_t)Tk * W);
+        for (size_t i = 0; i < go.size(); i++) { go[i] = __bfloat162float(co[i]); }
+        for (int t = 0; t < Tk; t++) {
+            for (int e = 0; e < NH * HS; e++) { gdq[(size_t)t * NH * HS + e] = __bfloat162float(ck1[(size_t)t * W + e]); }
+            for (int e = 0; e < NKV * HS; e++) {
+                gdk[(size_t)t * NKV * HS + e] = __bfloat162float(ck1[(size_t)t * W + NH * HS + e]);
+                gdv[(size_t)t * NKV * HS + e] = __bfloat162float(ck1[(size_t)t * W + (NH + NKV) * HS + e]);
+            }
+        }
+        const double co_e = rel_err(O, go), cl_e = rel_err(Ld, clse), cq_e = rel_err(dQ, gdq), ck_e = rel_err(dK, gdk),
+                     cv_e = rel_err(dV, gdv);
+        snprintf(name, sizeof(name), "%s %s forward", c.name, form);
+        test_result(co_e < 2e-2 && cl_e < 1e-4, name, "rel err o %.2e lse %.2e (tol 2e-2, 1e-4)", co_e, cl_e);
+        snprintf(name, sizeof(name), "%s %s backward", c.name, form);
+        test_result(cq_e < 2e-2 && ck_e < 2e-2 && cv_e < 2e-2, name, "rel err dq %.2e dk %.2e dv %.2e (tol 2e-2)", cq_e,
+                    ck_e, cv_e);
+        const int same = memcmp(ck1.data(), ck2.data(), ck1.size() * sizeof(bf16)) == 0;
+        snprintf(name, sizeof(name), "%s %s backward repeatable", c.name, form);
+        if (cudnn_attention_deterministic(&d)) {
+            test_result(same, name, "%s", "dq, dk, dv bitwise equal");
+        } else { // the named exception: cuDNN's default backward sums dQ with fp32 atomics
+            test_skip(name, same ? "dQ by fp32 atomics: not promised (equal this time); M2RNN_DETERMINISTIC=1 is"
+                                 : "dQ by fp32 atomics: not promised (and differed); M2RNN_DETERMINISTIC=1 is");
+        }
+    }
+    cudnn_deterministic = -1;
     cudaFree(dqk); if (!self) { cudaFree(dqq); } cudaFree(ddo); cudaFree(dO_); cudaFree(dgk); cudaFree(dgq);
     cudaFree(dL); cudaFree(dD); if (dcq) { cudaFree(dcq); cudaFree(dck); }
     if (dlk) { cudaFree(dlk); }
@@ -255,6 +311,8 @@ int main(void) {
         {"GQA HS=32 varlen lens 70,3", 32, 4, 2, 1, {70, 3}, {70, 3}, 1},
         {"KV cache prefill 40 queries, keys 45/300 of 320", 64, 4, 2, 1, {40, 40}, {45, 300}, 0, 320},
         {"KV cache prefill HS=128, keys 100/129 of 192", 128, 2, 2, 1, {33, 33}, {100, 129}, 0, 192},
+        {"MHA HS=128 2x1000 causal", 128, 2, 2, 1, {1000, 1000}, {1000, 1000}, 0},
+        {"GQA HS=64 NH=8 NKV=2 1x777", 64, 8, 2, 1, {777}, {777}, 0},
     };
     for (const Case &c : cases) { run_case(c); }
     run_decode(64, 4, 2, {1, 300, 1000}, 1024);

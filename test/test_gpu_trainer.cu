@@ -267,6 +267,9 @@ int main(int argc, char **argv) {
 #if FLOATX_IS_FP32
     run_case("MMAM fp32", dir, &r, 0, TOL);
 #else
+    // every case checks bitwise-repeatable gradients: cuDNN's attention in its deterministic form (its default, dQ by
+    // atomics, is test_attention_gpu's)
+    cudnn_deterministic = 1;
     m2rnn_deterministic = 1; // (the bitwise repeatability check; the atomic default is test_m2rnn_gpu's)
     run_case("MMAM bf16, tensor-core recurrence, deterministic", dir, &r, 0, TOL);
     m2rnn_deterministic = 0;

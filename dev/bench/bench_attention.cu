@@ -1,5 +1,6 @@
 /*
-bench_attention.cu: times the flash-attention kernels (attention_kernels.cuh) at the issue's shapes; the peer,
+bench_attention.cu: times the flash-attention kernels (attention_kernels.cuh) and the cuDNN path of the trainer
+(attention_cudnn.cuh: cuDNN's fused engines through its graph API, at the model's own layouts) at the issue's shapes; the peer,
 PyTorch's scaled_dot_product_attention with its flash and cuDNN backends, runs in the same call
 (dev/bench/attention_torch.py, scripts/gpu_attention.sh).
 
@@ -23,6 +24,7 @@ Timing: CUDA events around each call, 3 warm-up calls, median of the repeats.
 #include <vector>
 
 #include "attention_kernels.cuh"
+#include "attention_cudnn.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -115,6 +117,43 @@ static void bench_train(int B, int H, int HS, int T, int repeats) {
     }
     printf("ours   B=%d H=%d HS=%3d T=%5d  fwd %8.3f ms %6.1f TFLOP/s   fwd+bwd %8.3f ms %6.1f TFLOP/s   (bwd: dkdv %.3f dq %.3f)\n",
            B, H, HS, T, fwd, flops / fwd / 1e9, fwd + bwd, 3.5 * flops / (fwd + bwd) / 1e9, t_dkdv, t_dq);
+    // cuDNN's fused graphs through attention_cudnn.cuh, on these buffers and on q, k, v as the column blocks of one
+    // (B, T, 3·H·HS) projection row (the trainer's layout)
+    // both backward forms: dQ by fp32 atomics (the default) and the deterministic one (M2RNN_DETERMINISTIC=1)
+    for (int det = 1; det >= 0; det--) {
+        cudnn_deterministic = det;
+        if (!cudnn_attention_takes(&d)) {
+            printf("cudnn  B=%d H=%d HS=%3d T=%5d  not run: %s\n", B, H, HS, T, cudnn_attention_why(&d));
+            continue;
+        }
+        const float cf = time_median([&] { cudnn_attention_forward(o, lse, q, k, v, &d, 0); }, repeats);
+        const float cb = time_median([&] { cudnn_attention_backward(dq, dk, dv, D, dout, q, k, v, o, lse, &d, 0); }, repeats);
+        printf("cudnn  B=%d H=%d HS=%3d T=%5d  fwd %8.3f ms %6.1f TFLOP/s   fwd+bwd %8.3f ms %6.1f TFLOP/s   %s\n", B,
+               H, HS, T, cf, flops / cf / 1e9, cf + cb, 3.5 * flops / (cf + cb) / 1e9,
+               cudnn_attention_deterministic(&d) ? "(deterministic)" : "(dQ by atomics)");
+    }
+    if (!cudnn_attention_takes(&d)) { return; }
+    bf16 *qkv, *dqkv;
+    const long W = 3L * H * HS, n = (long)B * T * W;
+    cudaCheck(cudaMalloc(&qkv, n * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&dqkv, n * sizeof(bf16)));
+    fill(qkv, n, 11);
+    AttnDims pd = d;
+    pd.q_row = pd.k_row = pd.v_row = W;
+    pd.q_seq = pd.k_seq = pd.v_seq = (long)T * W;
+    const long c1 = (long)H * HS, c2 = 2L * H * HS;
+    if (cudnn_attention_takes(&pd)) {
+        const float pf = time_median([&] { cudnn_attention_forward(o, lse, qkv, qkv + c1, qkv + c2, &pd, 0); }, repeats);
+        const float pb = time_median([&] {
+            cudnn_attention_backward(dqkv, dqkv + c1, dqkv + c2, D, dout, qkv, qkv + c1, qkv + c2, o, lse, &pd, 0);
+        }, repeats);
+        printf("cudnn  B=%d H=%d HS=%3d T=%5d  fwd %8.3f ms %6.1f TFLOP/s   fwd+bwd %8.3f ms %6.1f TFLOP/s   (qkv rows)\n",
+               B, H, HS, T, pf, flops / pf / 1e9, pf + pb, 3.5 * flops / (pf + pb) / 1e9);
+    } else {
+        printf("cudnn  (qkv rows) not run: %s\n", cudnn_attention_why(&pd));
+    }
+    cudaFree(qkv);
+    cudaFree(dqkv);
 }
 
 static void bench_decode(int B, int NH, int NKV, int HS, int context, int repeats) {
