@@ -342,6 +342,11 @@ build/bench_train_step: dev/bench/bench_train_step.cu train_m2rnn.cu $(TRAINER_G
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
 
+# the memory-bound kernels of a step, each against its bandwidth floor (build/bench_memory_kernels)
+build/bench_memory_kernels: dev/bench/bench_memory_kernels.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
+
 build/bench_infer: dev/bench/bench_infer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
@@ -354,7 +359,7 @@ build/bench_tp: dev/bench/bench_tp.cu dev/bench/bench_common.cuh train_m2rnn.cu 
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) $(TRAINER_PARALLEL) -o $@ $< $(NVCC_LDLIBS) $(TRAINER_PARALLEL_LIBS)
 
-CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_infer build/bench_moe build/bench_gdn build/bench_tp
+CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_memory_kernels build/bench_infer build/bench_moe build/bench_gdn build/bench_tp
 CUDA_TESTS += $(TRAINER_TESTS)
 
 # ---------------------------------------------------------------------------------------------------------------

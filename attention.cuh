@@ -42,44 +42,50 @@ __global__ void rope_table_kernel(float2 *tab, int T, int HS, float theta) {
 
 // Rotates (inverse = 1: un-rotates) the q and k heads of `rows` token rows of W = (NH+2·NKV)·HS elements in place:
 // the NH q heads then the NKV k heads, contiguous at the row's start. Row r is at position r % T, its angles read
-// from tab; or, decoding (tab NULL, angles computed), at pos[r / T] + r % T: sequence r / T's T new tokens. A thread takes PACK pairs (16-byte
-// loads) where HS/2 is a multiple of PACK, else one.
-__global__ void attention_rope_kernel(floatX *qkv, long rows, int T, const float2 *tab, const int *pos, int NH,
-                                      int NKV, int HS, float theta, int inverse) {
+// from tab; or, decoding (tab NULL, angles computed), at pos[r / T] + r % T: sequence r / T's T new tokens. A block
+// row (threadIdx.y) takes one token row, its threads the row's (head, chunk) pairs; a thread takes PACK pairs
+// (16-byte loads) where HS/2 is a multiple of PACK, else one. TABLE: the angles from tab (training); else computed in
+// double (decoding), whose double-precision functions take many registers: the training instance leaves them out.
+template <bool TABLE>
+__global__ void attention_rope_kernel(floatX *qkv, int rows, int T, const float2 *tab, const int *pos, int NH, int NKV,
+                                      int HS, float theta, int inverse) {
     const int half = HS / 2, heads = NH + NKV, per = half % PACK == 0 ? PACK : 1, chunks = half / per;
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * heads * chunks) { return; }
-    const int c = (int)(i % chunks), h = (int)((i / chunks) % heads);
-    const long r = i / ((long)chunks * heads);
-    const int t = pos != NULL ? pos[r / T] + (int)(r % T) : (int)(r % T);
-    floatX *x = qkv + r * (long)(NH + 2 * NKV) * HS + (long)h * HS + c * per;
-    Pack lo, hi;
-    if (per == PACK) {
-        lo = *(const Pack *)x;
-        hi = *(const Pack *)(x + half);
-    } else {
-        lo.v[0] = x[0];
-        hi.v[0] = x[half];
-    }
-    for (int k = 0; k < per; k++) {
-        const int j = c * per + k;
-        float2 cs;
-        if (tab != NULL) {
-            cs = tab[(long)t * half + j];
+    const int r = blockIdx.x * blockDim.y + threadIdx.y;
+    if (r >= rows) { return; }
+    const int t = pos != NULL ? pos[r / T] + r % T : r % T;
+    floatX *row = qkv + (long)r * (NH + 2 * NKV) * HS;
+    const float2 *angles = TABLE ? tab + (long)t * half : NULL;
+    for (int e = threadIdx.x; e < heads * chunks; e += blockDim.x) {
+        const int h = e / chunks, c = e - h * chunks;
+        floatX *x = row + h * HS + c * per;
+        Pack lo, hi;
+        if (per == PACK) {
+            lo = *(const Pack *)x;
+            hi = *(const Pack *)(x + half);
         } else {
-            const double angle = t * pow((double)theta, -2.0 * j / HS);
-            cs = make_float2((float)cos(angle), (float)sin(angle));
+            lo.v[0] = x[0];
+            hi.v[0] = x[half];
         }
-        const float sn = inverse ? -cs.y : cs.y, x1 = to_float(lo.v[k]), x2 = to_float(hi.v[k]);
-        lo.v[k] = (floatX)(x1 * cs.x - x2 * sn);
-        hi.v[k] = (floatX)(x1 * sn + x2 * cs.x);
-    }
-    if (per == PACK) {
-        *(Pack *)x = lo;
-        *(Pack *)(x + half) = hi;
-    } else {
-        x[0] = lo.v[0];
-        x[half] = hi.v[0];
+        for (int k = 0; k < per; k++) {
+            const int j = c * per + k;
+            float2 cs;
+            if constexpr (TABLE) {
+                cs = angles[j];
+            } else {
+                const double angle = t * pow((double)theta, -2.0 * j / HS);
+                cs = make_float2((float)cos(angle), (float)sin(angle));
+            }
+            const float sn = inverse ? -cs.y : cs.y, x1 = to_float(lo.v[k]), x2 = to_float(hi.v[k]);
+            lo.v[k] = (floatX)(x1 * cs.x - x2 * sn);
+            hi.v[k] = (floatX)(x1 * sn + x2 * cs.x);
+        }
+        if (per == PACK) {
+            *(Pack *)x = lo;
+            *(Pack *)(x + half) = hi;
+        } else {
+            x[0] = lo.v[0];
+            x[half] = hi.v[0];
+        }
     }
 }
 
@@ -92,10 +98,17 @@ static void attention_rope(floatX *qkv, long rows, int T, float2 *tab, const int
         rope_table_kernel<<<(unsigned)CEIL_DIV((long)T * half, 256L), 256, 0, stream>>>(tab, T, HS, c->attn.rope_theta);
         cudaCheck(cudaGetLastError());
     }
-    const long n = rows * (c->attn.heads + c->attn.kv_heads) * (half / per);
-    attention_rope_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(qkv, rows, T, pos == NULL ? tab : NULL, pos,
-                                                                          c->attn.heads, c->attn.kv_heads, HS,
-                                                                          c->attn.rope_theta, inverse);
+    // a row's (head, chunk) pairs across threadIdx.x (a multiple of 32, at most 256), 256 threads a block
+    const int pairs = (c->attn.heads + c->attn.kv_heads) * (half / per);
+    const int bx = pairs >= 256 ? 256 : CEIL_DIV(pairs, WARP_SIZE) * WARP_SIZE, by = 256 / bx;
+    const dim3 grid((unsigned)CEIL_DIV(rows, (long)by)), block(bx, by);
+    if (pos == NULL) {
+        attention_rope_kernel<true><<<grid, block, 0, stream>>>(qkv, (int)rows, T, tab, NULL, c->attn.heads,
+                                                                c->attn.kv_heads, HS, c->attn.rope_theta, inverse);
+    } else {
+        attention_rope_kernel<false><<<grid, block, 0, stream>>>(qkv, (int)rows, T, NULL, pos, c->attn.heads,
+                                                                 c->attn.kv_heads, HS, c->attn.rope_theta, inverse);
+    }
     cudaCheck(cudaGetLastError());
 }
 

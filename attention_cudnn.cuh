@@ -40,6 +40,10 @@ a cache, packed sequences, decode) stays on our kernels.
 
 #define CUDNN_ATTN_WHY 320 // room for the reason a shape stays on our kernels
 
+// 1: bitwise-repeatable backward (cuDNN's deterministic graph, or ours); 0: cuDNN's dQ by fp32 atomics (the
+// default). -1: from M2RNN_DETERMINISTIC (the switch the M²RNN kernels read too) at first use; tests set it.
+static int cudnn_deterministic = -1;
+
 #ifdef USE_CUDNN
 #include <dlfcn.h>
 #include <cudnn_graph.h>
@@ -539,9 +543,6 @@ static int attention_mode(void) { // 0 ours, 1 auto, 2 cudnn
     return mode;
 }
 
-// 1: bitwise-repeatable backward (cuDNN's deterministic graph, or ours); 0: cuDNN's dQ by fp32 atomics (the
-// default). -1: from M2RNN_DETERMINISTIC (the switch the M²RNN kernels read too) at first use; tests set it.
-static int cudnn_deterministic = -1;
 static int cudnn_deterministic_on(void) {
     if (cudnn_deterministic < 0) {
         const char *env = getenv("M2RNN_DETERMINISTIC");

@@ -25,7 +25,8 @@ Design (FlashAttention-2's decomposition on mma.sync m16n8k16 bf16 → fp32, the
 - shared-memory rows are swizzled in 16-byte chunks (chunk c of row r at c ^ (r & 7)) so the ldmatrix reads are
   free of bank conflicts (HS = 32: c ^ (r & 3), 2-way).
 - decode: a batch of single-token queries against a KV cache, split along the context (flash-decoding): each CTA
-  reduces a slice of positions to (max, sum, partial output), a second kernel merges the slices in order. The slice
+  reduces a slice of positions to (max, sum, partial output) for the query heads of one kv head (up to 4: GQA reads
+  a kv head's rows once), each warp with 8 positions' loads in flight; a second kernel merges the slices in order. The slice
   length depends on the cache capacity only, so a sequence's output does not depend on the batch it decodes in.
 
 Layouts: tokens are rows with strides (elements between tokens; heads contiguous inside a row), so q, k, v can be
@@ -39,6 +40,7 @@ Limits: HS ∈ {32, 64, 128}; NH % NKV == 0; rows 16-byte aligned (strides and c
 #define M2RNN_ATTENTION_KERNELS_CUH
 
 #include <stdint.h>
+#include <type_traits>
 #include "cuda_common.h"
 #include "tiles.cuh"
 #include "utils.h"
@@ -631,78 +633,120 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_dq_kernel(AttnDims d, __
 // ----------------------------------------------------------------------------------------------------------------
 // decode: B single-token queries against KV caches, split along the context
 
-// One (head h, sequence b, slice s): positions [s·slice, (s+1)·slice) ∩ [0, len_b) of the sequence's cache, reduced
-// with an online softmax per warp (4 warps, interleaved positions, two positions in flight each) into (max, sum,
-// partial output) in part (sequence b's at b·part_seq floats: (NH, slices, HS+2)). q (B, NH·HS) at q_row elements per sequence; kcache/vcache: sequence b's (context,
-// NKV·HS) rows at b·cache_seq elements; len_b = lens[b] + len_add. Lane l holds elements l·E .. l·E+E−1, E = HS/32.
-template <int HS>
+// One CTA = (kv head, a group of up to GH of the query heads that read it, sequence b, slice s): positions
+// [s·slice, (s+1)·slice) ∩ [0, len_b) of the sequence's cache. Each key and value row is read once and serves the
+// CTA's query heads (GQA: a kv head's rows are not re-read per query head). Each warp takes DEC_PP consecutive
+// positions at a time (the warps interleave by DEC_PP), issues all their loads before the first use (DEC_PP rows of
+// K and V in flight a warp, not one), then updates each query head's online softmax once for the DEC_PP positions.
+// The (max, sum, partial output) of each query head goes to part (sequence b's at b·part_seq floats: (NH, slices,
+// HS+2)). q (B, NH·HS) at q_row elements per sequence; kcache/vcache: sequence b's (context, NKV·HS) rows at
+// b·cache_seq elements; len_b = lens[b] + len_add. Lane l holds elements l·E .. l·E+E−1 of a row, E = HS/32.
+#define DEC_PP 8
+template <int HS, int GH>
 __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long part_seq, const __nv_bfloat16 *q, long q_row,
                                                             const __nv_bfloat16 *kcache, const __nv_bfloat16 *vcache,
                                                             long cache_seq, const int *lens, int len_add, int NH,
                                                             int NKV, int slice, int slices, float scale) {
     constexpr int E = HS / 32;
-    __shared__ float pm[4], pl[4], pacc[4][HS];
-    const int h = blockIdx.x, b = blockIdx.y, s = blockIdx.z, kvh = h / (NH / NKV);
+    typedef typename std::conditional<E == 4, uint2, typename std::conditional<E == 2, uint32_t, uint16_t>::type>::type Raw;
+    __shared__ float pm[4][GH], pl[4][GH], pacc[4][GH][HS];
+    const int G = NH / NKV, groups = (G + GH - 1) / GH;
+    const int kvh = blockIdx.x / groups, g0 = (blockIdx.x % groups) * GH, ng = min(GH, G - g0);
+    const int b = blockIdx.y, s = blockIdx.z, h0 = kvh * G + g0; // query heads h0 .. h0+ng−1 read kv head kvh
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, inner = NKV * HS;
     const int len = lens[b] + len_add, p0 = s * slice, p1 = min(len, p0 + slice);
-    float qv[E];
+    float qv[GH][E], m[GH], l[GH], acc[GH][E];
 #pragma unroll
-    for (int e = 0; e < E; e++) { qv[e] = __bfloat162float(q[(long)b * q_row + (long)h * HS + lane * E + e]) * scale; }
-    const __nv_bfloat16 *kc = kcache + (long)b * cache_seq + (long)kvh * HS + lane * E;
-    const __nv_bfloat16 *vc = vcache + (long)b * cache_seq + (long)kvh * HS + lane * E;
-    float m = -INFINITY, l = 0.0f, acc[E];
-#pragma unroll
-    for (int e = 0; e < E; e++) { acc[e] = 0.0f; }
-    auto load = [](float (&x)[E], const __nv_bfloat16 *p) {
-        if constexpr (E == 4) {
-            const uint2 u = *(const uint2 *)p;
-            x[0] = tiles::bf_lo(u.x); x[1] = tiles::bf_hi(u.x); x[2] = tiles::bf_lo(u.y); x[3] = tiles::bf_hi(u.y);
-        } else if constexpr (E == 2) {
-            const uint32_t u = *(const uint32_t *)p;
-            x[0] = tiles::bf_lo(u); x[1] = tiles::bf_hi(u);
-        } else {
-            x[0] = __bfloat162float(*p);
-        }
-    };
-    for (int p = p0 + warp; p < p1; p += 8) {
-        const bool two = p + 4 < p1;
-        float ka[E], kb[E], va[E], vb[E];
-        load(ka, kc + (long)p * inner);
-        load(va, vc + (long)p * inner);
-        if (two) {
-            load(kb, kc + (long)(p + 4) * inner);
-            load(vb, vc + (long)(p + 4) * inner);
-        }
-        float sa = 0.0f, sb = 0.0f;
+    for (int g = 0; g < GH; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
 #pragma unroll
         for (int e = 0; e < E; e++) {
-            sa += qv[e] * ka[e];
-            sb += two ? qv[e] * kb[e] : 0.0f;
+            qv[g][e] = g < ng ? __bfloat162float(q[(long)b * q_row + (long)(h0 + g) * HS + lane * E + e]) * scale : 0.0f;
+            acc[g][e] = 0.0f;
         }
-        sa = warp_reduce_sum(sa);
-        sb = two ? warp_reduce_sum(sb) : -INFINITY;
-        const float mn = fmaxf(m, fmaxf(sa, sb)), corr = __expf(m - mn), wa = __expf(sa - mn);
-        const float wb = two ? __expf(sb - mn) : 0.0f;
-        l = l * corr + wa + wb;
-#pragma unroll
-        for (int e = 0; e < E; e++) { acc[e] = acc[e] * corr + wa * va[e] + (two ? wb * vb[e] : 0.0f); }
-        m = mn;
     }
-    if (lane == 0) { pm[warp] = m; pl[warp] = l; }
-#pragma unroll
-    for (int e = 0; e < E; e++) { pacc[warp][lane * E + e] = acc[e]; }
-    __syncthreads();
-    // the slice's partial result: [0, HS) the unnormalized output, [HS] the sum of weights, [HS+1] the max
-    float *out = part + (long)b * part_seq + ((long)h * slices + s) * (HS + 2);
-    float M = -INFINITY;
-    for (int w = 0; w < 4; w++) { M = fmaxf(M, pm[w]); }
-    for (int i = threadIdx.x; i < HS + 2; i += blockDim.x) {
-        if (i == HS + 1) { out[i] = M; continue; }
-        float sum = 0.0f;
-        for (int w = 0; w < 4; w++) {
-            if (pm[w] != -INFINITY) { sum += (i < HS ? pacc[w][i] : pl[w]) * __expf(pm[w] - M); }
+    const __nv_bfloat16 *kc = kcache + (long)b * cache_seq + (long)kvh * HS + lane * E;
+    const __nv_bfloat16 *vc = vcache + (long)b * cache_seq + (long)kvh * HS + lane * E;
+    auto unpack = [](float (&x)[E], Raw u) {
+        if constexpr (E == 4) {
+            x[0] = tiles::bf_lo(u.x); x[1] = tiles::bf_hi(u.x); x[2] = tiles::bf_lo(u.y); x[3] = tiles::bf_hi(u.y);
+        } else if constexpr (E == 2) {
+            x[0] = tiles::bf_lo(u); x[1] = tiles::bf_hi(u);
+        } else {
+            x[0] = __uint_as_float((uint32_t)u << 16);
         }
-        out[i] = sum;
+    };
+    for (int p = p0 + warp * DEC_PP; p < p1; p += 4 * DEC_PP) {
+        Raw kr[DEC_PP], vr[DEC_PP];
+#pragma unroll
+        for (int i = 0; i < DEC_PP; i++) { // every load of the DEC_PP positions first
+            if (p + i < p1) {
+                kr[i] = *(const Raw *)(kc + (long)(p + i) * inner);
+                vr[i] = *(const Raw *)(vc + (long)(p + i) * inner);
+            }
+        }
+        float sc[GH][DEC_PP];
+#pragma unroll
+        for (int i = 0; i < DEC_PP; i++) {
+            float kx[E] = {};
+            if (p + i < p1) { unpack(kx, kr[i]); }
+#pragma unroll
+            for (int g = 0; g < GH; g++) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < E; e++) { d += qv[g][e] * kx[e]; }
+                sc[g][i] = d;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < GH; g++) {
+#pragma unroll
+            for (int i = 0; i < DEC_PP; i++) { sc[g][i] = p + i < p1 ? warp_reduce_sum(sc[g][i]) : -INFINITY; }
+        }
+#pragma unroll
+        for (int g = 0; g < GH; g++) {
+            float mn = m[g];
+#pragma unroll
+            for (int i = 0; i < DEC_PP; i++) { mn = fmaxf(mn, sc[g][i]); }
+            const float corr = __expf(m[g] - mn);
+            l[g] *= corr;
+#pragma unroll
+            for (int e = 0; e < E; e++) { acc[g][e] *= corr; }
+#pragma unroll
+            for (int i = 0; i < DEC_PP; i++) {
+                if (p + i < p1) {
+                    const float w = __expf(sc[g][i] - mn);
+                    float vx[E];
+                    unpack(vx, vr[i]);
+                    l[g] += w;
+#pragma unroll
+                    for (int e = 0; e < E; e++) { acc[g][e] += w * vx[e]; }
+                }
+            }
+            m[g] = mn;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < GH; g++) {
+        if (lane == 0) { pm[warp][g] = m[g]; pl[warp][g] = l[g]; }
+#pragma unroll
+        for (int e = 0; e < E; e++) { pacc[warp][g][lane * E + e] = acc[g][e]; }
+    }
+    __syncthreads();
+    // each query head's partial result: [0, HS) the unnormalized output, [HS] the sum of weights, [HS+1] the max
+    for (int g = 0; g < ng; g++) {
+        float *out = part + (long)b * part_seq + ((long)(h0 + g) * slices + s) * (HS + 2);
+        float M = -INFINITY;
+        for (int w = 0; w < 4; w++) { M = fmaxf(M, pm[w][g]); }
+        for (int i = threadIdx.x; i < HS + 2; i += blockDim.x) {
+            if (i == HS + 1) { out[i] = M; continue; }
+            float sum = 0.0f;
+            for (int w = 0; w < 4; w++) {
+                if (pm[w][g] != -INFINITY) { sum += (i < HS ? pacc[w][g][i] : pl[w][g]) * __expf(pm[w][g] - M); }
+            }
+            out[i] = sum;
+        }
     }
 }
 
@@ -840,12 +884,17 @@ static void flash_attention_decode(__nv_bfloat16 *y, long y_row, float *workspac
         fail_with_hint("size the workspace with flash_decode_workspace_floats", "attention decode: workspace stride %ld "
                        "floats is below %zu", ws_seq, flash_decode_workspace_floats(1, NH, HS, context));
     }
-    dim3 grid(NH, B, slices), gm(NH, B);
-#define FA_DECODE(HSV)                                                                                              \
-    flash_decode_kernel<HSV><<<grid, 128, 0, stream>>>(workspace, ws_seq, q, q_row, kcache, vcache, cache_seq, lens, len_add, \
-                                                        NH, NKV, slice, slices, scale);                               \
+    // a CTA serves up to GH query heads of one kv head: all of them for G = NH/NKV ≤ 2, else groups of 4
+    const int G = NH / NKV, GH = G <= 2 ? G : 4;
+    dim3 grid(NKV * CEIL_DIV(G, GH), B, slices), gm(NH, B);
+#define FA_DECODE(HSV, GHV)                                                                                          \
+    flash_decode_kernel<HSV, GHV><<<grid, 128, 0, stream>>>(workspace, ws_seq, q, q_row, kcache, vcache, cache_seq,  \
+                                                             lens, len_add, NH, NKV, slice, slices, scale)
+#define FA_DECODE_HS(HSV)                                                                                            \
+    if (GH == 1) { FA_DECODE(HSV, 1); } else if (GH == 2) { FA_DECODE(HSV, 2); } else { FA_DECODE(HSV, 4); }      \
     flash_decode_merge_kernel<HSV><<<gm, HSV, 0, stream>>>(y, y_row, workspace, ws_seq, slices)
-    if (HS == 32) { FA_DECODE(32); } else if (HS == 64) { FA_DECODE(64); } else { FA_DECODE(128); }
+    if (HS == 32) { FA_DECODE_HS(32); } else if (HS == 64) { FA_DECODE_HS(64); } else { FA_DECODE_HS(128); }
+#undef FA_DECODE_HS
 #undef FA_DECODE
     cudaCheck(cudaGetLastError());
 }

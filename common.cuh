@@ -498,18 +498,34 @@ static void rmsnorm_backward(floatX *dinp, float *dweight, float *scratch, const
 // One block per row; rows are Vp (a multiple of 8) apart, so 16-byte aligned. One pass over the row: each thread
 // keeps a running max and the sum of exponentials relative to it (rescaled when the max grows), then the block merges
 // the (max, sum) pairs. (Two passes, max then sum, read a 100K-vocabulary row twice from device memory: the rows in
-// flight exceed L2.) Every thread gets the row's max and its sum of exp(x − max) over the first V columns.
+// flight exceed L2.) A thread loads two packs before using either (one 16-byte load in flight a thread left the
+// memory system idle: 1.7× the bandwidth floor), and exp(x − m) is 2^(x·log2 e − m·log2 e): one FMA and the MUFU's
+// ex2. Every thread gets the row's max and its sum of exp(x − max) over the first V columns.
 __device__ void row_max_sumexp(float *maxv_out, float *sum_out, const floatX *x, int V) {
+    const float L2E = 1.4426950408889634f;
+    const int stride = blockDim.x * PACK;
     float m = -INFINITY, sum = 0.0f;
-    for (int i = threadIdx.x * PACK; i < V; i += blockDim.x * PACK) {
-        const Pack p = *(const Pack *)(x + i);
-        float pm = -INFINITY;
-        for (int k = 0; k < PACK; k++) { if (i + k < V) { pm = fmaxf(pm, to_float(p.v[k])); } }
-        if (pm > m) { sum *= expf(m - pm); m = pm; }
-        for (int k = 0; k < PACK; k++) { if (i + k < V) { sum += expf(to_float(p.v[k]) - m); } }
+    for (int i = threadIdx.x * PACK; i < V; i += 2 * stride) {
+        const int i2 = i + stride;
+        const bool full = i2 + PACK <= V; // both packs wholly inside the row's V columns
+        const Pack p0 = *(const Pack *)(x + i);
+        Pack p1 = p0;
+        if (i2 < V) { p1 = *(const Pack *)(x + i2); }
+        float v[2 * PACK], pm = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < PACK; k++) {
+            v[k] = full || i + k < V ? to_float(p0.v[k]) : -INFINITY;
+            v[PACK + k] = full || i2 + k < V ? to_float(p1.v[k]) : -INFINITY;
+        }
+#pragma unroll
+        for (int k = 0; k < 2 * PACK; k++) { pm = fmaxf(pm, v[k]); }
+        if (pm > m) { sum *= exp2f((m - pm) * L2E); m = pm; } // m finite from here: v[0] is a real column
+        const float mL = m * L2E;
+#pragma unroll
+        for (int k = 0; k < 2 * PACK; k++) { sum += exp2f(fmaf(v[k], L2E, -mL)); }
     }
     const float maxv = block_reduce_max(m);
-    *sum_out = block_reduce_sum(m == -INFINITY ? 0.0f : sum * expf(m - maxv));
+    *sum_out = block_reduce_sum(m == -INFINITY ? 0.0f : sum * exp2f((m - maxv) * L2E));
     *maxv_out = maxv;
 }
 

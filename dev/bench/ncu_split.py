@@ -20,6 +20,7 @@ def short(name):
 
 
 GROUPS = [  # (group, name prefixes), first match wins
+    ("attention, cuDNN (fused fwd, bwd)", ("sdpa", "fmha", "cudnn")),
     ("attention (flash fwd, dkdv, dq, D)", ("flash_",)),
     ("attention, materialized (softmax, permutes)", ("causal_softmax", "attention_permute", "attention_unpermute")),
     ("RoPE", ("attention_rope", "rope_table")),
