@@ -343,7 +343,7 @@ build/bench_train_step: dev/bench/bench_train_step.cu train_m2rnn.cu $(TRAINER_G
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
 
 # the memory-bound kernels of a step, each against its bandwidth floor (build/bench_memory_kernels)
-build/bench_memory_kernels: dev/bench/bench_memory_kernels.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS)
+build/bench_memory_kernels: dev/bench/bench_memory_kernels.cu dev/bench/bench_common.cuh train_m2rnn.cu $(TRAINER_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
 

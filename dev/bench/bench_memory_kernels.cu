@@ -19,44 +19,15 @@ Bytes counted (bf16 activations, fp32 statistics and optimizer state):
 #define TESTING
 #include "train_m2rnn.cu"
 
-#include <algorithm>
-#include <vector>
+#include "dev/bench/bench_common.cuh"
 
-__global__ void bench_fill_kernel(floatX *x, long n, uint32_t seed, float scale) {
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
-        x[i] = (floatX)(((h >> 8) * (1.0f / 16777216.0f) - 0.5f) * scale);
-    }
-}
-static floatX *bench_alloc_x(long n, uint32_t seed, float scale = 2.0f) {
+static floatX *bench_alloc_x(long n, uint32_t seed, float scale = 1.0f) {
     floatX *p = NULL;
     cudaCheck(cudaMalloc(&p, n * sizeof(floatX)));
-    bench_fill_kernel<<<1024, 256>>>(p, n, seed, scale);
-    cudaCheck(cudaGetLastError());
+    bench_fill(p, (size_t)n, seed, scale);
     return p;
 }
-
-template <class F> static float bench_median(F f, int repeats) {
-    cudaEvent_t a, b;
-    cudaCheck(cudaEventCreate(&a));
-    cudaCheck(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) { f(); }
-    std::vector<float> ms;
-    for (int i = 0; i < repeats; i++) {
-        cudaCheck(cudaEventRecord(a));
-        f();
-        cudaCheck(cudaEventRecord(b));
-        cudaCheck(cudaEventSynchronize(b));
-        float t = 0;
-        cudaCheck(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return ms[ms.size() / 2];
-}
+template <class F> static float bench_median(F f, int repeats) { return median_ms(f, repeats, 0); }
 
 static double copy_gbs; // the device-to-device copy rate, GB/s of bytes moved (read + write)
 static void report(const char *name, float ms, double bytes, int calls_per_step) {
@@ -128,7 +99,7 @@ int main(int argc, char **argv) {
         cudaFree(up); cudaFree(h); cudaFree(dup);
     }
     { // the classifier's cross-entropy over (M, V) logits
-        floatX *logits = bench_alloc_x((long)M * V, 14, 8.0f);
+        floatX *logits = bench_alloc_x((long)M * V, 14, 4.0f);
         float *losses = NULL, *lse = NULL;
         int *targets = NULL;
         cudaCheck(cudaMalloc(&losses, (size_t)M * sizeof(float)));
