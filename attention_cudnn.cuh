@@ -120,7 +120,10 @@ static int cudnn_lib_open(void) {
 static cudnnHandle_t cudnn_handle(void) {
     int dev = 0;
     cudaCheck(cudaGetDevice(&dev));
-    if (dev >= 16) { return NULL; }
+    if (dev >= 16) {
+        snprintf(cudnn_lib.why, sizeof(cudnn_lib.why), "cuDNN handles are kept for devices 0-15 (this is device %d)", dev);
+        return NULL;
+    }
     if (cudnn_lib.handle[dev] == NULL) {
         cudnnStatus_t st = cudnn_lib.create(&cudnn_lib.handle[dev]);
         if (st != CUDNN_STATUS_SUCCESS) {

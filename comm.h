@@ -243,13 +243,20 @@ static void comm_dp_allgather(const Comm *c, void *full, const void *shard, size
 // ----------------------------------------------------------------------------------------------------------------
 // collectives over the tensor-parallel group (host memory; float or double by the element size)
 
+#ifdef USE_MPI
+// x (n) = op over the group of every rank's x, in place
+static void comm_tp_allreduce(const Comm *c, void *x, size_t n, size_t elem, MPI_Op op) {
+    if (c->tp > 1) {
+        if (n > (size_t)0x7fffffff) { fail_with_hint("use a smaller batch", "%zu numbers exceed MPI's int counts", n); }
+        MPI_Allreduce(MPI_IN_PLACE, x, (int)n, comm_type(elem), op, c->tp_comm);
+    }
+}
+#endif
+
 // x (n) = the sum over the group of every rank's x
 static void comm_tp_allreduce_sum(const Comm *c, void *x, size_t n, size_t elem) {
 #ifdef USE_MPI
-    if (c->tp > 1) {
-        if (n > (size_t)0x7fffffff) { fail_with_hint("use a smaller batch", "%zu numbers exceed MPI's int counts", n); }
-        MPI_Allreduce(MPI_IN_PLACE, x, (int)n, comm_type(elem), MPI_SUM, c->tp_comm);
-    }
+    comm_tp_allreduce(c, x, n, elem, MPI_SUM);
 #endif
     (void)c; (void)x; (void)n; (void)elem;
 }
@@ -257,7 +264,7 @@ static void comm_tp_allreduce_sum(const Comm *c, void *x, size_t n, size_t elem)
 // x (n) = the elementwise maximum over the group
 static void comm_tp_allreduce_max(const Comm *c, void *x, size_t n, size_t elem) {
 #ifdef USE_MPI
-    if (c->tp > 1) { MPI_Allreduce(MPI_IN_PLACE, x, (int)n, comm_type(elem), MPI_MAX, c->tp_comm); }
+    comm_tp_allreduce(c, x, n, elem, MPI_MAX);
 #endif
     (void)c; (void)x; (void)n; (void)elem;
 }
