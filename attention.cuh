@@ -45,7 +45,7 @@ __global__ void rope_table_kernel(float2 *tab, int T, int HS, float theta) {
 // from tab; or, decoding (tab NULL, angles computed), at pos[r / T] + r % T: sequence r / T's T new tokens. A block
 // row (threadIdx.y) takes one token row, its threads the row's (head, chunk) pairs; a thread takes PACK pairs
 // (16-byte loads) where HS/2 is a multiple of PACK, else one. TABLE: the angles from tab (training); else computed in
-// double (decoding), whose double-precision functions take many registers: the training instance leaves them out.
+// double (decoding).
 template <bool TABLE>
 __global__ void attention_rope_kernel(floatX *qkv, int rows, int T, const float2 *tab, const int *pos, int NH, int NKV,
                                       int HS, float theta, int inverse) {
