@@ -26,8 +26,9 @@ backward together (the two exchange the log-sum-exp, whose layout differs: ours 
 and printed once per process.
 
 Shapes taken: the fixed layout (no cu_seqlens, no len_k), causal with Lq = Lk (training), any strides; cuDNN itself
-decides the head dims and sizes it accepts (64 and 128 on Hopper at least). Everything else (prefill chunks against
-a cache, packed sequences, decode) stays on our kernels.
+decides the head dims and sizes it accepts (32, 64 and 128 all ran on cuDNN 9.14 on an H100, lengths not multiples
+of its tiles included). Everything else (prefill chunks against a cache, packed sequences, decode) stays on our
+kernels.
 */
 #ifndef M2RNN_ATTENTION_CUDNN_CUH
 #define M2RNN_ATTENTION_CUDNN_CUH
