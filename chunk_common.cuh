@@ -4,7 +4,9 @@ chunk_common.cuh: what the chunked recurrences (gdn.cuh, mamba2.cuh) share aroun
   columns, optionally scaled per row: cp.async for plain aligned copies (waited for by chunk_sync), otherwise 16-byte
   vector loads, several in flight per thread before any store, element by element at ragged edges;
 - chunk_sync: the CTA barrier of these kernels, which first waits for the thread's cp.async copies;
-- chunk_put2: the paired store of two adjacent accumulator outputs.
+- chunk_put2: the paired store of two adjacent accumulator outputs;
+- ChunkSeq / chunk_seq / chunk_at_slot / chunk_slots: where a sequence's tokens and chunks lie, in the fixed layout
+  (B sequences of T tokens) or packed (cu_seqlens, as m2rnn_kernels.cuh and the attention kernels take it).
 */
 #ifndef M2RNN_CHUNK_COMMON_CUH
 #define M2RNN_CHUNK_COMMON_CUH
@@ -93,6 +95,63 @@ __device__ __forceinline__ void chunk_sync() {
     tiles::cp_async_commit();
     tiles::cp_async_wait<0>();
     __syncthreads();
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// sequences and chunk slots. Fixed layout (cu_seqlens NULL): B sequences of T tokens, sequence b's token t at b·T + t.
+// Packed (cu_seqlens, device (B+1,) ints, cu_seqlens[0] = 0, non-decreasing, cu_seqlens[B] = T the total): sequence b
+// holds tokens cu_seqlens[b] .. cu_seqlens[b+1] − 1 and its state restarts there (length 0 allowed). The per-chunk
+// buffers (chunk-start states, per-chunk matrices) give sequence b the slots cslot(b) .. cslot(b) + chunks(len) − 1:
+// fixed, cslot = b·chunks(T) (B·chunks(T) slots); packed, cslot = cu_seqlens[b] / L + b, T / L + B slots in all
+// (cslot(b+1) − cslot(b) = ⌊cu[b+1]/L⌋ − ⌊cu[b]/L⌋ + 1 ≥ ⌈len_b/L⌉, so the ranges never overlap; slots between them
+// stay unused). The chunk-parallel kernels run one CTA a slot and find their sequence by a binary search over cslot.
+struct ChunkSeq {
+    long tok0;  // the sequence's first token in the (tokens, ...) layout
+    int len;    // its tokens
+    int nc;     // its chunks, ⌈len / L⌉
+    long cslot; // the slot of its first chunk
+};
+
+template <int L> __host__ __device__ __forceinline__ long chunk_slots(bool packed, int B, long T) {
+    return packed ? T / L + B : (long)B * ((T + L - 1) / L);
+}
+
+template <int L> __device__ __forceinline__ ChunkSeq chunk_seq(const int *__restrict__ cu_seqlens, int b, int T) {
+    ChunkSeq s;
+    if (cu_seqlens == NULL) {
+        s.nc = (T + L - 1) / L;
+        s.tok0 = (long)b * T;
+        s.len = T;
+        s.cslot = (long)b * s.nc;
+    } else {
+        const int c0 = cu_seqlens[b], c1 = cu_seqlens[b + 1];
+        s.tok0 = c0;
+        s.len = c1 - c0;
+        s.nc = (s.len + L - 1) / L;
+        s.cslot = c0 / L + b;
+    }
+    return s;
+}
+
+// slot → (sequence, chunk): false for an unused slot of the packed layout (the CTA has nothing to compute)
+template <int L>
+__device__ __forceinline__ bool chunk_at_slot(const int *__restrict__ cu_seqlens, int B, int T, long slot, int *b,
+                                              int *c, ChunkSeq *s) {
+    if (cu_seqlens == NULL) {
+        const int nc = (T + L - 1) / L;
+        *b = (int)(slot / nc);
+        *c = (int)(slot - (long)*b * nc);
+    } else { // the last b with cslot(b) = cu_seqlens[b] / L + b ≤ slot (cslot strictly increases with b)
+        int lo = 0, hi = B - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (cu_seqlens[mid] / L + mid <= slot) { lo = mid; } else { hi = mid - 1; }
+        }
+        *b = lo;
+    }
+    *s = chunk_seq<L>(cu_seqlens, *b, T);
+    if (cu_seqlens != NULL) { *c = (int)(slot - s->cslot); }
+    return *c < s->nc;
 }
 
 #endif // M2RNN_CHUNK_COMMON_CUH

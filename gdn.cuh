@@ -15,13 +15,13 @@ The backward is the oracle's hand-written chunked backward (shared/tools/gdn_mam
 walks the chunks in reverse for dh and dVn, the dqk kernel sums the products over V for dq, dk, dW and the decay
 terms, the wy kernel takes the UT transform's backward (dT, dA, dβ, dk, dv) and the reverse cumsum for the decay.
 
-Kernels (one CTA each):
-  gdn_chunk_prep_kernel    (chunk, head, sequence)          Gc, W, U, P, T          8 warps
+Kernels (one CTA each, the first index fastest; a chunk slot is a chunk of some sequence, chunk_common.cuh):
+  gdn_chunk_prep_kernel    (head, chunk slot)               Gc, W, U, P, T          8 warps
   gdn_chunk_state_kernel   (V tile, head, sequence)         h_c, Vn, final state    8 warps, serial over chunks
-  gdn_chunk_output_kernel  (chunk, V tile, sequence·head)   o                       4 warps
+  gdn_chunk_output_kernel  (V tile, head, chunk slot)       o                       4 warps
   gdn_chunk_dstate_kernel  (V tile, head, sequence)         dh_c (end), dVn, dS0    8 warps, reverse over chunks
-  gdn_chunk_dqk_kernel     (chunk, K tile, sequence·head)   dq, dk (part), dW, dγ    8 warps, loop over V tiles
-  gdn_chunk_wy_kernel      (chunk, head, sequence)          dk, dv, dβ, d(log α)    4 warps (T from prep)
+  gdn_chunk_dqk_kernel     (K tile, head, chunk slot)       dq, dk (part), dW, dγ    8 warps, loop over V tiles
+  gdn_chunk_wy_kernel      (head, chunk slot)               dk, dv, dβ, d(log α)    4 warps (T from prep)
   gdn_step_kernel          (V block, head, sequence)        one decode token from the fp32 state
 Products are tiles::warp_gemm on tiles staged in shared memory (chunk_common.cuh: cp.async for plain copies); the
 state kernel loads the next chunk's W, k, U while it computes this one's; prep writes T for the wy kernel.
@@ -35,8 +35,10 @@ the final state. The fp32 build (make PRECISION=FP32) stages fp32 and multiplies
 warp_gemm). Deterministic: no atomics, every sum in a fixed order. The training path starts from zero state; the
 decode advance starts from and writes back each sequence's fp32 state.
 Sizes: K ≤ 256 (padded to a multiple of 64 in shared memory), any V (tiles of 64), any T (the last chunk masked).
-Not yet: packed variable-length sequences (cu_seqlens); wgmma (the products are mma.sync). Speed against fla:
-dev/bench/gdn_mamba2_results.md.
+Sequences: B of T tokens each, or packed variable-length sequences (cu_seqlens, T tokens in all), each restarting
+from its own initial state (or zero) and ending in its own final state; a packed sequence's outputs and gradients are
+bit for bit those of the same sequence run alone (test_gdn_gpu). Not yet: wgmma (the products are mma.sync). Speed
+against fla: dev/bench/gdn_mamba2_results.md.
 */
 #ifndef M2RNN_GDN_CUH
 #define M2RNN_GDN_CUH
@@ -65,6 +67,22 @@ __host__ __device__ inline int gdn_chunks(int T) { return (T + GDN_L - 1) / GDN_
 // from the per-token cumsum Gc written by the prep kernel (token-head rows r·H apart)
 __device__ __forceinline__ void gdn_load_G(float *sG, const float *Gc, long row0, int H, int nv) {
     if (threadIdx.x < GDN_L) { sG[threadIdx.x] = Gc[row0 + (long)min((int)threadIdx.x, nv - 1) * H]; }
+}
+
+// dst (64 × 64 fp32, leading dimension ld, 16-byte rows) = src rows r < rv (token stride tok_stride), columns c < cv,
+// else 0: cp.async where a 4-float piece is whole and aligned (waited for by chunk_sync), element by element otherwise
+#define GDN_LDP 68 // leading dimension of a staged fp32 64-wide tile (16-byte rows, 2-way bank conflicts at most)
+__device__ __forceinline__ void gdn_stage_f32(float *dst, int ld, const float *src, long tok_stride, int rv, int cv) {
+    const bool aligned = ((uintptr_t)src & 15) == 0 && (tok_stride & 3) == 0;
+    for (int i = threadIdx.x; i < GDN_L * (GDN_T / 4); i += blockDim.x) {
+        const int r = i / (GDN_T / 4), c = (i % (GDN_T / 4)) * 4;
+        float *d = dst + r * ld + c;
+        if (aligned && r < rv && c + 4 <= cv) {
+            tiles::cp_async16(tiles::smem_addr(d), src + (long)r * tok_stride + c);
+        } else {
+            for (int e = 0; e < 4; e++) { d[e] = (r < rv && c + e < cv) ? src[(long)r * tok_stride + c + e] : 0.0f; }
+        }
+    }
 }
 
 // sT (64×65 fp32) = (I + A)⁻¹ for A (64×65 fp32) strictly lower triangular, by 16×16 blocks (≥ 128 threads): the
@@ -134,22 +152,36 @@ __device__ __forceinline__ void gdn_chunk_kkg(float *sA, float *sKKG, const floa
 // ----------------------------------------------------------------------------------------------------------------
 // forward
 
-// grid (NC, H, B), 256 threads. Gc (B,T,H) fp32 the in-chunk cumsum of g; W (B,T,H,K), U (B,T,H,V); Pm, Tm
-// (B,H,NC,64,64): P = tril(q kᵀ ∘ Γ) and T = (I + A)⁻¹ (the wy kernel reads it back). q, k (B,T,H,K) normalized; v a
-// view (token stride v_stride); beta, g (B,T,H) fp32 (g = log α). Warp w: rows 16·(w & 3), column half w >> 2.
+// the prep kernel's area for A (64×65 fp32) and then T's scaled copy (64 × GDN_LD floatX), bytes
+__host__ __device__ constexpr size_t gdn_prep_area_a() {
+    return GDN_L * 65 * sizeof(float) > GDN_L * GDN_LD * sizeof(floatX) ? GDN_L * 65 * sizeof(float)
+                                                                         : GDN_L * GDN_LD * sizeof(floatX);
+}
+
+// grid (slots·H), 256 threads (x = slot·H + h). Gc (tok,H) fp32 the in-chunk cumsum of g; W (tok,H,K), U (tok,H,V);
+// Pm, Tm (slots,H,64,64): P = tril(q kᵀ ∘ Γ) and T = (I + A)⁻¹ (the wy kernel reads it back). q, k (tok,H,K) normalized; v a
+// view (token stride v_stride); beta, g (tok,H) fp32 (g = log α). Warp w: rows 16·(w & 3), column half w >> 2.
 __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *U, floatX *Pm, floatX *Tm, float *Gc,
                                                              const floatX *q, const floatX *k, const floatX *v,
-                                                             int v_stride, const float *beta, const float *g, int T,
-                                                             int H, int K, int V) {
+                                                             int v_stride, const float *beta, const float *g,
+                                                             const int *cu_seqlens, int B, int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
-    const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * GDN_L, nv = min(GDN_L, T - t0);
-    const int Kp = gdn_kp(K), ldk = Kp + 8, NC = gridDim.x, w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
-    const long row0 = ((long)b * T + t0) * H + h; // the (b, t0, h) token-head row
-    const long crow = (((long)b * H + h) * NC + c) * GDN_L * GDN_L; // this chunk's 64×64 in Pm, Tm
-    floatX *sk = (floatX *)gdn_smem, *sq = sk + GDN_L * ldk;
-    float *sA = (float *)(sq + GDN_L * ldk), *sT = sA + GDN_L * 65, *sb = sT + GDN_L * 65, *sG = sb + GDN_L;
+    int b, c;
+    ChunkSeq seq;
+    const int h = blockIdx.x % H;
+    if (!chunk_at_slot<GDN_L>(cu_seqlens, B, T, blockIdx.x / H, &b, &c, &seq)) { return; }
+    const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
+    const int Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
+    const long row0 = (seq.tok0 + t0) * H + h; // the (b, t0, h) token-head row
+    const long crow = ((seq.cslot + c) * H + h) * GDN_L * GDN_L; // this chunk's 64×64 in Pm, Tm
+    // shared memory (gdn_prep_smem): k | q, later v's tile and the inverse's scratch | A, later T's scaled copy | T |
+    // β, G, row scales. (q is read by P alone and A by the inversion alone, both before their areas are reused: three
+    // CTAs an SM at K = 128 instead of two.)
+    floatX *sk = (floatX *)gdn_smem, *sq = sk + GDN_L * ldk, *sv = sq;
+    float *sA = (float *)(sq + GDN_L * ldk);
+    floatX *sTx = (floatX *)sA;
+    float *sT = (float *)((char *)sA + gdn_prep_area_a()), *sb = sT + GDN_L * 65, *sG = sb + GDN_L;
     float *srs = sG + GDN_L;
-    floatX *sTx = (floatX *)(srs + GDN_L), *sv = sTx + GDN_L * GDN_LD;
     chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
     chunk_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
     if (threadIdx.x < GDN_L) {
@@ -188,7 +220,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
     }
     gdn_chunk_kkg(sA, NULL, sk, ldk, Kp, sb, sG);
     chunk_sync();
-    gdn_unit_lower_inverse(sT, sA, (float *)sv); // sv: free until U
+    gdn_unit_lower_inverse(sT, sA, (float *)sv); // sv (over q: P is done): free until U
     if (threadIdx.x < GDN_L) { srs[threadIdx.x] = sb[threadIdx.x] * expf(sG[threadIdx.x]); }
     chunk_sync();
     for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T diag(β e^G): W's factor; T itself out
@@ -215,7 +247,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
         sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)(sT[(i >> 6) * 65 + (i & 63)] * sb[i & 63]);
     }
     for (int vb = 0; vb < V; vb += GDN_T) { // U = T (β ∘ v) = (T diag(β)) v
-        chunk_stage(sv, GDN_LD, v + ((long)b * T + t0) * v_stride + (long)h * V + vb, v_stride, nv, V - vb, GDN_L,
+        chunk_stage(sv, GDN_LD, v + (seq.tok0 + t0) * v_stride + (long)h * V + vb, v_stride, nv, V - vb, GDN_L,
                   GDN_T, (const float *)NULL);
         chunk_sync();
         float acc[4][4] = {};
@@ -232,10 +264,9 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
         chunk_sync();
     }
 }
-static size_t gdn_prep_smem(int K) {
+static size_t gdn_prep_smem(int K) { // (the q area, GDN_L × ldk, also holds v's 64-wide tile: ldk ≥ GDN_LD)
     const int ldk = gdn_kp(K) + 8;
-    return 2 * (size_t)GDN_L * ldk * sizeof(floatX) + (2 * GDN_L * 65 + 3 * GDN_L) * sizeof(float) +
-           2 * (size_t)GDN_L * GDN_LD * sizeof(floatX);
+    return 2 * (size_t)GDN_L * ldk * sizeof(floatX) + gdn_prep_area_a() + (GDN_L * 65 + 3 * GDN_L) * sizeof(float);
 }
 
 // the state tile sS (Kp × 64, staged) into dst rows (K × V, row stride V) at column vb: 16-byte stores where whole
@@ -256,21 +287,25 @@ __device__ __forceinline__ void gdn_store_state(floatX *dst, const floatX *sS, i
 // in the fp32 build (its tiles are twice the size)
 #define GDN_NBUF (FLOATX_IS_FP32 ? 1 : 2)
 
-// grid (VT, H, B), 256 threads: the state's V tile vb..vb+63 walks the chunks. hst (B,H,NC,K,V) the state at each
-// chunk's start; vn (B,T,H,V) = U − W h_c. S0 / S_final: sequence b's (H,K,V) fp32 state at b·stride floats, or NULL
+// grid (VT, H, B), 256 threads: the state's V tile vb..vb+63 walks sequence b's chunks. hst (slots,H,K,V) the state
+// at each chunk's start; vn (tok,H,V) = U − W h_c. S0 / S_final: sequence b's (H,K,V) fp32 state at b·stride floats,
+// or NULL
+template <int MR>
 __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, floatX *vn, float *S_final, long sf_stride,
                                                               const float *S0, long s0_stride, const floatX *W,
-                                                              const floatX *U, const floatX *k, const float *Gc, int T,
-                                                              int H, int K, int V) {
+                                                              const floatX *U, const floatX *k, const float *Gc,
+                                                              const int *cu_seqlens, int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
-    const int vb = blockIdx.x * GDN_T, h = blockIdx.y, b = blockIdx.z, NC = gdn_chunks(T);
+    const int vb = blockIdx.x * GDN_T, h = blockIdx.y, b = blockIdx.z;
+    const ChunkSeq seq = chunk_seq<GDN_L>(cu_seqlens, b, T);
+    const int NC = seq.nc;
     const int Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5, MT = Kp / 16;
     const int BUF = 2 * GDN_L * ldk + GDN_L * GDN_LD; // one buffer: W, k, U
-    floatX *sS = (floatX *)gdn_smem, *sVn = sS + Kp * GDN_LD, *sbuf = sVn + GDN_L * GDN_LD;
+    floatX *sS = (floatX *)gdn_smem, *sbuf = sS + Kp * GDN_LD;
     float *sGb = (float *)(sbuf + GDN_NBUF * BUF); // (GDN_NBUF, 64)
-    float S[2][8][4]; // rows 16·(w + 8m) of the state's K, the tile's 64 columns
+    float S[MR][8][4]; // rows 16·(w + 8m) of the state's K, the tile's 64 columns (MR = 1 covers K ≤ 128)
 #pragma unroll
-    for (int m = 0; m < 2; m++) {
+    for (int m = 0; m < MR; m++) {
 #pragma unroll
         for (int j = 0; j < 8; j++) {
 #pragma unroll
@@ -282,23 +317,24 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
         }
     }
     auto stage_chunk = [&](int c, int buf) { // issue the chunk's copies (cp.async) and its decays
-        const int t0 = c * GDN_L, nv = min(GDN_L, T - t0);
-        const long row0 = ((long)b * T + t0) * H + h;
+        const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
+        const long row0 = (seq.tok0 + t0) * H + h;
         floatX *sW = sbuf + buf * BUF, *sk = sW + GDN_L * ldk, *sU = sk + GDN_L * ldk;
         gdn_load_G(sGb + buf * GDN_L, Gc, row0, H, nv);
         chunk_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         chunk_stage(sU, GDN_LD, U + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
     };
-    if (GDN_NBUF == 2) { stage_chunk(0, 0); }
+    if (GDN_NBUF == 2 && NC > 0) { stage_chunk(0, 0); }
     for (int c = 0; c < NC; c++) {
-        const int buf = c % GDN_NBUF, t0 = c * GDN_L, nv = min(GDN_L, T - t0);
-        const long row0 = ((long)b * T + t0) * H + h;
+        const int buf = c % GDN_NBUF, t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
+        const long row0 = (seq.tok0 + t0) * H + h;
         floatX *sW = sbuf + buf * BUF, *sk = sW + GDN_L * ldk, *sU = sk + GDN_L * ldk;
+        floatX *sVn = sU; // e^{G_L − G} ∘ Vn over U, in place: each thread writes the elements it alone read
         const float *sG = sGb + buf * GDN_L;
         if (GDN_NBUF == 1) { stage_chunk(c, 0); }
 #pragma unroll
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < MR; m++) {
             if (w + 8 * m >= MT) { continue; }
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -310,7 +346,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
         }
         chunk_sync(); // chunk c's copies (issued last iteration) have landed, sS is whole
         if (GDN_NBUF == 2 && c + 1 < NC) { stage_chunk(c + 1, buf ^ 1); } // lands during this chunk's products
-        gdn_store_state(hst + (((long)b * H + h) * NC + c) * K * V, sS, K, V, vb);
+        gdn_store_state(hst + ((seq.cslot + c) * H + h) * K * V, sS, K, V, vb);
         { // Vn = U − W h_c: warp w rows 16·(w & 3), columns 32·(w >> 2)
             const int mt = w & 3, half = w >> 2;
             float acc[4][4] = {};
@@ -339,7 +375,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
         __syncthreads(); // (not chunk_sync: the prefetch stays in flight)
         const float decay = expf(sG[GDN_L - 1]); // h_{c+1} = e^{G_L} h_c + kᵀ (e^{G_L − G} ∘ Vn)
 #pragma unroll
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < MR; m++) {
             if (w + 8 * m >= MT) { continue; }
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -352,7 +388,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
     }
     if (S_final != NULL) {
 #pragma unroll
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < MR; m++) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
 #pragma unroll
@@ -364,27 +400,28 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
         }
     }
 }
-static size_t gdn_state_smem(int K) {
+static size_t gdn_state_smem(int K) { // (K = 128 in bf16: 104.5 KB, two CTAs an SM)
     const int Kp = gdn_kp(K), ldk = Kp + 8;
-    return ((size_t)Kp * GDN_LD + (size_t)GDN_L * GDN_LD +
-            GDN_NBUF * (2 * (size_t)GDN_L * ldk + (size_t)GDN_L * GDN_LD)) * sizeof(floatX) +
+    return ((size_t)Kp * GDN_LD + GDN_NBUF * (2 * (size_t)GDN_L * ldk + (size_t)GDN_L * GDN_LD)) * sizeof(floatX) +
            GDN_NBUF * GDN_L * sizeof(float);
 }
 
-// grid (NC, VT, B·H), 128 threads. o (B,T,H,V) = scale (e^G ∘ (q h_c) + P Vn)
+// grid (slots·H·VT), 128 threads (x = (slot·H + h)·VT + V tile). o (tok,H,V) = scale (e^G ∘ (q h_c) + P Vn)
 __global__ void gdn_chunk_output_kernel(floatX *o, const floatX *q, const floatX *hst, const floatX *Pm,
-                                        const floatX *vn, const float *Gc, float scale, int T, int H, int K, int V) {
+                                        const floatX *vn, const float *Gc, float scale, const int *cu_seqlens, int B,
+                                        int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
-    const int c = blockIdx.x, vb = blockIdx.y * GDN_T, h = blockIdx.z % H, b = blockIdx.z / H, NC = gridDim.x;
-    const int t0 = c * GDN_L, nv = min(GDN_L, T - t0), Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5;
-    const long row0 = ((long)b * T + t0) * H + h;
+    int b, c;
+    ChunkSeq seq;
+    const int VT = CEIL_DIV(V, GDN_T), vb = (blockIdx.x % VT) * GDN_T, h = blockIdx.x / VT % H;
+    if (!chunk_at_slot<GDN_L>(cu_seqlens, B, T, blockIdx.x / VT / H, &b, &c, &seq)) { return; }
+    const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0), Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5;
+    const long row0 = (seq.tok0 + t0) * H + h, cs = (seq.cslot + c) * H + h;
     floatX *sq = (floatX *)gdn_smem, *sS = sq + GDN_L * ldk, *sP = sS + Kp * GDN_LD, *svn = sP + GDN_L * GDN_LD;
     float *sG = (float *)(svn + GDN_L * GDN_LD);
     chunk_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-    chunk_stage(sS, GDN_LD, hst + (((long)b * H + h) * NC + c) * K * V + vb, (long)V, K, V - vb, Kp, GDN_T,
-              (const float *)NULL);
-    chunk_stage(sP, GDN_LD, Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
-              (const float *)NULL);
+    chunk_stage(sS, GDN_LD, hst + cs * K * V + vb, (long)V, K, V - vb, Kp, GDN_T, (const float *)NULL);
+    chunk_stage(sP, GDN_LD, Pm + cs * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L, (const float *)NULL);
     chunk_stage(svn, GDN_LD, vn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
     gdn_load_G(sG, Gc, row0, H, nv);
     chunk_sync();
@@ -411,23 +448,26 @@ static size_t gdn_output_smem(int K) {
 // ----------------------------------------------------------------------------------------------------------------
 // backward
 
-// grid (VT, H, B), 256 threads, chunks in reverse. dhst (B,H,NC,K,V) dL/d(state at each chunk's end); dvn (B,T,H,V)
-// fp32 = dL/dVn; dS0 (sequence stride d0_stride) or NULL; dS_final or NULL (zero). dout (B,T,H,V) = dL/do
+// grid (VT, H, B), 256 threads, sequence b's chunks in reverse. dhst (slots,H,K,V) dL/d(state at each chunk's end);
+// dvn (tok,H,V) = dL/dVn; dS0 (sequence stride d0_stride) or NULL; dS_final or NULL (zero). dout (tok,H,V) = dL/do
+template <int MR>
 __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, floatX *dvn, float *dS0, long d0_stride,
                                                                const float *dS_final, long df_stride, const floatX *q,
                                                                const floatX *k, const floatX *W, const floatX *Pm,
                                                                const floatX *dout, const float *Gc, float scale,
-                                                               int T, int H, int K, int V) {
+                                                               const int *cu_seqlens, int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
-    const int vb = blockIdx.x * GDN_T, h = blockIdx.y, b = blockIdx.z, NC = gdn_chunks(T);
+    const int vb = blockIdx.x * GDN_T, h = blockIdx.y, b = blockIdx.z;
+    const ChunkSeq seq = chunk_seq<GDN_L>(cu_seqlens, b, T);
+    const int NC = seq.nc;
     const int Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5, MT = Kp / 16;
     floatX *sdS = (floatX *)gdn_smem, *sk = sdS + Kp * GDN_LD, *sq = sk + GDN_L * ldk, *sW = sq + GDN_L * ldk;
     floatX *sP = sW + GDN_L * ldk, *sdo = sP + GDN_L * GDN_LD, *sdvn = sdo + GDN_L * GDN_LD;
     floatX *sdos = sdvn + GDN_L * GDN_LD; // do ∘ scale e^G (rows)
     float *sG = (float *)(sdos + GDN_L * GDN_LD), *skdec = sG + GDN_L;
-    float dS[2][8][4];
+    float dS[MR][8][4]; // rows 16·(w + 8m) of dh's K, the tile's 64 columns (MR = 1 covers K ≤ 128)
 #pragma unroll
-    for (int m = 0; m < 2; m++) {
+    for (int m = 0; m < MR; m++) {
 #pragma unroll
         for (int j = 0; j < 8; j++) {
 #pragma unroll
@@ -439,18 +479,17 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
         }
     }
     for (int c = NC - 1; c >= 0; c--) {
-        const int t0 = c * GDN_L, nv = min(GDN_L, T - t0);
-        const long row0 = ((long)b * T + t0) * H + h;
-        floatX *dhc = dhst + (((long)b * H + h) * NC + c) * K * V;
+        const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
+        const long row0 = (seq.tok0 + t0) * H + h, cs = (seq.cslot + c) * H + h;
+        floatX *dhc = dhst + cs * K * V;
         gdn_load_G(sG, Gc, row0, H, nv);
         chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         chunk_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         chunk_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        chunk_stage(sP, GDN_LD, Pm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L,
-                  GDN_L, (const float *)NULL);
+        chunk_stage(sP, GDN_LD, Pm + cs * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L, (const float *)NULL);
         chunk_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
 #pragma unroll
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < MR; m++) {
             if (w + 8 * m >= MT) { continue; }
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -487,7 +526,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
         chunk_sync();
         const float decay = expf(sG[GDN_L - 1]); // dh ← e^{G_L} dh + (scale e^G ∘ q)ᵀ do − Wᵀ dVn
 #pragma unroll
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < MR; m++) {
             if (w + 8 * m >= MT) { continue; }
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -501,7 +540,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
     }
     if (dS0 != NULL) {
 #pragma unroll
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < MR; m++) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
 #pragma unroll
@@ -519,20 +558,24 @@ static size_t gdn_dstate_smem(int K) {
            2 * GDN_L * sizeof(float);
 }
 
-// grid (NC, KT, B·H), 256 threads: the K columns kb..kb+63 of a chunk. dq (B,T,H,K); dk_part, dW (B,T,H,K) fp32:
-// dk before the WY terms, dL/dW; dgam_part (B,T,H,KT) fp32: this K tile's share of dL/dG_r (the decay terms of
+// grid (slots·H·KT), 256 threads (x = (slot·H + h)·KT + K tile; a chunk's K tiles side by side, sharing do, Vn,
+// dVn in L2): the K columns kb..kb+63 of a chunk. dq (tok,H,K); dk_part (tok,H,K) fp32, dW:
+// dk before the WY terms, dL/dW; dgam_part (tok,H,KT) fp32: this K tile's share of dL/dG_r (the decay terms of
 // q, k and the state; the chunk's last row also takes e^{G_L}⟨h_c, dh⟩ and Σ (dk_state ∘ k))
 __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *dk_part, floatX *dW, float *dgam_part,
                                                             const floatX *q, const floatX *k, const floatX *vn,
                                                             const floatX *dvn, const floatX *dout, const floatX *hst,
-                                                            const floatX *dhst, const float *Gc, float scale, int T,
-                                                            int H, int K, int V) {
+                                                            const floatX *dhst, const float *Gc, float scale,
+                                                            const int *cu_seqlens, int B, int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
-    const int c = blockIdx.x, kt = blockIdx.y, kb = kt * GDN_T, KT = gridDim.y, h = blockIdx.z % H;
-    const int b = blockIdx.z / H, NC = gridDim.x, t0 = c * GDN_L, nv = min(GDN_L, T - t0);
+    int b, c;
+    ChunkSeq seq;
+    const int KT = gdn_kp(K) / GDN_T, kt = blockIdx.x % KT, kb = kt * GDN_T, h = blockIdx.x / KT % H;
+    if (!chunk_at_slot<GDN_L>(cu_seqlens, B, T, blockIdx.x / KT / H, &b, &c, &seq)) { return; }
+    const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = w & 3, half = w >> 2;
-    const long row0 = ((long)b * T + t0) * H + h;
-    const long hoff = (((long)b * H + h) * NC + c) * K * V + (long)kb * V;
+    const long row0 = (seq.tok0 + t0) * H + h;
+    const long hoff = ((seq.cslot + c) * H + h) * K * V + (long)kb * V;
     const int TILE = GDN_L * GDN_LD;
     floatX *sdo = (floatX *)gdn_smem, *svn = sdo + TILE, *sdvn = svn + TILE, *sS = sdvn + TILE, *sdSp = sS + TILE;
     floatX *sdSc = sdSp + TILE, *sq = sdSc + TILE, *sk = sq + TILE;
@@ -554,9 +597,15 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
                                          GDN_T);
         tiles::warp_gemm<4, false, true>(a_sc, sdo + 16 * mt * GDN_LD, GDN_LD, svn + 32 * half * GDN_LD, GDN_LD,
                                          GDN_T);
-        for (int i = threadIdx.x; i < GDN_T * GDN_T; i += blockDim.x) {
-            const int r = i >> 6, cc = i & 63;
-            sdot += (float)sS[r * GDN_LD + cc] * (float)sdSp[r * GDN_LD + cc];
+        { // 16-byte pieces (a scalar walk here was the kernel's largest shared-memory instruction count)
+            constexpr int VEC = 16 / sizeof(floatX);
+            for (int i = threadIdx.x; i < GDN_T * GDN_T / VEC; i += blockDim.x) {
+                const int r = i / (GDN_T / VEC), cc = (i % (GDN_T / VEC)) * VEC;
+                const uint4 a = *(const uint4 *)(sS + r * GDN_LD + cc), d = *(const uint4 *)(sdSp + r * GDN_LD + cc);
+                const floatX *av = (const floatX *)&a, *dv = (const floatX *)&d;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) { sdot += (float)av[e] * (float)dv[e]; }
+            }
         }
         chunk_sync();
     }
@@ -629,30 +678,36 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
 }
 static size_t gdn_dqk_smem() { return 8 * (size_t)GDN_L * GDN_LD * sizeof(floatX) + (3 * GDN_L + 16) * sizeof(float); }
 
-// grid (NC, H, B), 128 threads: the UT transform's backward. dk (B,T,H,K) = dk_part + β (Dm k) + Dmᵀ (β k) + β e^G dKt;
-// dv (view, token stride dv_stride) = β Tᵀ dVn; dbeta (B,T,H); dg (B,T,H) = dL/d(log α) (reverse cumsum of dL/dG)
+// grid (slots·H), 128 threads (x = slot·H + h): the UT transform's backward. dk (tok,H,K) = dk_part + β (Dm k) +
+// Dmᵀ (β k) + β e^G dKt;
+// dv (view, token stride dv_stride) = β Tᵀ dVn; dbeta (tok,H); dg (tok,H) = dL/d(log α) (reverse cumsum of dL/dG)
 __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *dv, int dv_stride, float *dbeta,
                                                            float *dg, const floatX *k, const floatX *v, int v_stride,
                                                            const float *beta, const float *Gc, const floatX *dW,
                                                            const floatX *dvn, const float *dk_part,
-                                                           const float *dgam_part, const floatX *Tm, int T, int H,
-                                                           int K, int V) {
+                                                           const float *dgam_part, const floatX *Tm,
+                                                           const int *cu_seqlens, int B, int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
-    const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * GDN_L, nv = min(GDN_L, T - t0);
-    const int NC = gridDim.x;
+    int b, c;
+    ChunkSeq seq;
+    const int h = blockIdx.x % H;
+    if (!chunk_at_slot<GDN_L>(cu_seqlens, B, T, blockIdx.x / H, &b, &c, &seq)) { return; }
+    const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
     const int Kp = gdn_kp(K), ldk = Kp + 8, KT = Kp / GDN_T, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long row0 = ((long)b * T + t0) * H + h;
-    const long vrow0 = ((long)b * T + t0) * v_stride + (long)h * V, dvrow0 = ((long)b * T + t0) * dv_stride + (long)h * V;
+    const long tok = seq.tok0 + t0, row0 = tok * H + h;
+    const long vrow0 = tok * v_stride + (long)h * V, dvrow0 = tok * dv_stride + (long)h * V;
     const int TILE = GDN_L * GDN_LD;
     floatX *sk = (floatX *)gdn_smem, *sTx = sk + GDN_L * ldk, *t1 = sTx + TILE, *t2 = t1 + TILE, *sDm = t2 + TILE;
-    float *sKKG = (float *)(sDm + TILE), *sb = sKKG + GDN_L * 65;
+    float *sKKG = (float *)(sDm + TILE), *sb = sKKG + GDN_L * GDN_LDP; // sKKG: (64, 65), later dk_part (64, 68)
     float *sG = sb + GDN_L, *srs = sG + GDN_L, *sdb = srs + GDN_L, *sdgm = sdb + GDN_L, *swy = sdgm + GDN_L;
+    float *seG = swy + GDN_L; // e^{G_r}
     chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
     gdn_load_G(sG, Gc, row0, H, nv);
     if (threadIdx.x < GDN_L) { sb[threadIdx.x] = threadIdx.x < nv ? beta[row0 + (long)threadIdx.x * H] : 0.0f; }
-    chunk_stage(sTx, GDN_LD, Tm + (((long)b * H + h) * NC + c) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
+    chunk_stage(sTx, GDN_LD, Tm + ((seq.cslot + c) * H + h) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
               (const float *)NULL); // T = (I + A)⁻¹ as the prep kernel left it
     chunk_sync();
+    if (threadIdx.x < GDN_L) { seG[threadIdx.x] = expf(sG[threadIdx.x]); }
     gdn_chunk_kkg(NULL, sKKG, sk, ldk, Kp, sb, sG);
     chunk_sync();
     float db[2] = {0.0f, 0.0f}, dgm[2] = {0.0f, 0.0f}; // this lane's rows 16w + g and 16w + g + 8
@@ -672,7 +727,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
                 const int r = 16 * w + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
                 if (r < nv && col < V) {
                     dv[dvrow0 + (long)r * dv_stride + col] = (floatX)(sb[r] * aV[j][i]);
-                    db[i >> 1] += aV[j][i] * (float)v[vrow0 + (long)r * v_stride + col];
+                    db[i >> 1] += aV[j][i] * (float)t2[r * GDN_LD + tiles::acc_col(j, i)]; // v, staged
                 }
             }
         }
@@ -690,7 +745,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int s = tiles::acc_col(j, i);
-            t1[(16 * w + tiles::acc_row(i)) * GDN_LD + s] = (floatX)(sb[s] * (aTv[j][i] + expf(sG[s]) * aTk[j][i]));
+            t1[(16 * w + tiles::acc_row(i)) * GDN_LD + s] = (floatX)(sb[s] * (aTv[j][i] + seG[s] * aTk[j][i]));
         }
     }
     chunk_sync();
@@ -723,19 +778,20 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         }
     }
     chunk_sync();
-    if (threadIdx.x < GDN_L) {
-        const int r = threadIdx.x;
+    { // thread r < 64: row r's sum; thread 64 + r: column r's (into srs, free until dL/dG)
+        const int r = threadIdx.x & (GDN_L - 1), col = threadIdx.x >> 6;
         float x = 0.0f;
-        for (int s = 0; s < GDN_L; s++) { x += sKKG[r * 65 + s]; }
-        for (int s = 0; s < GDN_L; s++) { x -= sKKG[s * 65 + r]; }
-        swy[r] = x;
+        for (int s = 0; s < GDN_L; s++) { x += sKKG[col ? s * 65 + r : r * 65 + s]; }
+        (col ? srs : swy)[r] = x;
     }
     for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // t2 = diag(β) Dm: Dmᵀ (β k) = (diag(β) Dm)ᵀ k
         const int r = i >> 6, cc = i & 63;
         t2[r * GDN_LD + cc] = (floatX)((float)sDm[r * GDN_LD + cc] * sb[r]);
     }
+    __syncthreads(); // every reader of sKKG is done: it takes dk_part's tiles next
     for (int kb = 0; kb < Kp; kb += GDN_T) {
         chunk_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+        gdn_stage_f32(sKKG, GDN_LDP, dk_part + row0 * K + kb, (long)H * K, nv, K - kb);
         chunk_sync();
         float a1[8][4] = {}, a2[8][4] = {}, a3[8][4] = {};
         tiles::warp_gemm<8, false, false>(a1, sDm + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_L); // Dm k
@@ -746,10 +802,11 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int r = 16 * w + tiles::acc_row(i), col = kb + tiles::acc_col(j, i);
-                const float kv = (float)sk[r * ldk + col], eG = expf(sG[r]);
+                const float kv = (float)sk[r * ldk + col], eG = seG[r];
                 if (r < nv && col < K) {
                     const long o = (row0 + (long)r * H) * K + col;
-                    dk[o] = (floatX)(dk_part[o] + sb[r] * a1[j][i] + a2[j][i] + sb[r] * eG * a3[j][i]);
+                    const float part = sKKG[r * GDN_LDP + tiles::acc_col(j, i)];
+                    dk[o] = (floatX)(part + sb[r] * a1[j][i] + a2[j][i] + sb[r] * eG * a3[j][i]);
                 }
                 db[i >> 1] += eG * kv * a3[j][i];
                 dgm[i >> 1] += sb[r] * eG * kv * a3[j][i];
@@ -772,53 +829,60 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         sdgm[r + 8] = dgm[1];
     }
     chunk_sync();
-    if (threadIdx.x < nv) { // dL/dG_r in full, into srs
+    float dG = 0.0f; // thread r < 64: dL/dG_r in full (0 past the sequence)
+    if (threadIdx.x < nv) {
         const int r = threadIdx.x;
-        float x = sdgm[r] + swy[r];
-        for (int i = 0; i < KT; i++) { x += dgam_part[(row0 + (long)r * H) * KT + i]; }
-        srs[r] = x;
+        dG = sdgm[r] + (swy[r] - srs[r]);
+        for (int i = 0; i < KT; i++) { dG += dgam_part[(row0 + (long)r * H) * KT + i]; }
         dbeta[row0 + (long)r * H] = sdb[r];
     }
-    chunk_sync();
-    if (threadIdx.x < nv) { // G_r = Σ_{s ≤ r} g_s: dg_s = Σ_{r ≥ s} dG_r
-        const int s = threadIdx.x;
-        float x = 0.0f;
-        for (int r = nv - 1; r >= s; r--) { x += srs[r]; }
-        dg[row0 + (long)s * H] = x;
+    // G_r = Σ_{s ≤ r} g_s: dg_s = Σ_{r ≥ s} dG_r, a suffix scan in each of two warps, the first adding the second's
+    if (threadIdx.x < GDN_L) {
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const float y = __shfl_down_sync(0xffffffffu, dG, d);
+            if (lane + d < 32) { dG += y; }
+        }
+        if (threadIdx.x == 32) { sKKG[0] = dG; } // warp 1's total (sKKG is free after the K loop's last barrier)
     }
+    __syncthreads();
+    if (threadIdx.x < nv) { dg[row0 + (long)threadIdx.x * H] = dG + (threadIdx.x < 32 ? sKKG[0] : 0.0f); }
 }
 static size_t gdn_wy_smem(int K) {
     const int ldk = gdn_kp(K) + 8;
-    return ((size_t)GDN_L * ldk + 4 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) + (GDN_L * 65 + 6 * GDN_L) * sizeof(float);
+    return ((size_t)GDN_L * ldk + 4 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
+           (GDN_L * GDN_LDP + 7 * GDN_L) * sizeof(float);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
 // the launchers of the chunked recurrence
 
+// tok: B·T tokens in the fixed layout, T in the packed one; slots: chunk_slots (chunk_common.cuh)
 typedef struct {
-    floatX *W, *U, *Pm, *Tm, *hst, *vn; // (B,T,H,K), (B,T,H,V), (B,H,NC,64,64) ×2, (B,H,NC,K,V), (B,T,H,V)
-    float *Gc;                     // (B,T,H)
+    floatX *W, *U, *Pm, *Tm, *hst, *vn; // (tok,H,K), (tok,H,V), (slots,H,64,64) ×2, (slots,H,K,V), (tok,H,V)
+    float *Gc;                     // (tok,H)
 } GDNChunkBufs;
 
 typedef struct {
-    floatX *dhst, *dq;                      // (B,H,NC,K,V), (B,T,H,K)
-    floatX *dvn, *dW;                       // (B,T,H,V), (B,T,H,K)
-    float *dk_part, *dgam_part;             // (B,T,H,K), (B,T,H,KT)
+    floatX *dhst, *dq;                      // (slots,H,K,V), (tok,H,K)
+    floatX *dvn, *dW;                       // (tok,H,V), (tok,H,K)
+    float *dk_part, *dgam_part;             // (tok,H,K), (tok,H,KT)
 } GDNChunkGrads;
 
-static void gdn_chunk_bufs_take(GDNChunkBufs *f, DeviceArena *ar, int B, int T, int H, int K, int V) {
-    const size_t BTH = (size_t)B * T * H, NC = gdn_chunks(T);
+// the buffers for B sequences of T tokens, or (packed) for sequences of T tokens in all
+static void gdn_chunk_bufs_take(GDNChunkBufs *f, DeviceArena *ar, int B, int T, int H, int K, int V, bool packed) {
+    const size_t BTH = (size_t)(packed ? 1 : B) * T * H, NS = chunk_slots<GDN_L>(packed, B, T);
     f->W = TAKE_X(ar, BTH * K);
     f->U = TAKE_X(ar, BTH * V);
-    f->Pm = TAKE_X(ar, (size_t)B * H * NC * GDN_L * GDN_L);
-    f->Tm = TAKE_X(ar, (size_t)B * H * NC * GDN_L * GDN_L);
-    f->hst = TAKE_X(ar, (size_t)B * H * NC * K * V);
+    f->Pm = TAKE_X(ar, NS * H * GDN_L * GDN_L);
+    f->Tm = TAKE_X(ar, NS * H * GDN_L * GDN_L);
+    f->hst = TAKE_X(ar, NS * H * K * V);
     f->vn = TAKE_X(ar, BTH * V);
     f->Gc = TAKE_F(ar, BTH);
 }
-static void gdn_chunk_grads_take(GDNChunkGrads *g, DeviceArena *ar, int B, int T, int H, int K, int V) {
-    const size_t BTH = (size_t)B * T * H, NC = gdn_chunks(T);
-    g->dhst = TAKE_X(ar, (size_t)B * H * NC * K * V);
+static void gdn_chunk_grads_take(GDNChunkGrads *g, DeviceArena *ar, int B, int T, int H, int K, int V, bool packed) {
+    const size_t BTH = (size_t)(packed ? 1 : B) * T * H, NS = chunk_slots<GDN_L>(packed, B, T);
+    g->dhst = TAKE_X(ar, NS * H * K * V);
     g->dq = TAKE_X(ar, BTH * K);
     g->dvn = TAKE_X(ar, BTH * V);
     g->dk_part = TAKE_F(ar, BTH * K);
@@ -846,54 +910,62 @@ static void gdn_check_dims(int K, int V) {
     }
 }
 
-// o (B,T,H,V) from q, k (B,T,H,K) normalized, v (view, token stride v_stride), beta and g (B,T,H); f: the chunk
+// o (tok,H,V) from q, k (tok,H,K) normalized, v (view, token stride v_stride), beta and g (tok,H); f: the chunk
 // buffers (filled: the backward reads them). S0 / S_final: per-sequence fp32 states (stride in floats) or NULL; they
-// may be the same memory (the decode advance)
+// may be the same memory (the decode advance). cu_seqlens NULL: B sequences of T tokens; else (device, B+1) packed
+// sequences of T tokens in all (chunk_common.cuh), each restarting from its own S0 (or zero)
 static void gdn_chunk_forward(floatX *o, GDNChunkBufs *f, float *S_final, long sf_stride, const float *S0,
                               long s0_stride, const floatX *q, const floatX *k, const floatX *v, int v_stride,
-                              const float *beta, const float *g, int B, int T, int H, int K, int V, bool with_output,
-                              cudaStream_t stream) {
+                              const float *beta, const float *g, const int *cu_seqlens, int B, int T, int H, int K,
+                              int V, bool with_output, cudaStream_t stream) {
     gdn_check_dims(K, V);
-    const int NC = gdn_chunks(T), VT = CEIL_DIV(V, GDN_T);
+    const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
+    const int VT = CEIL_DIV(V, GDN_T);
     const size_t s1 = gdn_prep_smem(K), s2 = gdn_state_smem(K), s3 = gdn_output_smem(K);
     gdn_set_smem((const void *)gdn_chunk_prep_kernel, s1);
-    gdn_set_smem((const void *)gdn_chunk_state_kernel, s2);
+    // K ≤ 128: one 16-row block of the state a warp (half the accumulators): two CTAs an SM (registers, shared memory)
+    auto state = gdn_kp(K) <= 128 ? gdn_chunk_state_kernel<1> : gdn_chunk_state_kernel<2>;
+    gdn_set_smem((const void *)state, s2);
     gdn_set_smem((const void *)gdn_chunk_output_kernel, s3);
-    gdn_chunk_prep_kernel<<<dim3(NC, H, B), 256, s1, stream>>>(f->W, f->U, f->Pm, f->Tm, f->Gc, q, k, v, v_stride,
-                                                                 beta, g, T, H, K, V);
+    gdn_chunk_prep_kernel<<<(unsigned)(NS * H), 256, s1, stream>>>(f->W, f->U, f->Pm, f->Tm, f->Gc, q, k, v,
+                                                                        v_stride, beta, g, cu_seqlens, B, T, H, K, V);
     cudaCheck(cudaGetLastError());
-    gdn_chunk_state_kernel<<<dim3(VT, H, B), 256, s2, stream>>>(f->hst, f->vn, S_final, sf_stride, S0, s0_stride, f->W,
-                                                                  f->U, k, f->Gc, T, H, K, V);
+    state<<<dim3(VT, H, B), 256, s2, stream>>>(f->hst, f->vn, S_final, sf_stride, S0, s0_stride, f->W, f->U, k, f->Gc,
+                                               cu_seqlens, T, H, K, V);
     cudaCheck(cudaGetLastError());
     if (with_output) {
-        gdn_chunk_output_kernel<<<dim3(NC, VT, B * H), 128, s3, stream>>>(o, q, f->hst, f->Pm, f->vn, f->Gc,
-                                                                            1.0f / sqrtf((float)K), T, H, K, V);
+        gdn_chunk_output_kernel<<<(unsigned)(NS * H * VT), 128, s3, stream>>>(
+            o, q, f->hst, f->Pm, f->vn, f->Gc, 1.0f / sqrtf((float)K), cu_seqlens, B, T, H, K, V);
         cudaCheck(cudaGetLastError());
     }
 }
 
-// dq, dk (B,T,H,K) (written, in gr), dv (view, token stride dv_stride, written), dbeta, dg (B,T,H) written; dS0 or
-// NULL; from dout (B,T,H,V) and dS_final or NULL; f as the forward left it (or recomputed)
+// dq, dk (tok,H,K) (written, in gr), dv (view, token stride dv_stride, written), dbeta, dg (tok,H) written; dS0 or
+// NULL; from dout (tok,H,V) and dS_final or NULL; f as the forward left it (or recomputed); cu_seqlens as the forward
 static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbeta, float *dg, GDNChunkGrads *gr,
                                float *dS0, long d0_stride, const float *dS_final, long df_stride, const floatX *dout,
                                const GDNChunkBufs *f, const floatX *q, const floatX *k, const floatX *v, int v_stride,
-                               const float *beta, int B, int T, int H, int K, int V, cudaStream_t stream) {
-    const int NC = gdn_chunks(T), VT = CEIL_DIV(V, GDN_T), KT = gdn_kp(K) / GDN_T;
+                               const float *beta, const int *cu_seqlens, int B, int T, int H, int K, int V,
+                               cudaStream_t stream) {
+    const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
+    const int VT = CEIL_DIV(V, GDN_T), KT = gdn_kp(K) / GDN_T;
     const float scale = 1.0f / sqrtf((float)K);
     const size_t s1 = gdn_dstate_smem(K), s2 = gdn_dqk_smem(), s3 = gdn_wy_smem(K);
-    gdn_set_smem((const void *)gdn_chunk_dstate_kernel, s1);
+    // K ≤ 128: one 16-row block a warp, half the accumulators: two CTAs an SM instead of one (registers)
+    auto dstate = gdn_kp(K) <= 128 ? gdn_chunk_dstate_kernel<1> : gdn_chunk_dstate_kernel<2>;
+    gdn_set_smem((const void *)dstate, s1);
     gdn_set_smem((const void *)gdn_chunk_dqk_kernel, s2);
     gdn_set_smem((const void *)gdn_chunk_wy_kernel, s3);
-    gdn_chunk_dstate_kernel<<<dim3(VT, H, B), 256, s1, stream>>>(gr->dhst, gr->dvn, dS0, d0_stride, dS_final, df_stride,
-                                                                   q, k, f->W, f->Pm, dout, f->Gc, scale, T, H, K, V);
+    dstate<<<dim3(VT, H, B), 256, s1, stream>>>(gr->dhst, gr->dvn, dS0, d0_stride, dS_final, df_stride, q, k, f->W,
+                                                f->Pm, dout, f->Gc, scale, cu_seqlens, T, H, K, V);
     cudaCheck(cudaGetLastError());
-    gdn_chunk_dqk_kernel<<<dim3(NC, KT, B * H), 256, s2, stream>>>(gr->dq, gr->dk_part, gr->dW, gr->dgam_part, q, k,
-                                                                     f->vn, gr->dvn, dout, f->hst, gr->dhst, f->Gc,
-                                                                     scale, T, H, K, V);
+    gdn_chunk_dqk_kernel<<<(unsigned)(NS * H * KT), 256, s2, stream>>>(
+        gr->dq, gr->dk_part, gr->dW, gr->dgam_part, q, k, f->vn, gr->dvn, dout, f->hst, gr->dhst, f->Gc, scale,
+        cu_seqlens, B, T, H, K, V);
     cudaCheck(cudaGetLastError());
-    gdn_chunk_wy_kernel<<<dim3(NC, H, B), 128, s3, stream>>>(dk, dv, dv_stride, dbeta, dg, k, v, v_stride, beta, f->Gc,
-                                                               gr->dW, gr->dvn, gr->dk_part, gr->dgam_part, f->Tm, T,
-                                                               H, K, V);
+    gdn_chunk_wy_kernel<<<(unsigned)(NS * H), 128, s3, stream>>>(dk, dv, dv_stride, dbeta, dg, k, v, v_stride, beta,
+                                                                      f->Gc, gr->dW, gr->dvn, gr->dk_part,
+                                                                      gr->dgam_part, f->Tm, cu_seqlens, B, T, H, K, V);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1051,9 +1123,9 @@ typedef struct {
 static size_t gdn_scratch_layout(GDNScratch *s, void *base, const ModelConfig *c, int B, int T, int fwd_only) {
     const size_t BT = (size_t)B * T, H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, HK = H * K, HV = H * V;
     DeviceArena ar = {(char *)base, 0};
-    gdn_chunk_bufs_take(&s->f, &ar, B, T, (int)H, (int)K, (int)V);
+    gdn_chunk_bufs_take(&s->f, &ar, B, T, (int)H, (int)K, (int)V, false);
     if (fwd_only) { return ar.used; }
-    gdn_chunk_grads_take(&s->gr, &ar, B, T, (int)H, (int)K, (int)V);
+    gdn_chunk_grads_take(&s->gr, &ar, B, T, (int)H, (int)K, (int)V, false);
     s->d_proj = TAKE_X(&ar, BT * gdn_proj_stride(c));
     s->d_conv_act = TAKE_X(&ar, BT * gdn_conv_dim(c));
     s->d_o = TAKE_X(&ar, BT * HV);
@@ -1117,8 +1189,8 @@ static void gdn_mixer_forward(floatX *out, void *acts, void *scratch, const floa
     gdn_scratch_layout(&s, scratch, c, B, T, 1);
     const int H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, CD = gdn_conv_dim(c);
     gdn_inputs(&a, NULL, 0, inp, w, w32, c, B, T, rt);
-    gdn_chunk_forward(a.o, &s.f, NULL, 0, NULL, 0, a.qn, a.kn, a.conv_act + 2 * H * K, CD, a.beta, a.g, B, T, H, K, V,
-                      true, rt->stream);
+    gdn_chunk_forward(a.o, &s.f, NULL, 0, NULL, 0, a.qn, a.kn, a.conv_act + 2 * H * K, CD, a.beta, a.g, NULL, B, T, H,
+                      K, V, true, rt->stream);
     gdn_outputs(out, &a, w, c, B * T, rt);
 }
 
@@ -1138,10 +1210,10 @@ static void gdn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, 
     output_gate_backward(s.d_normed, s.d_proj + goff, s.d_gated, a.normed, a.proj + goff, BT, HV, Rs, stream);
     rmsnorm_backward(s.d_o, g->norm_w, s.reduce, s.d_normed, a.o, w->norm_w, a.rstd, BT * H, V, 0, stream);
     // the chunk buffers again (the forward's scratch is shared by the layers), then the chunked backward
-    gdn_chunk_forward(NULL, &s.f, NULL, 0, NULL, 0, a.qn, a.kn, a.conv_act + 2 * HK, CD, a.beta, a.g, B, T, H, K, V,
-                      false, stream);
+    gdn_chunk_forward(NULL, &s.f, NULL, 0, NULL, 0, a.qn, a.kn, a.conv_act + 2 * HK, CD, a.beta, a.g, NULL, B, T, H, K,
+                      V, false, stream);
     gdn_chunk_backward(s.dk, s.d_conv_act + 2 * HK, CD, s.dbeta, s.dg, &s.gr, NULL, 0, NULL, 0, s.d_o, &s.f, a.qn, a.kn,
-                       a.conv_act + 2 * HK, CD, a.beta, B, T, H, K, V, stream);
+                       a.conv_act + 2 * HK, CD, a.beta, NULL, B, T, H, K, V, stream);
     const int chunks = token_chunks(BT);
     gdn_gates_backward_kernel<<<dim3(CEIL_DIV(H, 64), chunks), 64, 0, stream>>>(
         s.d_proj + boff, s.d_proj + boff + H, s.reduce, s.dbeta, s.dg, a.proj + boff, a.proj + boff + H, Rs,
@@ -1197,8 +1269,8 @@ static void gdn_mixer_advance(floatX *out, void *state, void *work, const floatX
     const long stride = (long)(gdn_mixer_state_bytes(c, context) / sizeof(float));
     float *window = (float *)state, *S = window + (size_t)(c->gdn.conv - 1) * CD;
     gdn_inputs(&a, window, stride, inp, w, w32, c, B, T, rt);
-    gdn_chunk_forward(a.o, &s.f, S, stride, S, stride, a.qn, a.kn, a.conv_act + 2 * H * K, CD, a.beta, a.g, B, T, H, K,
-                      V, true, rt->stream);
+    gdn_chunk_forward(a.o, &s.f, S, stride, S, stride, a.qn, a.kn, a.conv_act + 2 * H * K, CD, a.beta, a.g, NULL, B, T,
+                      H, K, V, true, rt->stream);
     gdn_outputs(out, &a, w, c, B * T, rt);
 }
 

@@ -26,14 +26,16 @@ Gradients are deterministic: no float atomics; B and C, shared by the heads of a
 over the heads inside one CTA in head order; dA_log, dD go through per-(b, chunk, head) partials reduced in a fixed
 order (reduce_partials).
 
-Kernels (launcher in parentheses):
+Kernels (launcher in parentheses; a chunk slot is a chunk of some sequence, chunk_common.cuh):
     mamba2_state_pass_kernel   (mamba2_forward, mamba2_backward)  per (P-slice of 32, h, b), chunks in sequence,
                                                                    the state in registers
-    mamba2_chunk_scan_kernel   (mamba2_forward)                    per (chunk, 4 heads of a group, b)
-    mamba2_chunk_bwd_kernel    (mamba2_backward)                   per (chunk, group, b), heads of the group in turn
+    mamba2_chunk_scan_kernel   (mamba2_forward)                    per (4 heads of a group, chunk slot)
+    mamba2_chunk_bwd_kernel    (mamba2_backward)                   per (group, chunk slot), heads of the group in turn
     mamba2_step_kernel         (mamba2_step)                       one token from the fp32 decode state
     mamba2_dt_forward_kernel / mamba2_dt_backward_kernel, (the layer's pointwise parts; the group RMSNorm is common.cuh's)
-Layouts (tok = b·T + t):
+Layouts (tok = b·T + t, or cu_seqlens[b] + t for packed variable-length sequences, chunk_common.cuh: each restarts
+from its own h0 (or zero) and ends in its own h_final; a packed sequence's results are bit for bit those of the same
+sequence run alone, test_mamba2_gpu):
     x (tok, H·P), B, C (tok, G·N): floatX views with token stride `stride` (columns of the (B,T,conv_dim) buffer);
     dx, dB, dC the same views of the gradient buffer (written); y, dy (tok, H·P) floatX dense;
     dt, ddt (tok, H) fp32 (dt after the softplus; ddt written); A_log, D (H) fp32; dA_log, dD (H) fp32 (+=);
@@ -67,12 +69,16 @@ typedef struct { MAMBA2_PARAMS(VIEW_FIELD_32) } Mamba2Params32; // their gradien
 // 3 CTAs an SM, two waves, slower than one buffer: dev/bench/NOTES.md.)
 
 typedef struct {
-    int B, T, H, P, N, G; // sequences, tokens per sequence, heads, head dim, state size, B/C groups
-    int stride;           // token stride (elements) of the x, B, C views and of their gradients
+    int B, T, H, P, N, G;  // sequences, tokens per sequence (packed: in all), heads, head dim, state size, B/C groups
+    int stride;            // token stride (elements) of the x, B, C views and of their gradients
+    const int *cu_seqlens; // (B+1,) device: packed variable-length sequences (chunk_common.cuh); NULL: B × T tokens
 } Mamba2Dims;
 
 __host__ __device__ static inline int mamba2_pad(int x) { return (x + 31) / 32 * 32; } // P and N padded to 32 while staged
-static inline int mamba2_chunks(const Mamba2Dims *d) { return CEIL_DIV(d->T, MAMBA2_L); }
+// the chunk slots of the per-chunk buffers (chunk_common.cuh)
+static inline long mamba2_slots(const Mamba2Dims *d) {
+    return chunk_slots<MAMBA2_L>(d->cu_seqlens != NULL, d->B, d->T);
+}
 
 // shared memory of the three chunk kernels (bytes), the same carving as in the kernels
 static inline size_t mamba2_pass_smem(int P, int N) {
@@ -119,13 +125,13 @@ static void mamba2_validate_dims(const Mamba2Dims *d) {
     }
 }
 
-// workspace of mamba2_forward / mamba2_backward: S_start (and dS_end) bf16 (B,H,chunks,P,N), partials (2, B·chunks, H)
+// workspace of mamba2_forward / mamba2_backward: S_start (and dS_end) bf16 (slots,H,P,N), partials (2, slots, H)
 static inline size_t mamba2_work_bytes(const Mamba2Dims *d) {
-    const size_t states = (size_t)d->B * d->H * mamba2_chunks(d) * d->P * d->N;
+    const size_t states = (size_t)mamba2_slots(d) * d->H * d->P * d->N;
     DeviceArena a = {NULL, 0};
     take(&a, states * sizeof(floatX));
     take(&a, states * sizeof(floatX));
-    take(&a, (size_t)2 * d->B * mamba2_chunks(d) * d->H * sizeof(float));
+    take(&a, (size_t)2 * mamba2_slots(d) * d->H * sizeof(float));
     return a.used;
 }
 
@@ -185,7 +191,7 @@ __device__ __forceinline__ void m2_tiles(int M, int NC, int K, const floatX *A, 
 // the state pass: one CTA per (32 rows of P, head, sequence), chunks in order (reverse: last to first)
 //   forward: Sst[c] = S before chunk c;  S ← e^{Acs_last} S + (U ∘ e^{Acs_last − Acs} dt)ᵀ V   (U = x, V = B)
 //   reverse: Sst[c] = dS after chunk c;  dS ← e^{Acs_last} dS + (U ∘ e^{Acs})ᵀ V              (U = dy, V = C)
-// Sst (B,H,chunks,P,N) bf16; init / fin (H,P,N) fp32 at b·state_stride or NULL (may be the same memory);
+// Sst (slots,H,P,N) bf16; init / fin (H,P,N) fp32 at b·state_stride or NULL (may be the same memory);
 // U (tok, H·P) view with token stride su; V (tok, G·N) view with token stride sv; dt (tok, H) fp32.
 // The carried state lives in the accumulators: TPW 16×32 tiles of the 32 × Np state per warp (tile = warp + 4·t),
 // fp32 from the first chunk to the last; each chunk scales them by its decay and adds its product in place.
@@ -193,17 +199,17 @@ template <int TPW>
 __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, float *fin, const float *init,
                                                                 long state_stride, const floatX *U, long su,
                                                                 const floatX *V, long sv, const float *dt,
-                                                                const float *A_log, int T, int H, int P, int N, int G,
-                                                                int reverse) {
+                                                                const float *A_log, const int *cu_seqlens, int T,
+                                                                int H, int P, int N, int G, int reverse) {
     extern __shared__ __align__(16) unsigned char m2_smem[];
     const int p0 = blockIdx.x * MAMBA2_PS, h = blockIdx.y, b = blockIdx.z, g = h / (H / G);
-    const int Np = mamba2_pad(N), ldu = MAMBA2_PS + 8, ldv = Np + 8, nc = CEIL_DIV(T, MAMBA2_L);
+    const ChunkSeq seq = chunk_seq<MAMBA2_L>(cu_seqlens, b, T);
+    const int Np = mamba2_pad(N), ldu = MAMBA2_PS + 8, ldv = Np + 8, nc = seq.nc;
     const int warp = threadIdx.x / 32, prows = min(MAMBA2_PS, P - p0), nct = Np / 32, ntiles = 2 * nct;
     const int BUF = MAMBA2_L * ldu + MAMBA2_L * ldv; // one buffer: U rows (L, ldu), V rows (L, ldv)
     floatX *sbuf = (floatX *)m2_smem;                // two buffers
     float *sAcsb = (float *)(sbuf + 2 * BUF), *sdtb = sAcsb + 2 * MAMBA2_L, *swb = sdtb + 2 * MAMBA2_L; // (2, L) each
     const float A = -expf(A_log[h]);
-    const long bh = (long)b * H + h;
     float acc[TPW][4][4]; // element (i of n8-tile j) of tile t: state row tr·16 + acc_row(i), column tc·32 + acc_col(j, i)
 #pragma unroll
     for (int t = 0; t < TPW; t++) {
@@ -220,7 +226,7 @@ __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, flo
     }
     // the state before chunk c (the carried accumulators), out as floatX pairs
     auto put_state = [&](int c) {
-        floatX *out = Sst + ((bh * nc + c) * P + p0) * N;
+        floatX *out = Sst + (((seq.cslot + c) * H + h) * P + p0) * N;
 #pragma unroll
         for (int t = 0; t < TPW; t++) {
             const int tile = warp + 4 * t, tr = tile / nct, tc = tile - tr * nct;
@@ -240,8 +246,8 @@ __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, flo
     // chunk it's raw U and V rows (cp.async) into buffer buf, and (warp 0) its cumsum, its decay and its row weights
     // w_s = e^{Acs_last − Acs_s} dt_s (forward) or e^{Acs_s} (reverse)
     auto issue = [&](int it, int buf) {
-        const int c = reverse ? nc - 1 - it : it, t0 = c * MAMBA2_L, valid = min(MAMBA2_L, T - t0);
-        const long tok0 = (long)b * T + t0;
+        const int c = reverse ? nc - 1 - it : it, t0 = c * MAMBA2_L, valid = min(MAMBA2_L, seq.len - t0);
+        const long tok0 = seq.tok0 + t0;
         floatX *sU = sbuf + buf * BUF, *sV = sU + MAMBA2_L * ldu;
         chunk_stage(sU, ldu, U + tok0 * su + (long)h * P + p0, su, valid, prows, MAMBA2_L, MAMBA2_PS, (const float *)NULL);
         chunk_stage(sV, ldv, V + tok0 * sv + (long)g * N, sv, valid, N, MAMBA2_L, Np, (const float *)NULL);
@@ -254,8 +260,10 @@ __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, flo
             }
         }
     };
-    issue(0, 0);
-    put_state(reverse ? nc - 1 : 0);
+    if (nc > 0) { // (a packed sequence of no tokens: fin = init)
+        issue(0, 0);
+        put_state(reverse ? nc - 1 : 0);
+    }
     for (int it = 0; it < nc; it++) {
         const int buf = it & 1;
         floatX *sU = sbuf + buf * BUF, *sV = sU + MAMBA2_L * ldu;
@@ -298,21 +306,25 @@ __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, flo
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// the chunk scan: one CTA per (chunk, block of MAMBA2_SCAN_HB heads of one group, sequence), 4 warps; C Bᵀ once per
+// the chunk scan: one CTA per (block of MAMBA2_SCAN_HB heads of one group, chunk slot), the head blocks of a chunk
+// side by side (they share its B and C rows in L2), 4 warps; C Bᵀ once per
 // CTA (fp32, in the space of B once B is read), then per head
 //   M = (C Bᵀ) ∘ Λ ∘ dt (Λ_ls = e^{Acs_l − Acs_s} for s ≤ l, else 0), bf16;  y = M x + e^{Acs} (C S_startᵀ) + D x
-// y (tok, H·P); Sst (B,H,chunks,P,N) bf16 from the state pass; the rest as mamba2_forward
+// y (tok, H·P); Sst (slots,H,P,N) bf16 from the state pass; the rest as mamba2_forward
 __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const floatX *Sst, const floatX *x,
                                                                 const floatX *Bm, const floatX *Cm, int stride,
                                                                 const float *dt, const float *A_log, const float *D,
-                                                                int T, int H, int P, int N, int G) {
+                                                                const int *cu_seqlens, int B, int T, int H, int P,
+                                                                int N, int G) {
     extern __shared__ __align__(16) unsigned char m2_smem[];
-    const int hpg = H / G, blocks = CEIL_DIV(hpg, MAMBA2_SCAN_HB), g = blockIdx.y / blocks;
-    const int h0 = g * hpg + (blockIdx.y - g * blocks) * MAMBA2_SCAN_HB, h1 = min(h0 + MAMBA2_SCAN_HB, (g + 1) * hpg);
-    const int c = blockIdx.x, b = blockIdx.z, nc = gridDim.x;
+    int b, c;
+    ChunkSeq seq;
+    const int hpg = H / G, blocks = CEIL_DIV(hpg, MAMBA2_SCAN_HB), hb = blockIdx.x % (G * blocks), g = hb / blocks;
+    if (!chunk_at_slot<MAMBA2_L>(cu_seqlens, B, T, blockIdx.x / (G * blocks), &b, &c, &seq)) { return; }
+    const int h0 = g * hpg + (hb - g * blocks) * MAMBA2_SCAN_HB, h1 = min(h0 + MAMBA2_SCAN_HB, (g + 1) * hpg);
     const int Np = mamba2_pad(N), Pp = mamba2_pad(P), ldN = Np + 8, ldP = Pp + 8, warp = threadIdx.x / 32;
-    const int t0 = c * MAMBA2_L, valid = min(MAMBA2_L, T - t0);
-    const long tok0 = (long)b * T + t0, HP = (long)H * P;
+    const int t0 = c * MAMBA2_L, valid = min(MAMBA2_L, seq.len - t0);
+    const long tok0 = seq.tok0 + t0, HP = (long)H * P, cs = seq.cslot + c;
     floatX *sC = (floatX *)m2_smem, *sB = sC + MAMBA2_L * ldN;
     float *sCB = (float *)sB; // (L, LDF) fp32 C Bᵀ, over B once every warp has read it (mamba2_scan_bcb: room for both)
     floatX *sX = (floatX *)((unsigned char *)sB + mamba2_scan_bcb(N)), *sS = sX + MAMBA2_L * ldP, *sM = sS + Pp * ldN;
@@ -348,7 +360,7 @@ __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const
         chunk_sync(); // (h > h0) the previous head's readers are done
         m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, -expf(A_log[h]));
         chunk_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, valid, P, MAMBA2_L, Pp, (const float *)NULL);
-        chunk_stage(sS, ldN, Sst + (((long)b * H + h) * nc + c) * P * N, N, P, N, Pp, Np, (const float *)NULL);
+        chunk_stage(sS, ldN, Sst + (cs * H + h) * P * N, N, P, N, Pp, Np, (const float *)NULL);
         chunk_sync(); // (also: C Bᵀ is in)
         for (int i = threadIdx.x; i < MAMBA2_L * MAMBA2_L; i += blockDim.x) {
             const int l = i / MAMBA2_L, s_ = i - l * MAMBA2_L;
@@ -392,29 +404,50 @@ __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// the backward of a chunk: one CTA per (chunk, group, sequence), MAMBA2_BWD_WARPS warps, the group's heads in turn. Per head, with
-// S = S_start[c], dS = dS_end[c], Λ as in the scan, dec_s = e^{Acs_last − Acs_s}, CB = C Bᵀ (shared by the heads):
+// the backward of a chunk: one CTA per (group, chunk slot), MAMBA2_BWD_WARPS warps, the group's heads in turn. Per
+// head, with S = S_start[c], dS = dS_end[c], Λ as in the scan, dec_s = e^{Acs_last − Acs_s}, CB = C Bᵀ (shared by
+// the heads):
 //   Q = CB ∘ Λ ∘ (dy xᵀ)                 dCB = Λ ∘ dt_s ∘ (dy xᵀ) (summed over the heads)
 //   dx_s  = Σ_l (CB∘Λ)_ls dt_s dy_l + dec_s dt_s (dS B_s) + D dy_s
 //   ddt_s = Σ_l Q_ls + dec_s x_s·(dS B_s) + da_s A
 //   dB    = dCBᵀ C + Σ_h diag(dec dt) X dS;     dC = dCB B + Σ_h diag(e^{Acs}) dY S
 //   dAcs_l = Σ_s Q_ls dt_s − dt_l Σ_s' Q_s'l + e^{Acs_l} dy_l·(S C_l) − E_l,  E_l = dec_l dt_l x_l·(dS B_l);
 //   dAcs_last += Σ E + e^{Acs_last} <S, dS>;  da = reverse cumsum of dAcs;  dA += Σ da dt;  dD += Σ dy·x
-// dx, dB, dC views (token stride `stride`) written; ddt (tok, H) written; part (2, B·chunks, H): dA_log and dD
-// partials per (b, chunk, head); Sst, dSst (B,H,chunks,P,N) bf16 from the two state passes
+// dx, dB, dC views (token stride `stride`) written; ddt (tok, H) written; part (2, slots, H): dA_log and dD
+// partials per (chunk slot, head), zero for an unused slot; Sst, dSst (slots,H,P,N) bf16 from the two state passes
 template <int TPW> // 16×32 tiles of dB (and of dC) per warp: 4·Np/32 tiles over 8 warps
 __global__ void __launch_bounds__(MAMBA2_BWD_WARPS * 32) mamba2_chunk_bwd_kernel(floatX *dx, floatX *dB, floatX *dC, float *ddt,
                                                                float *part, const floatX *dy,
                                                                const floatX *Sst, const floatX *dSst,
                                                                const floatX *x, const floatX *Bm, const floatX *Cm,
                                                                int stride, const float *dt, const float *A_log,
-                                                               const float *D, int T, int H, int P, int N, int G) {
+                                                               const float *D, const int *cu_seqlens, int B, int T,
+                                                               int H, int P, int N, int G) {
     extern __shared__ __align__(16) unsigned char m2_smem[];
-    const int c = blockIdx.x, g = blockIdx.y, b = blockIdx.z, nc = gridDim.x, B = gridDim.z, hpg = H / G;
+    const int g = blockIdx.x % G, hpg = H / G;
+    const long slot = blockIdx.x / G, NS = gridDim.x / G;
+    int b, c;
+    ChunkSeq seq;
+    if (!chunk_at_slot<MAMBA2_L>(cu_seqlens, B, T, slot, &b, &c, &seq)) { // the reduction reads every slot's partials
+        for (int h = g * hpg + threadIdx.x; h < (g + 1) * hpg; h += blockDim.x) {
+            part[slot * H + h] = 0.0f;
+            part[(NS + slot) * H + h] = 0.0f;
+        }
+        return;
+    }
     const int Np = mamba2_pad(N), Pp = mamba2_pad(P), ldN = Np + 8, ldP = Pp + 8, ldPf = Pp + 1;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int t0 = c * MAMBA2_L, valid = min(MAMBA2_L, T - t0);
-    const long tok0 = (long)b * T + t0, HP = (long)H * P;
+    const int t0 = c * MAMBA2_L, valid = min(MAMBA2_L, seq.len - t0);
+    const long HP = (long)H * P;
+    // the chunk's first token and its slot, read back from shared memory where they are needed: kept in registers
+    // they cost a spill (the kernel runs at its 128-register limit)
+    __shared__ long s_tok0, s_cs;
+    if (threadIdx.x == 0) {
+        s_tok0 = seq.tok0 + t0;
+        s_cs = seq.cslot + c;
+    }
+    __syncthreads();
+    long tok0 = s_tok0; // (re-read at each head: the compiler then need not keep it across the head's products)
     floatX *sB = (floatX *)m2_smem, *sC = sB + MAMBA2_L * ldN;
     float *sCB = (float *)(sC + MAMBA2_L * ldN), *sdCB = sCB + MAMBA2_L * MAMBA2_LDF;
     floatX *sX = (floatX *)(sdCB + MAMBA2_L * MAMBA2_LDF), *sdY = sX + MAMBA2_L * ldP;
@@ -456,7 +489,8 @@ __global__ void __launch_bounds__(MAMBA2_BWD_WARPS * 32) mamba2_chunk_bwd_kernel
         const float A = -expf(A_log[h]), Dh = D[h];
         const float *sAcs = shead + cur * 4 * MAMBA2_L, *sdt = sAcs + MAMBA2_L, *sw = sdt + MAMBA2_L, *se = sw + MAMBA2_L;
         chunk_sync(); // the previous head's readers are done; this head's vectors are in
-        const long sidx = (((long)b * H + h) * nc + c) * P * N;
+        const long sidx = (s_cs * H + h) * P * N; // (s_cs: written before the barriers above)
+        tok0 = s_tok0; // (the same value: see above)
         chunk_stage(sX, ldP, x + tok0 * stride + (long)h * P, stride, valid, P, MAMBA2_L, Pp, (const float *)NULL);
         chunk_stage(sdY, ldP, dy + tok0 * HP + (long)h * P, HP, valid, P, MAMBA2_L, Pp, (const float *)NULL);
         chunk_stage(sS, ldN, Sst + sidx, N, P, N, Pp, Np, (const float *)NULL);
@@ -570,10 +604,10 @@ __global__ void __launch_bounds__(MAMBA2_BWD_WARPS * 32) mamba2_chunk_bwd_kernel
             float dA = da0 * sdt[s0] + da1 * sdt[s0 + 1], dDs = sDD[s0] + sDD[s0 + 1];
             dA = warp_reduce_sum(dA);
             dDs = warp_reduce_sum(dDs);
-            if (lane == 0) {
-                const long row = (long)b * nc + c;
-                part[row * H + h] = dA * A; // dA_log = dA · A
-                part[((long)B * nc + row) * H + h] = dDs;
+            if (lane == 0) { // (the slot from blockIdx again: kept live it would take registers the loop needs)
+                const long sl = blockIdx.x / G, ns = gridDim.x / G;
+                part[sl * H + h] = dA * A; // dA_log = dA · A
+                part[(ns + sl) * H + h] = dDs;
             }
         }
     }
@@ -623,7 +657,7 @@ static void mamba2_state_pass(floatX *Sst, float *fin, const float *init, long s
 #define MAMBA2_PASS_LAUNCH(K)                                                                                          \
     mamba2_set_smem((const void *)mamba2_state_pass_kernel<K>, smem);                                                  \
     mamba2_state_pass_kernel<K><<<grid, 128, smem, stream>>>(Sst, fin, init, state_stride, U, su, V, sv, dt, A_log,    \
-                                                             d->T, d->H, d->P, d->N, d->G, reverse)
+                                                             d->cu_seqlens, d->T, d->H, d->P, d->N, d->G, reverse)
     if (tpw <= 1) { MAMBA2_PASS_LAUNCH(1); } else if (tpw == 2) { MAMBA2_PASS_LAUNCH(2); }
     else if (tpw == 3) { MAMBA2_PASS_LAUNCH(3); } else { MAMBA2_PASS_LAUNCH(4); }
 #undef MAMBA2_PASS_LAUNCH
@@ -640,9 +674,9 @@ static void mamba2_forward(floatX *y, float *h_final, const floatX *x, const flo
     mamba2_state_pass(Sst, h_final, h0, state_stride, x, d->stride, Bm, d->stride, dt, A_log, d, 0, stream);
     const size_t smem = mamba2_scan_smem(d->P, d->N);
     mamba2_set_smem((const void *)mamba2_chunk_scan_kernel, smem);
-    mamba2_chunk_scan_kernel<<<dim3(mamba2_chunks(d), d->G * CEIL_DIV(d->H / d->G, MAMBA2_SCAN_HB), d->B), 128, smem,
+    mamba2_chunk_scan_kernel<<<(unsigned)(mamba2_slots(d) * d->G * CEIL_DIV(d->H / d->G, MAMBA2_SCAN_HB)), 128, smem,
                                stream>>>(
-        y, Sst, x, Bm, Cm, d->stride, dt, A_log, D, d->T, d->H, d->P, d->N, d->G);
+        y, Sst, x, Bm, Cm, d->stride, dt, A_log, D, d->cu_seqlens, d->B, d->T, d->H, d->P, d->N, d->G);
     cudaCheck(cudaGetLastError());
 }
 
@@ -653,26 +687,27 @@ static void mamba2_backward(floatX *dx, floatX *dB, floatX *dC, float *ddt, floa
                             const floatX *Cm, const float *dt, const float *A_log, const float *D, const float *h0,
                             long state_stride, const Mamba2Dims *d, void *work, cudaStream_t stream) {
     mamba2_validate_dims(d);
-    const int nc = mamba2_chunks(d);
-    const size_t states = (size_t)d->B * d->H * nc * d->P * d->N;
+    const long NS = mamba2_slots(d);
+    const size_t states = (size_t)NS * d->H * d->P * d->N;
     DeviceArena a = {(char *)work, 0};
     floatX *Sst = (floatX *)take(&a, states * sizeof(floatX)), *dSst = (floatX *)take(&a, states * sizeof(floatX));
-    float *part = TAKE_F(&a, (size_t)2 * d->B * nc * d->H);
+    float *part = TAKE_F(&a, (size_t)2 * NS * d->H);
     mamba2_state_pass(Sst, NULL, h0, state_stride, x, d->stride, Bm, d->stride, dt, A_log, d, 0, stream);
     mamba2_state_pass(dSst, dh0, dh_final, state_stride, dy, (long)d->H * d->P, Cm, d->stride, dt, A_log, d, 1, stream);
     const size_t smem = mamba2_bwd_smem(d->P, d->N);
-    const dim3 grid(nc, d->G, d->B);
+    const unsigned grid = (unsigned)(NS * d->G); // x = slot·G + group
     const int tpw = CEIL_DIV(4 * mamba2_pad(d->N) / 32, MAMBA2_BWD_WARPS);
 #define MAMBA2_BWD_LAUNCH(K)                                                                                           \
     mamba2_set_smem((const void *)mamba2_chunk_bwd_kernel<K>, smem);                                                   \
     mamba2_chunk_bwd_kernel<K><<<grid, MAMBA2_BWD_WARPS * 32, smem, stream>>>(dx, dB, dC, ddt, part, dy, Sst, dSst, x, Bm, Cm,           \
-                                                            d->stride, dt, A_log, D, d->T, d->H, d->P, d->N, d->G)
+                                                            d->stride, dt, A_log, D, d->cu_seqlens, d->B, d->T, d->H, \
+                                                            d->P, d->N, d->G)
     if (tpw <= 1) { MAMBA2_BWD_LAUNCH(1); } else if (tpw == 2) { MAMBA2_BWD_LAUNCH(2); }
     else if (tpw == 3) { MAMBA2_BWD_LAUNCH(3); } else { MAMBA2_BWD_LAUNCH(4); }
 #undef MAMBA2_BWD_LAUNCH
     cudaCheck(cudaGetLastError());
-    reduce_partials(dA_log, part, d->B * nc, d->H, stream);
-    reduce_partials(dD, part + (size_t)d->B * nc * d->H, d->B * nc, d->H, stream);
+    reduce_partials(dA_log, part, (int)NS, d->H, stream);
+    reduce_partials(dD, part + (size_t)NS * d->H, (int)NS, d->H, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------------------

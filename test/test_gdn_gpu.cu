@@ -5,7 +5,8 @@ final state, and the gradients of q, k, v, β, log α and the initial state, as 
 Shapes: T not a multiple of the 64-token chunk, K padded (48) and the paper's 256, V tiles cut short (40, 96), an
 initial state and a final-state gradient or none, β in (0, 2) (GDN[−1,1]), mild and strong decays. Also: the backward
 twice, bit for bit; the single-token step kernel over T tokens against the chunked forward (outputs and final state);
-the chunked forward from a state in two pieces against one piece (the decode advance).
+the chunked forward from a state in two pieces against one piece (the decode advance); packed variable-length
+sequences (cu_seqlens, one of them empty) bit for bit against each sequence run alone.
 The inputs are rounded to floatX first and the reference takes the rounded values, so what remains is the kernels'
 own error: the bf16 build stages its MMA operands in bf16 (fla's contract) and is held at 3e-2 (outputs 2e-2); the
 fp32 build (test_gdn_gpu_fp32) at 2e-4. Skips cleanly without a GPU.
@@ -14,6 +15,7 @@ fp32 build (test_gdn_gpu_fp32) at 2e-4. Skips cleanly without a GPU.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <vector>
 #include "utils.h"
 #include "model.h"
 #include "layers.h"
@@ -262,19 +264,19 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
     GDNChunkBufs f;
     GDNChunkGrads gr;
     DeviceArena ar = {NULL, 0};
-    gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V);
-    gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V);
+    gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false);
+    gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V, false);
     void *mem;
     cudaCheck(cudaMalloc(&mem, ar.used));
     cudaCheck(cudaMemset(mem, 0xff, ar.used)); // NaN-filled: a kernel reading what nobody wrote shows
     ar = (DeviceArena){(char *)mem, 0};
-    gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V);
-    gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V);
+    gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false);
+    gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V, false);
     const long sS = (long)H * K * V;
-    gdn_chunk_forward(d_o, &f, d_Sf, sS, with_state ? d_S0 : NULL, sS, d_q, d_k, d_v, v_stride, d_beta, d_g, B, T, H, K,
-                      V, true, 0);
+    gdn_chunk_forward(d_o, &f, d_Sf, sS, with_state ? d_S0 : NULL, sS, d_q, d_k, d_v, v_stride, d_beta, d_g, NULL, B, T,
+                      H, K, V, true, 0);
     gdn_chunk_backward(d_dk, d_dv, v_stride, d_db, d_dg, &gr, d_dS0, sS, with_state ? d_dSf : NULL, sS, d_dout, &f,
-                       d_q, d_k, d_v, v_stride, d_beta, B, T, H, K, V, 0);
+                       d_q, d_k, d_v, v_stride, d_beta, NULL, B, T, H, K, V, 0);
     d_dq = gr.dq;
     cudaCheck(cudaDeviceSynchronize());
     double *o = dalloc(nv), *Sf = dalloc(nS), *dq = dalloc(nq), *dk = dalloc(nq), *dv = dalloc(nv), *db = dalloc(BTH);
@@ -307,7 +309,7 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
         cudaCheck(cudaMemcpy(h1, d_dk, nq * sizeof(floatX), cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(g1, d_dg, BTH * sizeof(float), cudaMemcpyDeviceToHost));
         gdn_chunk_backward(d_dk, d_dv, v_stride, d_db, d_dg, &gr, d_dS0, sS, with_state ? d_dSf : NULL, sS, d_dout, &f,
-                           d_q, d_k, d_v, v_stride, d_beta, B, T, H, K, V, 0);
+                           d_q, d_k, d_v, v_stride, d_beta, NULL, B, T, H, K, V, 0);
         cudaCheck(cudaMemcpy(h2, d_dk, nq * sizeof(floatX), cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(g2, d_dg, BTH * sizeof(float), cudaMemcpyDeviceToHost));
         snprintf(label, sizeof(label), "%s backward repeatable", name);
@@ -366,8 +368,8 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
             for (int b = 0; b < B; b++) { // one sequence at a time: the pieces are not contiguous across sequences
                 const size_t r0 = ((size_t)b * T + off) * H;
                 gdn_chunk_forward(d_o2 + r0 * V, &f, d_St + b * sS, sS, d_St + b * sS, sS, d_q + r0 * K, d_k + r0 * K,
-                                  d_v + ((size_t)b * T + off) * v_stride, v_stride, d_beta + r0, d_g + r0, 1, Tp, H, K,
-                                  V, true, 0);
+                                  d_v + ((size_t)b * T + off) * v_stride, v_stride, d_beta + r0, d_g + r0, NULL, 1,
+                                  Tp, H, K, V, true, 0);
             }
         }
         double *o2 = dalloc(nv), *S2 = dalloc(nS);
@@ -389,6 +391,121 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) { free(host[i]); }
 }
 
+// packed variable-length sequences (cu_seqlens, one of them empty) against each sequence run alone through the fixed
+// layout (B=1): outputs, final states and every gradient bit for bit (a chunk's work does not depend on where its
+// sequence lies), an empty sequence's final state = its initial state and its dS0 = its dS_final
+static void run_packed(const char *name, int H, int K, int V, std::vector<int> lens) {
+    const int B = (int)lens.size(), v_stride = H * V + 8;
+    std::vector<int> cu(B + 1, 0);
+    for (int b = 0; b < B; b++) { cu[b + 1] = cu[b] + lens[b]; }
+    const int T = cu[B];
+    const size_t TH = (size_t)T * H, nq = TH * K, nv = TH * V, nS = (size_t)B * H * K * V, sS = (size_t)H * K * V;
+    double *q = dalloc(nq), *k = dalloc(nq), *vw = dalloc((size_t)T * v_stride), *beta = dalloc(TH), *g = dalloc(TH);
+    double *S0 = dalloc(nS), *dout = dalloc(nv), *dSf = dalloc(nS);
+    for (size_t r = 0; r < TH; r++) {
+        for (int i = 0; i < K; i++) { q[r * K + i] = round_x(nrand() / sqrt((double)K)); }
+        for (int i = 0; i < K; i++) { k[r * K + i] = round_x(nrand() / sqrt((double)K)); }
+        beta[r] = (float)(urand() * 0.98 + 0.01);
+        g[r] = (float)(-0.3 * urand());
+    }
+    for (size_t i = 0; i < (size_t)T * v_stride; i++) { vw[i] = round_x(nrand()); }
+    for (size_t i = 0; i < nS; i++) { S0[i] = (float)(0.5 * nrand()); dSf[i] = (float)nrand(); }
+    for (size_t i = 0; i < nv; i++) { dout[i] = round_x(nrand()); }
+    floatX *d_q = up_x(q, nq), *d_k = up_x(k, nq), *d_v = up_x(vw, (size_t)T * v_stride), *d_dout = up_x(dout, nv);
+    float *d_beta = up_f(beta, TH), *d_g = up_f(g, TH), *d_S0 = up_f(S0, nS), *d_dSf = up_f(dSf, nS);
+    int *d_cu;
+    cudaCheck(cudaMalloc(&d_cu, (B + 1) * sizeof(int)));
+    cudaCheck(cudaMemcpy(d_cu, cu.data(), (B + 1) * sizeof(int), cudaMemcpyHostToDevice));
+    // outputs of the two runs: [0] packed, [1] one sequence at a time
+    floatX *o[2], *dk[2], *dv[2], *dq[2];
+    float *Sf[2], *db[2], *dg[2], *dS0[2];
+    for (int r = 0; r < 2; r++) {
+        cudaCheck(cudaMalloc(&o[r], nv * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dq[r], nq * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dk[r], nq * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dv[r], (size_t)T * v_stride * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&Sf[r], nS * sizeof(float)));
+        cudaCheck(cudaMalloc(&db[r], TH * sizeof(float)));
+        cudaCheck(cudaMalloc(&dg[r], TH * sizeof(float)));
+        cudaCheck(cudaMalloc(&dS0[r], nS * sizeof(float)));
+        cudaCheck(cudaMemset(dv[r], 0, (size_t)T * v_stride * sizeof(floatX))); // (the view's padding columns)
+        cudaCheck(cudaMemset(Sf[r], 0xff, nS * sizeof(float)));
+        cudaCheck(cudaMemset(dS0[r], 0xff, nS * sizeof(float)));
+    }
+    int maxlen = 1;
+    for (int L : lens) { maxlen = L > maxlen ? L : maxlen; }
+    GDNChunkBufs f[2];
+    GDNChunkGrads gr[2];
+    DeviceArena ar = {NULL, 0};
+    gdn_chunk_bufs_take(&f[0], &ar, B, T, H, K, V, true);
+    gdn_chunk_grads_take(&gr[0], &ar, B, T, H, K, V, true);
+    gdn_chunk_bufs_take(&f[1], &ar, 1, maxlen, H, K, V, false);
+    gdn_chunk_grads_take(&gr[1], &ar, 1, maxlen, H, K, V, false);
+    void *mem;
+    cudaCheck(cudaMalloc(&mem, ar.used));
+    cudaCheck(cudaMemset(mem, 0xff, ar.used)); // NaN-filled: a kernel reading what nobody wrote shows
+    ar = (DeviceArena){(char *)mem, 0};
+    gdn_chunk_bufs_take(&f[0], &ar, B, T, H, K, V, true);
+    gdn_chunk_grads_take(&gr[0], &ar, B, T, H, K, V, true);
+    gdn_chunk_bufs_take(&f[1], &ar, 1, maxlen, H, K, V, false);
+    gdn_chunk_grads_take(&gr[1], &ar, 1, maxlen, H, K, V, false);
+    gdn_chunk_forward(o[0], &f[0], Sf[0], sS, d_S0, sS, d_q, d_k, d_v, v_stride, d_beta, d_g, d_cu, B, T, H, K, V, true,
+                      0);
+    gdn_chunk_backward(dk[0], dv[0], v_stride, db[0], dg[0], &gr[0], dS0[0], sS, d_dSf, sS, d_dout, &f[0], d_q, d_k,
+                       d_v, v_stride, d_beta, d_cu, B, T, H, K, V, 0);
+    cudaCheck(cudaMemcpy(dq[0], gr[0].dq, nq * sizeof(floatX), cudaMemcpyDeviceToDevice));
+    for (int b = 0; b < B; b++) {
+        const size_t t0 = cu[b], r0 = t0 * H;
+        if (lens[b] == 0) { // nothing to run: what the packed run must give
+            cudaCheck(cudaMemcpy(Sf[1] + b * sS, d_S0 + b * sS, sS * sizeof(float), cudaMemcpyDeviceToDevice));
+            cudaCheck(cudaMemcpy(dS0[1] + b * sS, d_dSf + b * sS, sS * sizeof(float), cudaMemcpyDeviceToDevice));
+            continue;
+        }
+        gdn_chunk_forward(o[1] + r0 * V, &f[1], Sf[1] + b * sS, sS, d_S0 + b * sS, sS, d_q + r0 * K, d_k + r0 * K,
+                          d_v + t0 * v_stride, v_stride, d_beta + r0, d_g + r0, NULL, 1, lens[b], H, K, V, true, 0);
+        gdn_chunk_backward(dk[1] + r0 * K, dv[1] + t0 * v_stride, v_stride, db[1] + r0, dg[1] + r0, &gr[1],
+                           dS0[1] + b * sS, sS, d_dSf + b * sS, sS, d_dout + r0 * V, &f[1], d_q + r0 * K, d_k + r0 * K,
+                           d_v + t0 * v_stride, v_stride, d_beta + r0, NULL, 1, lens[b], H, K, V, 0);
+        cudaCheck(cudaMemcpy(dq[1] + r0 * K, gr[1].dq, (size_t)lens[b] * H * K * sizeof(floatX),
+                             cudaMemcpyDeviceToDevice));
+    }
+    cudaCheck(cudaDeviceSynchronize());
+    auto same = [](const void *a, const void *b, size_t bytes) {
+        char *x = (char *)mallocCheck(bytes + 1), *y = (char *)mallocCheck(bytes + 1);
+        cudaCheck(cudaMemcpy(x, a, bytes, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(y, b, bytes, cudaMemcpyDeviceToHost));
+        const int eq = memcmp(x, y, bytes) == 0;
+        free(x);
+        free(y);
+        return eq;
+    };
+    const int eq_f = same(o[0], o[1], nv * sizeof(floatX)) && same(Sf[0], Sf[1], nS * sizeof(float));
+    const int eq_b = same(dq[0], dq[1], nq * sizeof(floatX)) && same(dk[0], dk[1], nq * sizeof(floatX)) &&
+                     same(dv[0], dv[1], (size_t)T * v_stride * sizeof(floatX)) && same(db[0], db[1], TH * 4) &&
+                     same(dg[0], dg[1], TH * 4) && same(dS0[0], dS0[1], nS * sizeof(float));
+    double *oh = dalloc(nv); // and not trivially: the outputs are finite and not all zero
+    down_x(oh, o[0], nv, V, V);
+    double norm = 0.0;
+    for (size_t i = 0; i < nv; i++) { norm += oh[i] * oh[i]; }
+    char label[200], lens_s[120] = "";
+    for (int b = 0; b < B; b++) {
+        snprintf(lens_s + strlen(lens_s), sizeof(lens_s) - strlen(lens_s), "%s%d", b ? "," : "", lens[b]);
+    }
+    snprintf(label, sizeof(label), "%s packed (lengths %s) = each sequence alone", name, lens_s);
+    test_result(eq_f && eq_b && isfinite(norm) && norm > 0, label,
+                "forward (o, final states) %s, backward (dq dk dv dbeta dlog_alpha dS0) %s; H=%d K=%d V=%d",
+                eq_f ? "bit for bit" : "DIFFER", eq_b ? "bit for bit" : "DIFFER", H, K, V);
+    cudaCheck(cudaFree(mem));
+    for (int r = 0; r < 2; r++) {
+        void *dev[] = {o[r], dq[r], dk[r], dv[r], Sf[r], db[r], dg[r], dS0[r]};
+        for (void *x : dev) { cudaCheck(cudaFree(x)); }
+    }
+    void *dev[] = {d_q, d_k, d_v, d_dout, d_beta, d_g, d_S0, d_dSf, d_cu};
+    for (void *x : dev) { cudaCheck(cudaFree(x)); }
+    double *host[] = {q, k, vw, beta, g, S0, dout, dSf, oh};
+    for (double *x : host) { free(x); }
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -403,5 +520,7 @@ int main(void) {
     run_case("GDN T=197 K=256 V=128 state", (Shape){1, 197, 1, 256, 128}, 1, 0.1, 0);
 #endif
     run_case("GDN T=130 K=128 V=64 strong decay", (Shape){2, 130, 2, 128, 64}, 1, 4.0, 0);
+    run_packed("GDN K=64 V=96", 2, 64, 96, {100, 64, 0, 1, 129, 37});
+    run_packed("GDN K=48 V=40", 3, 48, 40, {5, 200, 63, 65});
     return test_summary(SUITE);
 }

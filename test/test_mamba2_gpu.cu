@@ -9,12 +9,15 @@ Reported: normwise relative error ‖gpu − ref‖ / ‖ref‖ per tensor. Tole
 (bf16 operands, fp32 accumulation); 2e-4 in the fp32 build (fp32 tiles on the FMA pipe; the shapes whose fp32 tiles
 exceed the shared memory are refused there and skipped, the bf16 build runs them).
 Also: the step kernel over T tokens equals the reference; an advance in two pieces equals one; two backward runs are
-bitwise equal. Outputs are poisoned (NaN) before each launch; without a GPU it prints SKIP lines and exits 0.
+bitwise equal; packed variable-length sequences (cu_seqlens, one empty) bit for bit against each sequence alone.
+Outputs are poisoned (NaN) before each launch; without a GPU it prints SKIP lines and exits 0.
 */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include "mamba2.cuh"
@@ -353,6 +356,111 @@ static void run_case(const Case &c, uint64_t seed) {
     }
 }
 
+// packed variable-length sequences (cu_seqlens, one of them empty) against each sequence run alone (B=1, the fixed
+// layout): y, the final states, dx, dB, dC, ddt and dh0 bit for bit (a chunk's work does not depend on where its
+// sequence lies); dA_log and dD, sums over every sequence's chunks in another order, within 1e-5; an empty sequence's
+// final state = its h0 and its dh0 = its dh_final
+static void run_packed(const char *name, int H, int P, int N, int G, std::vector<int> lens, uint64_t seed) {
+    const int B = (int)lens.size();
+    std::vector<int> cu(B + 1, 0);
+    for (int b = 0; b < B; b++) { cu[b + 1] = cu[b] + lens[b]; }
+    const int T = cu[B];
+    Problem p;
+    make_inputs(p, Case{name, 1, T, H, P, N, G, false, false}, seed); // the tokens' inputs, packed
+    const int st = p.stride;
+    const long HP = (long)H * P, sstride = HP * N;
+    const size_t S = (size_t)B * sstride;
+    std::vector<float> h0(S), dhT(S);
+    for (auto &v : h0) { v = (float)(0.5 * rand_normal()); }
+    for (auto &v : dhT) { v = (float)(0.3 * rand_normal()); }
+    floatX *xbc = to_device(p.xbc), *dy = to_device(p.dy);
+    float *dt = to_device(p.dt), *A_log = to_device(p.A_log), *D = to_device(p.D);
+    float *d_h0 = to_device(h0), *d_dhT = to_device(dhT);
+    int *d_cu = to_device(cu);
+    const floatX *x = xbc, *Bm = xbc + HP, *Cm = xbc + HP + G * N;
+    Mamba2Dims dp = {B, T, H, P, N, G, st, d_cu};
+    char label[200];
+    const char *why = mamba2_check_dims(&dp);
+    if (why != NULL) {
+        snprintf(label, sizeof(label), "%s packed", name);
+        test_skip(label, why);
+        return;
+    }
+    int maxlen = 1;
+    for (int L : lens) { maxlen = L > maxlen ? L : maxlen; }
+    Mamba2Dims d1 = {1, maxlen, H, P, N, G, st, nullptr};
+    void *work = nullptr;
+    cudaCheck(cudaMalloc(&work, std::max(mamba2_work_bytes(&dp), mamba2_work_bytes(&d1))));
+    floatX *y[2], *dxbc[2];
+    float *hT[2], *ddt[2], *dA[2], *dDv[2], *dh0[2];
+    for (int r = 0; r < 2; r++) { // [0] packed, [1] one sequence at a time
+        cudaCheck(cudaMalloc(&y[r], (size_t)T * HP * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dxbc[r], (size_t)T * st * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&hT[r], S * sizeof(float)));
+        cudaCheck(cudaMalloc(&ddt[r], (size_t)T * H * sizeof(float)));
+        cudaCheck(cudaMalloc(&dA[r], H * sizeof(float)));
+        cudaCheck(cudaMalloc(&dDv[r], H * sizeof(float)));
+        cudaCheck(cudaMalloc(&dh0[r], S * sizeof(float)));
+        poison(y[r], (size_t)T * HP);
+        cudaCheck(cudaMemset(dxbc[r], 0, (size_t)T * st * sizeof(floatX))); // (the padding channels)
+        poison(hT[r], S);
+        poison(ddt[r], (size_t)T * H);
+        poison(dh0[r], S);
+        cudaCheck(cudaMemset(dA[r], 0, H * sizeof(float)));
+        cudaCheck(cudaMemset(dDv[r], 0, H * sizeof(float)));
+    }
+    mamba2_forward(y[0], hT[0], x, Bm, Cm, dt, A_log, D, d_h0, sstride, &dp, work, 0);
+    mamba2_backward(dxbc[0], dxbc[0] + HP, dxbc[0] + HP + G * N, ddt[0], dA[0], dDv[0], dh0[0], dy, d_dhT, x, Bm, Cm,
+                    dt, A_log, D, d_h0, sstride, &dp, work, 0);
+    for (int b = 0; b < B; b++) {
+        const long t0 = cu[b];
+        if (lens[b] == 0) {
+            cudaCheck(cudaMemcpy(hT[1] + b * sstride, d_h0 + b * sstride, sstride * 4, cudaMemcpyDeviceToDevice));
+            cudaCheck(cudaMemcpy(dh0[1] + b * sstride, d_dhT + b * sstride, sstride * 4, cudaMemcpyDeviceToDevice));
+            continue;
+        }
+        d1.T = lens[b];
+        const floatX *xs = x + t0 * st, *Bs = Bm + t0 * st, *Cs = Cm + t0 * st;
+        floatX *dxs = dxbc[1] + t0 * st;
+        mamba2_forward(y[1] + t0 * HP, hT[1] + b * sstride, xs, Bs, Cs, dt + t0 * H, A_log, D, d_h0 + b * sstride,
+                       sstride, &d1, work, 0);
+        mamba2_backward(dxs, dxs + HP, dxs + HP + G * N, ddt[1] + t0 * H, dA[1], dDv[1], dh0[1] + b * sstride,
+                        dy + t0 * HP, d_dhT + b * sstride, xs, Bs, Cs, dt + t0 * H, A_log, D, d_h0 + b * sstride,
+                        sstride, &d1, work, 0);
+    }
+    cudaCheck(cudaDeviceSynchronize());
+    const auto y0 = to_host(y[0], (size_t)T * HP), y1 = to_host(y[1], (size_t)T * HP);
+    const auto x0 = to_host(dxbc[0], (size_t)T * st), x1 = to_host(dxbc[1], (size_t)T * st);
+    const bool eq_f = y0.size() == y1.size() && memcmp(y0.data(), y1.data(), y0.size() * sizeof(floatX)) == 0 &&
+                      to_host(hT[0], S) == to_host(hT[1], S);
+    const bool eq_b = memcmp(x0.data(), x1.data(), x0.size() * sizeof(floatX)) == 0 &&
+                      to_host(ddt[0], (size_t)T * H) == to_host(ddt[1], (size_t)T * H) &&
+                      to_host(dh0[0], S) == to_host(dh0[1], S);
+    const auto a0 = to_host(dA[0], H), a1 = to_host(dA[1], H), e0 = to_host(dDv[0], H), e1 = to_host(dDv[1], H);
+    double worst = 0.0, ynorm = 0.0;
+    for (int h = 0; h < H; h++) {
+        worst = fmax(worst, fabs(a0[h] - a1[h]) / fmax(fabs(a1[h]), 1e-6));
+        worst = fmax(worst, fabs(e0[h] - e1[h]) / fmax(fabs(e1[h]), 1e-6));
+    }
+    for (floatX v : y0) { ynorm += from_x(v) * from_x(v); }
+    std::string ls;
+    for (int b = 0; b < B; b++) { ls += (b ? "," : "") + std::to_string(lens[b]); }
+    snprintf(label, sizeof(label), "%s packed (lengths %s) = each sequence alone", name, ls.c_str());
+    test_result(eq_f && eq_b && worst < 1e-5 && isfinite(ynorm) && ynorm > 0, label,
+                "y, h_final %s; dx dB dC ddt dh0 %s; dA_log, dD within %.1e", eq_f ? "bit for bit" : "DIFFER",
+                eq_b ? "bit for bit" : "DIFFER", worst);
+    for (int r = 0; r < 2; r++) {
+        for (void *ptr : {(void *)y[r], (void *)dxbc[r], (void *)hT[r], (void *)ddt[r], (void *)dA[r], (void *)dDv[r],
+                          (void *)dh0[r]}) {
+            cudaCheck(cudaFree(ptr));
+        }
+    }
+    for (void *ptr : {(void *)xbc, (void *)dy, (void *)dt, (void *)A_log, (void *)D, (void *)d_h0, (void *)d_dhT,
+                      (void *)d_cu, work}) {
+        cudaCheck(cudaFree(ptr));
+    }
+}
+
 // the conv with bias and the group RMSNorm, forward and backward, against float64 loops
 static void run_pointwise(uint64_t seed) {
     rng_state = seed;
@@ -501,6 +609,9 @@ int main(void) {
     };
     int seed = 1;
     for (const Case &c : cases) { run_case(c, 1000 + seed++); }
+    run_packed("P64 N128 G1", 4, 64, 128, 1, {100, 64, 0, 1, 129, 37}, 31);
+    run_packed("P19 N216 G2", 4, 19, 216, 2, {5, 200, 63, 65}, 32);
+    run_packed("P32 N24 G2", 4, 32, 24, 2, {70, 0, 128, 3}, 33); // (fits the fp32 build's shared memory too)
     run_pointwise(77);
     return test_summary(FLOATX_IS_FP32 ? "test_mamba2_gpu_fp32" : "test_mamba2_gpu");
 }

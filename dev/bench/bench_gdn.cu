@@ -6,7 +6,7 @@ backward recomputes the chunk buffers, as fla's does). The peer runs in the same
 Per-kernel medians follow, then the floor: FLOPs as executed by the chunked algorithm (the products of the staged
 tiles) and the bytes the kernels must move (q, k, v in, o out, the chunk-start states h written and read back).
 Timing: CUDA events, 3 warm-up calls, the median of the repeats (dev/bench/bench_common.cuh).
-usage: build/bench_gdn [-r repeats]
+usage: build/bench_gdn [-r repeats] [-s shape]   (shape 0: H=2, 1: H=16; both unless given)
 */
 #include "utils.h"
 #include "model.h"
@@ -15,9 +15,10 @@ usage: build/bench_gdn [-r repeats]
 #include "dev/bench/bench_common.cuh"
 
 int main(int argc, char **argv) {
-    int repeats = 20;
+    int repeats = 20, only = -1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "-r") == 0) { repeats = atoi(argv[i + 1]); }
+        if (strcmp(argv[i], "-s") == 0) { only = atoi(argv[i + 1]); }
     }
     Runtime rt;
     runtime_init(&rt, 0);
@@ -28,6 +29,8 @@ int main(int argc, char **argv) {
     const int shapes[2][3] = {{2, 256, 512}, {16, 128, 128}};
     char kernels[2][512];
     for (int si = 0; si < 2; si++) {
+        kernels[si][0] = '\0';
+        if (only >= 0 && si != only) { continue; }
         const int B = 8, T = 4096, H = shapes[si][0], K = shapes[si][1], V = shapes[si][2];
         const int HK = H * K, HV = H * V, CD = 2 * HK + HV, BT = B * T, L = GDN_L, NC = gdn_chunks(T);
         floatX *x, *dx, *qn, *kn, *o, *dout, *dk;
@@ -52,24 +55,24 @@ int main(int argc, char **argv) {
         GDNChunkBufs f;
         GDNChunkGrads gr;
         DeviceArena ar = {NULL, 0};
-        gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V);
+        gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false);
         const size_t fwd_bytes = ar.used;
-        gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V);
+        gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V, false);
         void *mem;
         cudaCheck(cudaMalloc(&mem, ar.used));
         const size_t extra = ar.used;
         ar = (DeviceArena){(char *)mem, 0};
-        gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V);
-        gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V);
+        gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false);
+        gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V, false);
         const floatX *v = x + 2 * HK;
         auto fwd = [&]() {
             l2norm_forward(qn, rq, x, BT, H, K, CD, st);
             l2norm_forward(kn, rk, x + HK, BT, H, K, CD, st);
-            gdn_chunk_forward(o, &f, NULL, 0, NULL, 0, qn, kn, v, CD, beta, g, B, T, H, K, V, true, st);
+            gdn_chunk_forward(o, &f, NULL, 0, NULL, 0, qn, kn, v, CD, beta, g, NULL, B, T, H, K, V, true, st);
         };
         auto bwd = [&]() {
-            gdn_chunk_forward(NULL, &f, NULL, 0, NULL, 0, qn, kn, v, CD, beta, g, B, T, H, K, V, false, st);
-            gdn_chunk_backward(dk, dx + 2 * HK, CD, dbeta, dg, &gr, NULL, 0, NULL, 0, dout, &f, qn, kn, v, CD, beta, B,
+            gdn_chunk_forward(NULL, &f, NULL, 0, NULL, 0, qn, kn, v, CD, beta, g, NULL, B, T, H, K, V, false, st);
+            gdn_chunk_backward(dk, dx + 2 * HK, CD, dbeta, dg, &gr, NULL, 0, NULL, 0, dout, &f, qn, kn, v, CD, beta, NULL, B,
                                T, H, K, V, st);
             l2norm_backward(dx, gr.dq, x, rq, BT, H, K, CD, st);
             l2norm_backward(dx + HK, dk, x + HK, rk, BT, H, K, CD, st);
@@ -92,12 +95,12 @@ int main(int argc, char **argv) {
         const int VT = CEIL_DIV(V, GDN_T), KTi = gdn_kp(K) / GDN_T;
         const float scale = 1.0f / sqrtf((float)K);
         float kms[6];
-        kms[0] = median_ms([&]() { gdn_chunk_prep_kernel<<<dim3(NC, H, B), 256, gdn_prep_smem(K), st>>>(f.W, f.U, f.Pm, f.Tm, f.Gc, qn, kn, v, CD, beta, g, T, H, K, V); }, repeats, st);
-        kms[1] = median_ms([&]() { gdn_chunk_state_kernel<<<dim3(VT, H, B), 256, gdn_state_smem(K), st>>>(f.hst, f.vn, NULL, 0, NULL, 0, f.W, f.U, kn, f.Gc, T, H, K, V); }, repeats, st);
-        kms[2] = median_ms([&]() { gdn_chunk_output_kernel<<<dim3(NC, VT, B * H), 128, gdn_output_smem(K), st>>>(o, qn, f.hst, f.Pm, f.vn, f.Gc, scale, T, H, K, V); }, repeats, st);
-        kms[3] = median_ms([&]() { gdn_chunk_dstate_kernel<<<dim3(VT, H, B), 256, gdn_dstate_smem(K), st>>>(gr.dhst, gr.dvn, NULL, 0, NULL, 0, qn, kn, f.W, f.Pm, dout, f.Gc, scale, T, H, K, V); }, repeats, st);
-        kms[4] = median_ms([&]() { gdn_chunk_dqk_kernel<<<dim3(NC, KTi, B * H), 256, gdn_dqk_smem(), st>>>(gr.dq, gr.dk_part, gr.dW, gr.dgam_part, qn, kn, f.vn, gr.dvn, dout, f.hst, gr.dhst, f.Gc, scale, T, H, K, V); }, repeats, st);
-        kms[5] = median_ms([&]() { gdn_chunk_wy_kernel<<<dim3(NC, H, B), 128, gdn_wy_smem(K), st>>>(dk, dx + 2 * HK, CD, dbeta, dg, kn, v, CD, beta, f.Gc, gr.dW, gr.dvn, gr.dk_part, gr.dgam_part, f.Tm, T, H, K, V); }, repeats, st);
+        kms[0] = median_ms([&]() { gdn_chunk_prep_kernel<<<NC * B * H, 256, gdn_prep_smem(K), st>>>(f.W, f.U, f.Pm, f.Tm, f.Gc, qn, kn, v, CD, beta, g, NULL, B, T, H, K, V); }, repeats, st);
+        kms[1] = median_ms([&]() { (gdn_kp(K) <= 128 ? gdn_chunk_state_kernel<1> : gdn_chunk_state_kernel<2>)<<<dim3(VT, H, B), 256, gdn_state_smem(K), st>>>(f.hst, f.vn, NULL, 0, NULL, 0, f.W, f.U, kn, f.Gc, NULL, T, H, K, V); }, repeats, st);
+        kms[2] = median_ms([&]() { gdn_chunk_output_kernel<<<NC * B * H * VT, 128, gdn_output_smem(K), st>>>(o, qn, f.hst, f.Pm, f.vn, f.Gc, scale, NULL, B, T, H, K, V); }, repeats, st);
+        kms[3] = median_ms([&]() { (gdn_kp(K) <= 128 ? gdn_chunk_dstate_kernel<1> : gdn_chunk_dstate_kernel<2>)<<<dim3(VT, H, B), 256, gdn_dstate_smem(K), st>>>(gr.dhst, gr.dvn, NULL, 0, NULL, 0, qn, kn, f.W, f.Pm, dout, f.Gc, scale, NULL, T, H, K, V); }, repeats, st);
+        kms[4] = median_ms([&]() { gdn_chunk_dqk_kernel<<<NC * B * H * KTi, 256, gdn_dqk_smem(), st>>>(gr.dq, gr.dk_part, gr.dW, gr.dgam_part, qn, kn, f.vn, gr.dvn, dout, f.hst, gr.dhst, f.Gc, scale, NULL, B, T, H, K, V); }, repeats, st);
+        kms[5] = median_ms([&]() { gdn_chunk_wy_kernel<<<NC * B * H, 128, gdn_wy_smem(K), st>>>(dk, dx + 2 * HK, CD, dbeta, dg, kn, v, CD, beta, f.Gc, gr.dW, gr.dvn, gr.dk_part, gr.dgam_part, f.Tm, NULL, B, T, H, K, V); }, repeats, st);
         cudaCheck(cudaGetLastError());
         // the floor: bytes (q, k, v read, o written; h written and read back by the output kernel) at the device's
         // bandwidth, FLOPs at the dense bf16 mma.sync rate (≈ 660 TFLOP/s measured for FlashAttention-2-class kernels)
