@@ -159,8 +159,9 @@ __host__ __device__ constexpr size_t gdn_prep_area_a() {
 }
 
 // grid (slots·H), 256 threads (x = slot·H + h). Gc (tok,H) fp32 the in-chunk cumsum of g; W (tok,H,K), U (tok,H,V);
-// Pm, Tm (slots,H,64,64): P = tril(q kᵀ ∘ Γ) and T = (I + A)⁻¹ (the wy kernel reads it back). q, k (tok,H,K) normalized; v a
-// view (token stride v_stride); beta, g (tok,H) fp32 (g = log α). Warp w: rows 16·(w & 3), column half w >> 2.
+// Pm, Tm (slots,H,64,64): P = tril(q kᵀ ∘ Γ) and T = (I + A)⁻¹ (the wy kernel reads it back). q, k (tok,H,K)
+// normalized; v a view (token stride v_stride); beta, g (tok,H) fp32 (g = log α). Warp w: rows 16·(w & 3), column
+// half w >> 2.
 __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *U, floatX *Pm, floatX *Tm, float *Gc,
                                                              const floatX *q, const floatX *k, const floatX *v,
                                                              int v_stride, const float *beta, const float *g,
