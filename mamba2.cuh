@@ -415,14 +415,12 @@ __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const
 //   dAcs_last += Σ E + e^{Acs_last} <S, dS>;  da = reverse cumsum of dAcs;  dA += Σ da dt;  dD += Σ dy·x
 // dx, dB, dC views (token stride `stride`) written; ddt (tok, H) written; part (2, slots, H): dA_log and dD
 // partials per (chunk slot, head), zero for an unused slot; Sst, dSst (slots,H,P,N) bf16 from the two state passes
-template <int TPW> // 16×32 tiles of dB (and of dC) per warp: 4·Np/32 tiles over 8 warps
-__global__ void __launch_bounds__(MAMBA2_BWD_WARPS * 32) mamba2_chunk_bwd_kernel(floatX *dx, floatX *dB, floatX *dC, float *ddt,
-                                                               float *part, const floatX *dy,
-                                                               const floatX *Sst, const floatX *dSst,
-                                                               const floatX *x, const floatX *Bm, const floatX *Cm,
-                                                               int stride, const float *dt, const float *A_log,
-                                                               const float *D, const int *cu_seqlens, int B, int T,
-                                                               int H, int P, int N, int G) {
+template <int TPW> // 16×32 tiles of dB (and of dC) per warp: 4·Np/32 tiles over MAMBA2_BWD_WARPS warps
+__global__ void __launch_bounds__(MAMBA2_BWD_WARPS * 32)
+    mamba2_chunk_bwd_kernel(floatX *dx, floatX *dB, floatX *dC, float *ddt, float *part, const floatX *dy,
+                            const floatX *Sst, const floatX *dSst, const floatX *x, const floatX *Bm, const floatX *Cm,
+                            int stride, const float *dt, const float *A_log, const float *D, const int *cu_seqlens,
+                            int B, int T, int H, int P, int N, int G) {
     extern __shared__ __align__(16) unsigned char m2_smem[];
     const int g = blockIdx.x % G, hpg = H / G;
     const long slot = blockIdx.x / G, NS = gridDim.x / G;
@@ -699,9 +697,9 @@ static void mamba2_backward(floatX *dx, floatX *dB, floatX *dC, float *ddt, floa
     const int tpw = CEIL_DIV(4 * mamba2_pad(d->N) / 32, MAMBA2_BWD_WARPS);
 #define MAMBA2_BWD_LAUNCH(K)                                                                                           \
     mamba2_set_smem((const void *)mamba2_chunk_bwd_kernel<K>, smem);                                                   \
-    mamba2_chunk_bwd_kernel<K><<<grid, MAMBA2_BWD_WARPS * 32, smem, stream>>>(dx, dB, dC, ddt, part, dy, Sst, dSst, x, Bm, Cm,           \
-                                                            d->stride, dt, A_log, D, d->cu_seqlens, d->B, d->T, d->H, \
-                                                            d->P, d->N, d->G)
+    mamba2_chunk_bwd_kernel<K><<<grid, MAMBA2_BWD_WARPS * 32, smem, stream>>>(                                         \
+        dx, dB, dC, ddt, part, dy, Sst, dSst, x, Bm, Cm, d->stride, dt, A_log, D, d->cu_seqlens, d->B, d->T, d->H,     \
+        d->P, d->N, d->G)
     if (tpw <= 1) { MAMBA2_BWD_LAUNCH(1); } else if (tpw == 2) { MAMBA2_BWD_LAUNCH(2); }
     else if (tpw == 3) { MAMBA2_BWD_LAUNCH(3); } else { MAMBA2_BWD_LAUNCH(4); }
 #undef MAMBA2_BWD_LAUNCH
