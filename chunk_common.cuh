@@ -1,7 +1,7 @@
 /*
 chunk_common.cuh: what the chunked recurrences (gdn.cuh, mamba2.cuh) share around tiles.cuh's warp_gemm:
-- chunk_stage: a tile of token rows from global into shared memory as floatX, zero-padded past the valid rows and
-  columns, optionally scaled per row: cp.async for plain aligned copies (waited for by chunk_sync), otherwise 16-byte
+- chunk_stage: a tile of token rows from global into shared memory as floatX (or fp32), zero-padded past the valid
+  rows and columns, optionally scaled per row: cp.async for plain aligned copies (waited for by chunk_sync), otherwise 16-byte
   vector loads, several in flight per thread before any store, element by element at ragged edges;
 - chunk_sync: the CTA barrier of these kernels, which first waits for the thread's cp.async copies;
 - chunk_put2: the paired store of two adjacent accumulator outputs;
@@ -16,27 +16,30 @@ chunk_common.cuh: what the chunked recurrences (gdn.cuh, mamba2.cuh) share aroun
 #include "tiles.cuh"
 
 // dst (rows × cols, leading dimension ld) = src rows r (token stride tok_stride) × row_scale[r] where r < rv and
-// c < cv, else 0; cols a multiple of 8, ld·sizeof(floatX) a multiple of 16. 16-byte pieces: one vector load (two for
-// fp32 into bf16) where the piece is whole and aligned, element by element at the edges; a thread issues the loads
-// of CHUNK_STAGE_BATCH pieces before it converts and stores any (the staging is latency-bound otherwise).
+// c < cv, else 0; Dst floatX (the MMA operands) or float (fp32 tiles: Src float too); cols a multiple of a 16-byte
+// piece of Dst, ld·sizeof(Dst) a multiple of 16. A plain copy (Src = Dst, no row scale, aligned) goes by cp.async,
+// waited for by chunk_sync; otherwise 16-byte pieces: one vector load (two for fp32 into bf16) where the piece is
+// whole and aligned, element by element at the edges; a thread issues the loads of CHUNK_STAGE_BATCH pieces before it
+// converts and stores any (the staging is latency-bound otherwise).
 #define CHUNK_STAGE_BATCH 4
-template <typename Src>
-__device__ __forceinline__ void chunk_stage(floatX *dst, int ld, const Src *__restrict__ src, long tok_stride, int rv,
+template <typename Src, typename Dst>
+__device__ __forceinline__ void chunk_stage(Dst *dst, int ld, const Src *__restrict__ src, long tok_stride, int rv,
                                             int cv, int rows, int cols, const float *row_scale) {
-    constexpr int VEC = 16 / sizeof(floatX), WORDS = VEC * sizeof(Src) / 16;
+    constexpr int VEC = 16 / sizeof(Dst), WORDS = VEC * sizeof(Src) / 16;
+    static_assert(WORDS >= 1, "chunk_stage: Src narrower than Dst");
     const int cpr = cols / VEC, n = rows * cpr;
     const bool aligned = ((uintptr_t)src & 15) == 0 && ((tok_stride * (long)sizeof(Src)) & 15) == 0;
-    if constexpr (std::is_same<Src, floatX>::value) {
+    if constexpr (std::is_same<Src, Dst>::value) {
         if (row_scale == NULL && aligned) { // a plain copy: cp.async, waited for by chunk_sync()
             for (int i = threadIdx.x; i < n; i += blockDim.x) {
                 const int r = i / cpr, c = (i - r * cpr) * VEC;
-                floatX *d = dst + r * ld + c;
+                Dst *d = dst + r * ld + c;
                 if (r < rv && c + VEC <= cv) {
                     tiles::cp_async16(tiles::smem_addr(d), src + (long)r * tok_stride + c);
                 } else {
 #pragma unroll
                     for (int e = 0; e < VEC; e++) {
-                        d[e] = (r < rv && c + e < cv) ? src[(long)r * tok_stride + c + e] : (floatX)0.0f;
+                        d[e] = (r < rv && c + e < cv) ? src[(long)r * tok_stride + c + e] : (Dst)0.0f;
                     }
                 }
             }
@@ -70,9 +73,9 @@ __device__ __forceinline__ void chunk_stage(floatX *dst, int ld, const Src *__re
                 }
             }
             const float sc = (row_scale != NULL && r < rv) ? row_scale[r] : 1.0f;
-            __align__(16) floatX out[VEC];
+            __align__(16) Dst out[VEC];
 #pragma unroll
-            for (int e = 0; e < VEC; e++) { out[e] = (floatX)(x[e] * sc); }
+            for (int e = 0; e < VEC; e++) { out[e] = (Dst)(x[e] * sc); }
             *(uint4 *)(dst + r * ld + c) = *(const uint4 *)out;
         }
     }

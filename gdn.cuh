@@ -1,7 +1,7 @@
 /*
 gdn.cuh: Gated DeltaNet (the G row of layers.h; ref/gdn.h gives the layer and its math) on the GPU, in chunked form.
 
-  proj = x W_inᵀ (q | k | v | g | b | a);  q, k, v = SiLU(conv4(.));  q, k ← L2-normalized per head;
+  proj = x W_inᵀ (q | k | v | g | b | a);  q, k, v = SiLU(conv4(.));  q, k ← L2-normalized per head (in prep);
   β = sigmoid(b) (GDN[−1,1]: 2·sigmoid(b));  log α = −exp(A_log) · softplus(a + dt_bias)
   S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,  o_t = S_tᵀ q_t / sqrt(K);  RMSNorm per head ⊙ SiLU(g); W_out
 
@@ -16,7 +16,8 @@ walks the chunks in reverse for dh and dVn, the dqk kernel sums the products ove
 terms, the wy kernel takes the UT transform's backward (dT, dA, dβ, dk, dv) and the reverse cumsum for the decay.
 
 Kernels (one CTA each, the first index fastest; a chunk slot is a chunk of some sequence, chunk_common.cuh):
-  gdn_chunk_prep_kernel    (head, chunk slot)               Gc, W, U, P, T          8 warps
+  gdn_chunk_prep_kernel    (head, chunk slot)               Gc, W, U, P, T, qn, kn  8 warps (the q/k norm fused;
+                                                            the recompute mode: W, U, P from the kept T and Gc)
   gdn_chunk_state_kernel   (V tile, head, sequence)         h_c, Vn, final state    8 warps, serial over chunks
   gdn_chunk_output_kernel  (V tile, head, chunk slot)       o                       4 warps
   gdn_chunk_dstate_kernel  (V tile, head, sequence)         dh_c (end), dVn, dS0    8 warps, reverse over chunks
@@ -24,16 +25,18 @@ Kernels (one CTA each, the first index fastest; a chunk slot is a chunk of some 
   gdn_chunk_wy_kernel      (head, chunk slot)               dk, dv, dβ, d(log α)    4 warps (T from prep)
   gdn_step_kernel          (V block, head, sequence)        one decode token from the fp32 state
 Products are tiles::warp_gemm on tiles staged in shared memory (chunk_common.cuh: cp.async for plain copies); the
-state kernel loads the next chunk's W, k, U while it computes this one's; prep writes T for the wy kernel.
+state kernel loads the next chunk's W, k, U while it computes this one's; prep writes T (fp32) for the wy kernel and
+for the backward's recompute (gdn_chunk_recompute: the inversion is not redone, as fla keeps its A).
 
 Numeric contract (bf16 build): every product takes bf16 operands and accumulates in fp32. Rounded to bf16 (stored or
-staged): the inputs q, k, v and do; T itself (kept for the backward) and the factors T·diag(β e^G) and T·diag(β) that
-make W and U; W, U, P, the chunk-start states h_c, Vn and e^{G_L − G}∘Vn; in the backward dh_c, dVn, dW, do ∘ scale e^G,
-dSc, dTm, Tᵀ dTm, dA ∘ Γ and β ∘ (dA ∘ Γ) (fla rounds the same kinds of operands). fp32: the cumulative decays, T's
-inversion, the carried state and its gradient inside the serial kernels, every row sum, dk's parts, dβ, d(log α) and
-the final state. The fp32 build (make PRECISION=FP32) stages fp32 and multiplies on the FMA pipe (tiles.cuh's fp32
-warp_gemm). Deterministic: no atomics, every sum in a fixed order. The training path starts from zero state; the
-decode advance starts from and writes back each sequence's fp32 state.
+staged): the inputs q, k, v and do; the normalized q and k; T where the wy kernel multiplies by it, and the factors
+T·diag(β e^G) and T·diag(β) that make W and U; W, U, P, the chunk-start states h_c, Vn and e^{G_L − G}∘Vn; in the
+backward dh_c, dVn, dW, do ∘ scale e^G, dSc, dTm, Tᵀ dTm, dA ∘ Γ and β ∘ (dA ∘ Γ) (fla rounds the same kinds of
+operands). fp32: the cumulative decays, T's inversion and the kept T, the carried state and its gradient inside the
+serial kernels, every row sum, dk's parts, dβ, d(log α) and the final state. The fp32 build (make PRECISION=FP32)
+stages fp32 and multiplies on the FMA pipe (tiles.cuh's fp32 warp_gemm). Deterministic: no atomics, every sum in a
+fixed order. The training path starts from zero state; the decode advance starts from and writes back each
+sequence's fp32 state.
 Sizes: K ≤ 256 (padded to a multiple of 64 in shared memory), any V (tiles of 64), any T (the last chunk masked).
 Sequences: B of T tokens each, or packed variable-length sequences (cu_seqlens, T tokens in all), each restarting
 from its own initial state (or zero) and ending in its own final state; a packed sequence's outputs and gradients are
@@ -69,21 +72,7 @@ __device__ __forceinline__ void gdn_load_G(float *sG, const float *Gc, long row0
     if (threadIdx.x < GDN_L) { sG[threadIdx.x] = Gc[row0 + (long)min((int)threadIdx.x, nv - 1) * H]; }
 }
 
-// dst (64 × 64 fp32, leading dimension ld, 16-byte rows) = src rows r < rv (token stride tok_stride), columns c < cv,
-// else 0: cp.async where a 4-float piece is whole and aligned (waited for by chunk_sync), element by element otherwise
 #define GDN_LDP 68 // leading dimension of a staged fp32 64-wide tile (16-byte rows, 2-way bank conflicts at most)
-__device__ __forceinline__ void gdn_stage_f32(float *dst, int ld, const float *src, long tok_stride, int rv, int cv) {
-    const bool aligned = ((uintptr_t)src & 15) == 0 && (tok_stride & 3) == 0;
-    for (int i = threadIdx.x; i < GDN_L * (GDN_T / 4); i += blockDim.x) {
-        const int r = i / (GDN_T / 4), c = (i % (GDN_T / 4)) * 4;
-        float *d = dst + r * ld + c;
-        if (aligned && r < rv && c + 4 <= cv) {
-            tiles::cp_async16(tiles::smem_addr(d), src + (long)r * tok_stride + c);
-        } else {
-            for (int e = 0; e < 4; e++) { d[e] = (r < rv && c + e < cv) ? src[(long)r * tok_stride + c + e] : 0.0f; }
-        }
-    }
-}
 
 // sT (64×65 fp32) = (I + A)⁻¹ for A (64×65 fp32) strictly lower triangular, by 16×16 blocks (≥ 128 threads): the
 // diagonal blocks by forward substitution, a lane a column held in registers (T[i][c] = δ_ic − Σ_{j < i} A[i][j]
@@ -149,8 +138,81 @@ __device__ __forceinline__ void gdn_chunk_kkg(float *sA, float *sKKG, const floa
     }
 }
 
+// the per-head L2 norm's one arithmetic (l2norm_forward_kernel and the prep kernel's fused norm): a row's 16-byte
+// pieces, piece p on lane p mod 32, each piece's squares summed in order, then the warp's butterfly sum
+#define GDN_L2_PIECE (16 / (int)sizeof(floatX)) // elements of a 16-byte piece
+__device__ __forceinline__ float l2norm_piece_ss(uint4 raw) {
+    const floatX *v = (const floatX *)&raw;
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < GDN_L2_PIECE; e++) { ss += (float)v[e] * (float)v[e]; }
+    return ss;
+}
+__device__ __forceinline__ float l2norm_rinv(float ss) { return rsqrtf(ss + 1e-6f); } // 1/sqrt(Σx² + 1e-6)
+__device__ __forceinline__ uint4 l2norm_piece_scale(uint4 raw, float r) {
+    const floatX *v = (const floatX *)&raw;
+    __align__(16) floatX o[GDN_L2_PIECE];
+#pragma unroll
+    for (int e = 0; e < GDN_L2_PIECE; e++) { o[e] = (floatX)((float)v[e] * r); }
+    return *(const uint4 *)o;
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // forward
+
+// the q/k L2 norm fused into the prep kernel: q and k arrive raw (views of token stride `stride`, the conv's output)
+// and the prep kernel writes their normalized copies qn, kn (tok,H,K), which the later kernels and the backward read,
+// and the 1/norms rq, rk (tok,H): one pass over q and k instead of a norm pass and a second read
+typedef struct {
+    int stride;
+    floatX *qn, *kn;
+    float *rq, *rk;
+} GDNQKNorm;
+
+// the prep kernel's fused norm: the staged rows of q (sq) and k (sk), 64 each (Kp wide, leading dimension ldk,
+// zero-padded), normalized in place and the chunk's valid rows (r < nv) written out. A row takes a group of lpr lanes
+// (its pieces rounded up to a power of two, ≥ 8), 32 / lpr rows a warp at once; the group's butterfly over lpr lanes
+// adds what l2norm_forward_kernel's 32-lane one does (the lanes past the row's pieces hold zeros): the same bits.
+__device__ __forceinline__ void gdn_prep_norm(floatX *sq, floatX *sk, int ldk, int Kp, const GDNQKNorm &nm, long row0,
+                                              int H, int K, int nv) {
+    constexpr int E = GDN_L2_PIECE, PL = (GDN_MAX_K / E + WARP_SIZE - 1) / WARP_SIZE; // pieces a lane at most
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, pieces = Kp / E;
+    const int lpr = pieces > 16 ? 32 : pieces > 8 ? 16 : 8, rpw = WARP_SIZE / lpr, sl = lane % lpr;
+    const bool vec = K % E == 0 && ((uintptr_t)nm.qn & 15) == 0 && ((uintptr_t)nm.kn & 15) == 0;
+    for (int i = w * rpw + lane / lpr; i < 2 * GDN_L; i += (blockDim.x >> 5) * rpw) { // (2·64 a multiple of rows a pass)
+        const int r = i % GDN_L;
+        floatX *row = (i < GDN_L ? sq : sk) + r * ldk;
+        uint4 raw[PL];
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PL; j++) {
+            const int p = sl + lpr * j;
+            raw[j] = p < pieces ? *(const uint4 *)(row + p * E) : make_uint4(0u, 0u, 0u, 0u);
+            ss += l2norm_piece_ss(raw[j]);
+        }
+        for (int off = lpr >> 1; off > 0; off >>= 1) { ss += __shfl_xor_sync(0xffffffffu, ss, off); }
+        const float rinv = l2norm_rinv(ss);
+        floatX *out = (i < GDN_L ? nm.qn : nm.kn) + (row0 + (long)r * H) * K;
+        if (sl == 0 && r < nv) { (i < GDN_L ? nm.rq : nm.rk)[row0 + (long)r * H] = rinv; }
+#pragma unroll
+        for (int j = 0; j < PL; j++) {
+            const int p = sl + lpr * j;
+            if (p >= pieces) { continue; }
+            const uint4 y = l2norm_piece_scale(raw[j], rinv);
+            *(uint4 *)(row + p * E) = y;
+            if (r >= nv || p * E >= K) { continue; }
+            if (vec) {
+                *(uint4 *)(out + p * E) = y;
+            } else {
+                const floatX *ye = (const floatX *)&y;
+#pragma unroll
+                for (int e = 0; e < E; e++) {
+                    if (p * E + e < K) { out[p * E + e] = ye[e]; }
+                }
+            }
+        }
+    }
+}
 
 // the prep kernel's area for A (64×65 fp32) and then T's scaled copy (64 × GDN_LD floatX), bytes
 __host__ __device__ constexpr size_t gdn_prep_area_a() {
@@ -159,13 +221,17 @@ __host__ __device__ constexpr size_t gdn_prep_area_a() {
 }
 
 // grid (slots·H), 256 threads (x = slot·H + h). Gc (tok,H) fp32 the in-chunk cumsum of g; W (tok,H,K), U (tok,H,V);
-// Pm, Tm (slots,H,64,64): P = tril(q kᵀ ∘ Γ) and T = (I + A)⁻¹ (the wy kernel reads it back). q, k (tok,H,K)
-// normalized; v a view (token stride v_stride); beta, g (tok,H) fp32 (g = log α). Warp w: rows 16·(w & 3), column
-// half w >> 2.
-__global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *U, floatX *Pm, floatX *Tm, float *Gc,
-                                                             const floatX *q, const floatX *k, const floatX *v,
-                                                             int v_stride, const float *beta, const float *g,
-                                                             const int *cu_seqlens, int B, int T, int H, int K, int V) {
+// Pm (slots,H,64,64) P = tril(q kᵀ ∘ Γ); Tm (slots,H,64,64) fp32 T = (I + A)⁻¹, which the wy kernel reads back and the
+// backward's recompute starts from (fp32, so that the recompute is bit for bit this forward and W's and U's factors
+// carry one rounding, not two: bf16 T measured past the trainer test's bound on an M²RNN layer above a GDN layer). q, k
+// (tok,H,K) normalized, or raw views (token stride nm.stride) when nm.qn != NULL: normalized here (gdn_prep_norm). v a
+// view (token stride v_stride); beta, g (tok,H) fp32 (g = log α). from_t: the backward's recompute, Tm and Gc inputs
+// (the forward's), no inversion: W, U and P again. Warp w: rows 16·(w & 3), column half w >> 2.
+__global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *U, floatX *Pm, float *Tm, float *Gc,
+                                                             GDNQKNorm nm, const floatX *q, const floatX *k,
+                                                             const floatX *v, int v_stride, const float *beta,
+                                                             const float *g, bool from_t, const int *cu_seqlens, int B,
+                                                             int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
     int b, c;
     ChunkSeq seq;
@@ -183,15 +249,22 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
     floatX *sTx = (floatX *)sA;
     float *sT = (float *)((char *)sA + gdn_prep_area_a()), *sb = sT + GDN_L * 65, *sG = sb + GDN_L;
     float *srs = sG + GDN_L;
-    chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-    chunk_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+    const bool norm = nm.qn != NULL;
+    const long qk_row = norm ? (seq.tok0 + t0) * nm.stride + (long)h * K : row0 * K;
+    const long qk_stride = norm ? nm.stride : (long)H * K;
+    chunk_stage(sk, ldk, k + qk_row, qk_stride, nv, K, GDN_L, Kp, (const float *)NULL);
+    chunk_stage(sq, ldk, q + qk_row, qk_stride, nv, K, GDN_L, Kp, (const float *)NULL);
     if (threadIdx.x < GDN_L) {
         const int r = threadIdx.x;
         sb[r] = r < nv ? beta[row0 + (long)r * H] : 0.0f;
-        srs[r] = r < nv ? g[row0 + (long)r * H] : 0.0f;
+        srs[r] = !from_t && r < nv ? g[row0 + (long)r * H] : 0.0f;
+    }
+    if (from_t) {
+        gdn_load_G(sG, Gc, row0, H, nv);
+        for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { sT[(i >> 6) * 65 + (i & 63)] = Tm[crow + i]; }
     }
     chunk_sync();
-    if (threadIdx.x < GDN_L) { // the in-chunk cumsum: a scan in each of two warps, the second offset by the first
+    if (!from_t && threadIdx.x < GDN_L) { // the in-chunk cumsum: a scan in each of two warps, the second offset next
         const int r = threadIdx.x, lane = r & 31;
         float G = srs[r];
 #pragma unroll
@@ -201,11 +274,13 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
         }
         sG[r] = G;
     }
+    if (norm) { gdn_prep_norm(sq, sk, ldk, Kp, nm, row0, H, K, nv); }
     chunk_sync();
-    if (threadIdx.x >= 32 && threadIdx.x < GDN_L) { sG[threadIdx.x] += sG[31]; }
-    chunk_sync();
-    if (threadIdx.x < nv) { Gc[row0 + (long)threadIdx.x * H] = sG[threadIdx.x]; }
-    chunk_sync();
+    if (!from_t) {
+        if (threadIdx.x >= 32 && threadIdx.x < GDN_L) { sG[threadIdx.x] += sG[31]; }
+        chunk_sync();
+        if (threadIdx.x < nv) { Gc[row0 + (long)threadIdx.x * H] = sG[threadIdx.x]; }
+    }
     { // P = tril(q kᵀ ∘ Γ)
         float acc[4][4] = {};
         tiles::warp_gemm<4, false, true>(acc, sq + 16 * mt * ldk, ldk, sk + 32 * half * ldk, ldk, Kp);
@@ -219,15 +294,17 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
             }
         }
     }
-    gdn_chunk_kkg(sA, NULL, sk, ldk, Kp, sb, sG);
-    chunk_sync();
-    gdn_unit_lower_inverse(sT, sA, (float *)sv); // sv (over q: P is done): free until U
+    if (!from_t) {
+        gdn_chunk_kkg(sA, NULL, sk, ldk, Kp, sb, sG);
+        chunk_sync();
+        gdn_unit_lower_inverse(sT, sA, (float *)sv); // sv (over q: P is done): free until U
+    }
     if (threadIdx.x < GDN_L) { srs[threadIdx.x] = sb[threadIdx.x] * expf(sG[threadIdx.x]); }
     chunk_sync();
-    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T diag(β e^G): W's factor; T itself out
+    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T out; T diag(β e^G): W's factor
         const float t = sT[(i >> 6) * 65 + (i & 63)];
+        if (!from_t) { Tm[crow + i] = t; }
         sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)(t * srs[i & 63]);
-        Tm[crow + i] = (floatX)t;
     }
     chunk_sync();
     for (int kb = 0; kb < Kp; kb += GDN_T) { // W = T (β e^G ∘ k) = (T diag(β e^G)) k
@@ -686,7 +763,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
                                                            float *dg, const floatX *k, const floatX *v, int v_stride,
                                                            const float *beta, const float *Gc, const floatX *dW,
                                                            const floatX *dvn, const float *dk_part,
-                                                           const float *dgam_part, const floatX *Tm,
+                                                           const float *dgam_part, const float *Tm,
                                                            const int *cu_seqlens, int B, int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
     int b, c;
@@ -792,7 +869,8 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
     __syncthreads(); // every reader of sKKG is done: it takes dk_part's tiles next
     for (int kb = 0; kb < Kp; kb += GDN_T) {
         chunk_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-        gdn_stage_f32(sKKG, GDN_LDP, dk_part + row0 * K + kb, (long)H * K, nv, K - kb);
+        chunk_stage(sKKG, GDN_LDP, dk_part + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T,
+                    (const float *)NULL); // fp32
         chunk_sync();
         float a1[8][4] = {}, a2[8][4] = {}, a3[8][4] = {};
         tiles::warp_gemm<8, false, false>(a1, sDm + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_L); // Dm k
@@ -860,8 +938,8 @@ static size_t gdn_wy_smem(int K) {
 
 // tok: B·T tokens in the fixed layout, T in the packed one; slots: chunk_slots (chunk_common.cuh)
 typedef struct {
-    floatX *W, *U, *Pm, *Tm, *hst, *vn; // (tok,H,K), (tok,H,V), (slots,H,64,64) ×2, (slots,H,K,V), (tok,H,V)
-    float *Gc;                     // (tok,H)
+    floatX *W, *U, *Pm, *hst, *vn; // (tok,H,K), (tok,H,V), (slots,H,64,64), (slots,H,K,V), (tok,H,V)
+    float *Tm, *Gc;                // (slots,H,64,64), (tok,H)
 } GDNChunkBufs;
 
 typedef struct {
@@ -870,16 +948,24 @@ typedef struct {
     float *dk_part, *dgam_part;             // (tok,H,K), (tok,H,KT)
 } GDNChunkGrads;
 
-// the buffers for B sequences of T tokens, or (packed) for sequences of T tokens in all
-static void gdn_chunk_bufs_take(GDNChunkBufs *f, DeviceArena *ar, int B, int T, int H, int K, int V, bool packed) {
+// the buffers for B sequences of T tokens, or (packed) for sequences of T tokens in all. own_t: Tm and Gc here too;
+// false leaves them NULL for the caller to point at memory it keeps from the forward to the backward
+// (gdn_chunk_tg_take)
+static void gdn_chunk_tg_take(float **Tm, float **Gc, DeviceArena *ar, int B, int T, int H, bool packed) {
+    *Tm = TAKE_F(ar, (size_t)chunk_slots<GDN_L>(packed, B, T) * H * GDN_L * GDN_L);
+    *Gc = TAKE_F(ar, (size_t)(packed ? 1 : B) * T * H);
+}
+static void gdn_chunk_bufs_take(GDNChunkBufs *f, DeviceArena *ar, int B, int T, int H, int K, int V, bool packed,
+                                bool own_t) {
     const size_t BTH = (size_t)(packed ? 1 : B) * T * H, NS = chunk_slots<GDN_L>(packed, B, T);
     f->W = TAKE_X(ar, BTH * K);
     f->U = TAKE_X(ar, BTH * V);
     f->Pm = TAKE_X(ar, NS * H * GDN_L * GDN_L);
-    f->Tm = TAKE_X(ar, NS * H * GDN_L * GDN_L);
     f->hst = TAKE_X(ar, NS * H * K * V);
     f->vn = TAKE_X(ar, BTH * V);
-    f->Gc = TAKE_F(ar, BTH);
+    f->Tm = NULL;
+    f->Gc = NULL;
+    if (own_t) { gdn_chunk_tg_take(&f->Tm, &f->Gc, ar, B, T, H, packed); }
 }
 static void gdn_chunk_grads_take(GDNChunkGrads *g, DeviceArena *ar, int B, int T, int H, int K, int V, bool packed) {
     const size_t BTH = (size_t)(packed ? 1 : B) * T * H, NS = chunk_slots<GDN_L>(packed, B, T);
@@ -911,34 +997,68 @@ static void gdn_check_dims(int K, int V) {
     }
 }
 
+// the state kernel's 16-row blocks a warp: one covers K ≤ 128 (half the accumulators of two: two CTAs an SM instead
+// of one); the dstate kernel takes the same choice
+static inline int gdn_state_mr(int K) { return gdn_kp(K) <= 128 ? 1 : 2; }
+
+// the serial pass: f->hst, f->vn (and S_final) from f->W, f->U, f->Gc and the normalized k
+static void gdn_chunk_state(GDNChunkBufs *f, float *S_final, long sf_stride, const float *S0, long s0_stride,
+                            const floatX *k, const int *cu_seqlens, int B, int T, int H, int K, int V,
+                            cudaStream_t stream) {
+    auto state = gdn_state_mr(K) == 1 ? gdn_chunk_state_kernel<1> : gdn_chunk_state_kernel<2>;
+    const size_t smem = gdn_state_smem(K);
+    gdn_set_smem((const void *)state, smem);
+    state<<<dim3(CEIL_DIV(V, GDN_T), H, B), 256, smem, stream>>>(f->hst, f->vn, S_final, sf_stride, S0, s0_stride,
+                                                                  f->W, f->U, k, f->Gc, cu_seqlens, T, H, K, V);
+    cudaCheck(cudaGetLastError());
+}
+
 // o (tok,H,V) from q, k (tok,H,K) normalized, v (view, token stride v_stride), beta and g (tok,H); f: the chunk
-// buffers (filled: the backward reads them). S0 / S_final: per-sequence fp32 states (stride in floats) or NULL; they
-// may be the same memory (the decode advance). cu_seqlens NULL: B sequences of T tokens; else (device, B+1) packed
-// sequences of T tokens in all (chunk_common.cuh), each restarting from its own S0 (or zero)
+// buffers (filled: the backward reads them; Tm and Gc are what gdn_chunk_recompute starts from). nm: NULL, or q and k
+// are raw views and the prep kernel normalizes them into nm's buffers (GDNQKNorm). S0 / S_final: per-sequence fp32
+// states (stride in floats) or NULL; they may be the same memory (the decode advance). cu_seqlens NULL: B sequences of
+// T tokens; else (device, B+1) packed sequences of T tokens in all (chunk_common.cuh), each restarting from its own S0
+// (or zero)
 static void gdn_chunk_forward(floatX *o, GDNChunkBufs *f, float *S_final, long sf_stride, const float *S0,
-                              long s0_stride, const floatX *q, const floatX *k, const floatX *v, int v_stride,
-                              const float *beta, const float *g, const int *cu_seqlens, int B, int T, int H, int K,
-                              int V, bool with_output, cudaStream_t stream) {
+                              long s0_stride, const floatX *q, const floatX *k, const GDNQKNorm *nm, const floatX *v,
+                              int v_stride, const float *beta, const float *g, const int *cu_seqlens, int B, int T,
+                              int H, int K, int V, bool with_output, cudaStream_t stream) {
     gdn_check_dims(K, V);
     const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
     const int VT = CEIL_DIV(V, GDN_T);
     const size_t s1 = gdn_prep_smem(K), s2 = gdn_state_smem(K), s3 = gdn_output_smem(K);
     gdn_set_smem((const void *)gdn_chunk_prep_kernel, s1);
-    // K ≤ 128: one 16-row block of the state a warp (half the accumulators): two CTAs an SM (registers, shared memory)
-    auto state = gdn_kp(K) <= 128 ? gdn_chunk_state_kernel<1> : gdn_chunk_state_kernel<2>;
-    gdn_set_smem((const void *)state, s2);
-    gdn_set_smem((const void *)gdn_chunk_output_kernel, s3);
-    gdn_chunk_prep_kernel<<<(unsigned)(NS * H), 256, s1, stream>>>(f->W, f->U, f->Pm, f->Tm, f->Gc, q, k, v,
-                                                                        v_stride, beta, g, cu_seqlens, B, T, H, K, V);
+    const GDNQKNorm none = {0, NULL, NULL, NULL, NULL};
+    gdn_chunk_prep_kernel<<<(unsigned)(NS * H), 256, s1, stream>>>(f->W, f->U, f->Pm, f->Tm, f->Gc, nm ? *nm : none,
+                                                                   q, k, v, v_stride, beta, g, false, cu_seqlens, B, T,
+                                                                   H, K, V);
     cudaCheck(cudaGetLastError());
-    state<<<dim3(VT, H, B), 256, s2, stream>>>(f->hst, f->vn, S_final, sf_stride, S0, s0_stride, f->W, f->U, k, f->Gc,
-                                               cu_seqlens, T, H, K, V);
-    cudaCheck(cudaGetLastError());
+    const floatX *qn = nm ? nm->qn : q, *kn = nm ? nm->kn : k;
+    gdn_chunk_state(f, S_final, sf_stride, S0, s0_stride, kn, cu_seqlens, B, T, H, K, V, stream);
     if (with_output) {
+        gdn_set_smem((const void *)gdn_chunk_output_kernel, s3);
         gdn_chunk_output_kernel<<<(unsigned)(NS * H * VT), 128, s3, stream>>>(
-            o, q, f->hst, f->Pm, f->vn, f->Gc, 1.0f / sqrtf((float)K), cu_seqlens, B, T, H, K, V);
+            o, qn, f->hst, f->Pm, f->vn, f->Gc, 1.0f / sqrtf((float)K), cu_seqlens, B, T, H, K, V);
         cudaCheck(cudaGetLastError());
     }
+}
+
+// the backward's recompute of the forward's W, U, P, chunk-start states and Vn into f, from the T and Gc the forward
+// left in f (the caller keeps them; everything else in f may have been overwritten since) and the normalized q, k:
+// no inversion, bit for bit the forward's buffers
+static void gdn_chunk_recompute(GDNChunkBufs *f, const float *S0, long s0_stride, const floatX *q, const floatX *k,
+                                const floatX *v, int v_stride, const float *beta, const int *cu_seqlens, int B, int T,
+                                int H, int K, int V, cudaStream_t stream) {
+    gdn_check_dims(K, V);
+    const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
+    const size_t s1 = gdn_prep_smem(K);
+    gdn_set_smem((const void *)gdn_chunk_prep_kernel, s1);
+    const GDNQKNorm none = {0, NULL, NULL, NULL, NULL};
+    gdn_chunk_prep_kernel<<<(unsigned)(NS * H), 256, s1, stream>>>(f->W, f->U, f->Pm, f->Tm, f->Gc, none, q, k, v,
+                                                                   v_stride, beta, NULL, true, cu_seqlens, B, T, H, K,
+                                                                   V);
+    cudaCheck(cudaGetLastError());
+    gdn_chunk_state(f, NULL, 0, S0, s0_stride, k, cu_seqlens, B, T, H, K, V, stream);
 }
 
 // dq, dk (tok,H,K) (written, in gr), dv (view, token stride dv_stride, written), dbeta, dg (tok,H) written; dS0 or
@@ -952,8 +1072,7 @@ static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbe
     const int VT = CEIL_DIV(V, GDN_T), KT = gdn_kp(K) / GDN_T;
     const float scale = 1.0f / sqrtf((float)K);
     const size_t s1 = gdn_dstate_smem(K), s2 = gdn_dqk_smem(), s3 = gdn_wy_smem(K);
-    // K ≤ 128: one 16-row block a warp, half the accumulators: two CTAs an SM instead of one (registers)
-    auto dstate = gdn_kp(K) <= 128 ? gdn_chunk_dstate_kernel<1> : gdn_chunk_dstate_kernel<2>;
+    auto dstate = gdn_state_mr(K) == 1 ? gdn_chunk_dstate_kernel<1> : gdn_chunk_dstate_kernel<2>;
     gdn_set_smem((const void *)dstate, s1);
     gdn_set_smem((const void *)gdn_chunk_dqk_kernel, s2);
     gdn_set_smem((const void *)gdn_chunk_wy_kernel, s3);
@@ -1004,8 +1123,9 @@ __global__ void gdn_step_kernel(floatX *o, float *S, long stride, const floatX *
 
 // grid (M·H / 4), 128 threads: a warp per (token, head). out (M, H·D) dense = x r, rinv (M,H) = 1/sqrt(Σx² + 1e-6).
 // VEC (D a multiple of 16/sizeof(floatX), at most 32 such pieces, 16-byte aligned rows): lane i holds the row's piece i
-// in one 16-byte load; the element-by-element form issued four times the memory instructions and ran
-// instruction-bound at 2.2 TB/s (ncu, H100: 0.82 issued a cycle).
+// in one 16-byte load, the arithmetic of the prep kernel's fused norm (bit for bit: test_gdn_gpu); the element-by-
+// element form issued four times the memory instructions and ran instruction-bound at 2.2 TB/s (ncu, H100: 0.82
+// issued a cycle). The chunked forward fuses this norm into its prep kernel (GDNQKNorm); the decode step uses this.
 __device__ __forceinline__ long l2norm_token(long row, int H) { // row / H, in 32 bits where the rows fit
     return row < 0x7fffffffL ? (long)((unsigned)row / (unsigned)H) : row / H;
 }
@@ -1022,22 +1142,13 @@ __global__ void l2norm_forward_kernel(floatX *out, float *rinv, const floatX *x,
         const bool on = lane * E < D;
         uint4 raw = make_uint4(0u, 0u, 0u, 0u);
         if (on) { raw = *(const uint4 *)(xi + lane * E); }
-        const floatX *v = (const floatX *)&raw;
-#pragma unroll
-        for (int e = 0; e < E; e++) { ss += (float)v[e] * (float)v[e]; }
-        ss = warp_reduce_sum(ss);
-        const float r = rsqrtf(ss + 1e-6f);
+        const float r = l2norm_rinv(warp_reduce_sum(l2norm_piece_ss(raw)));
         if (lane == 0) { rinv[row] = r; }
-        if (on) {
-            __align__(16) floatX o[E];
-#pragma unroll
-            for (int e = 0; e < E; e++) { o[e] = (floatX)((float)v[e] * r); }
-            *(uint4 *)(out + row * D + lane * E) = *(const uint4 *)o;
-        }
+        if (on) { *(uint4 *)(out + row * D + lane * E) = l2norm_piece_scale(raw, r); }
     } else {
         for (int i = lane; i < D; i += WARP_SIZE) { ss += (float)xi[i] * (float)xi[i]; }
         ss = warp_reduce_sum(ss);
-        const float r = rsqrtf(ss + 1e-6f);
+        const float r = l2norm_rinv(ss);
         if (lane == 0) { rinv[row] = r; }
         for (int i = lane; i < D; i += WARP_SIZE) { out[row * D + i] = (floatX)((float)xi[i] * r); }
     }
@@ -1151,6 +1262,8 @@ typedef struct {
     floatX *qn, *kn;       // (B,T,H·K) L2-normalized
     float *rq, *rk;        // (B,T,H) their 1/norms
     float *beta, *g;       // (B,T,H) β and log α
+    float *Tm;             // (B·chunks,H,64,64) the chunks' T = (I + A)⁻¹, kept for the backward's recompute
+    float *Gc;             // (B,T,H) the in-chunk cumulative decays, kept likewise
     floatX *o;             // (B,T,H·V) the recurrence's outputs
     floatX *normed, *gated; // (B,T,H·V)
     float *rstd;           // (B·T·H)
@@ -1168,6 +1281,7 @@ static size_t gdn_acts_layout(GDNActs *a, void *base, const ModelConfig *c, int 
     a->rk = TAKE_F(&ar, BT * H);
     a->beta = TAKE_F(&ar, BT * H);
     a->g = TAKE_F(&ar, BT * H);
+    gdn_chunk_tg_take(&a->Tm, &a->Gc, &ar, B, T, (int)H, false);
     a->o = TAKE_X(&ar, BT * HV);
     a->normed = TAKE_X(&ar, BT * HV);
     a->gated = TAKE_X(&ar, BT * HV);
@@ -1176,7 +1290,7 @@ static size_t gdn_acts_layout(GDNActs *a, void *base, const ModelConfig *c, int 
 }
 
 typedef struct {
-    GDNChunkBufs f;  // the chunk kernels' forward buffers (the backward recomputes them)
+    GDNChunkBufs f;  // the chunk kernels' forward buffers (the backward recomputes them from the acts' Tm, Gc)
     GDNChunkGrads gr;
     floatX *d_proj, *d_conv_act, *d_o, *d_normed, *d_gated, *dk; // (B,T,Rs), (B,T,CD), (B,T,HV) ×3, (B,T,HK)
     float *dbeta, *dg; // (B,T,H)
@@ -1187,7 +1301,7 @@ typedef struct {
 static size_t gdn_scratch_layout(GDNScratch *s, void *base, const ModelConfig *c, int B, int T, int fwd_only) {
     const size_t BT = (size_t)B * T, H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, HK = H * K, HV = H * V;
     DeviceArena ar = {(char *)base, 0};
-    gdn_chunk_bufs_take(&s->f, &ar, B, T, (int)H, (int)K, (int)V, false);
+    gdn_chunk_bufs_take(&s->f, &ar, B, T, (int)H, (int)K, (int)V, false, false);
     if (fwd_only) { return ar.used; }
     gdn_chunk_grads_take(&s->gr, &ar, B, T, (int)H, (int)K, (int)V, false);
     s->d_proj = TAKE_X(&ar, BT * gdn_proj_stride(c));
@@ -1215,7 +1329,8 @@ static size_t gdn_mixer_scratch_bytes(const ModelConfig *c, int B, int T, const 
     return gdn_scratch_layout(&s, NULL, c, B, T, 0);
 }
 
-// the projection, conv, norms and gates (from the decode windows when window != NULL)
+// the projection, conv and gates (from the decode windows when window != NULL); the q/k norm is the chunked forward's
+// (gdn_chunk_run)
 static void gdn_inputs(GDNActs *a, float *window, long stride, const floatX *inp, const GDNParams *w,
                        const GDNParams32 *w32, const ModelConfig *c, int B, int T, const Runtime *rt) {
     const int BT = B * T, C = c->d_model, R = gdn_proj_rows(c), Rs = gdn_proj_stride(c), CD = gdn_conv_dim(c);
@@ -1228,8 +1343,6 @@ static void gdn_inputs(GDNActs *a, float *window, long stride, const floatX *inp
     } else {
         conv1d_silu_forward(a->conv_pre, a->conv_act, a->proj, w->conv_w, NULL, B, T, CD, c->gdn.conv, Rs, stream);
     }
-    l2norm_forward(a->qn, a->rq, a->conv_act, BT, H, K, CD, stream);
-    l2norm_forward(a->kn, a->rk, a->conv_act + HK, BT, H, K, CD, stream);
     gdn_gates_forward_kernel<<<CEIL_DIV((long)BT * H, 256), 256, 0, stream>>>(
         a->beta, a->g, a->proj + boff, a->proj + boff + H, Rs, w32->A_log, w32->dt_bias, BT, H, c->gdn.neg);
     cudaCheck(cudaGetLastError());
@@ -1243,6 +1356,18 @@ static void gdn_outputs(floatX *out, GDNActs *a, const GDNParams *w, const Model
     matmul_forward(out, a->gated, w->out_w, BT, HV, C, rt);
 }
 
+// the chunked forward of the layer (o, and the kept qn, kn, rq, rk, Tm, Gc in a) from the conv's q, k, v and the gates,
+// from and back into the per-sequence states S (stride in floats) when S != NULL (the decode advance)
+static void gdn_chunk_run(GDNActs *a, GDNChunkBufs *f, float *S, long stride, const ModelConfig *c, int B, int T,
+                          cudaStream_t stream) {
+    const int H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, HK = H * K, CD = gdn_conv_dim(c);
+    const GDNQKNorm nm = {CD, a->qn, a->kn, a->rq, a->rk};
+    f->Tm = a->Tm;
+    f->Gc = a->Gc;
+    gdn_chunk_forward(a->o, f, S, stride, S, stride, a->conv_act, a->conv_act + HK, &nm, a->conv_act + 2 * HK, CD,
+                      a->beta, a->g, NULL, B, T, H, K, V, true, stream);
+}
+
 static void gdn_mixer_forward(floatX *out, void *acts, void *scratch, const floatX *inp, const KindTensors *t,
                               const ModelConfig *c, int B, int T, const Runtime *rt) {
     const GDNParams *w = (const GDNParams *)t->w;
@@ -1251,10 +1376,8 @@ static void gdn_mixer_forward(floatX *out, void *acts, void *scratch, const floa
     gdn_acts_layout(&a, acts, c, B, T);
     GDNScratch s;
     gdn_scratch_layout(&s, scratch, c, B, T, 1);
-    const int H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, CD = gdn_conv_dim(c);
     gdn_inputs(&a, NULL, 0, inp, w, w32, c, B, T, rt);
-    gdn_chunk_forward(a.o, &s.f, NULL, 0, NULL, 0, a.qn, a.kn, a.conv_act + 2 * H * K, CD, a.beta, a.g, NULL, B, T, H,
-                      K, V, true, rt->stream);
+    gdn_chunk_run(&a, &s.f, NULL, 0, c, B, T, rt->stream);
     gdn_outputs(out, &a, w, c, B * T, rt);
 }
 
@@ -1273,9 +1396,11 @@ static void gdn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, 
     matmul_backward(s.d_gated, g->out_w, dout, a.gated, w->out_w, BT, HV, C, 0, rt);
     output_gate_backward(s.d_normed, s.d_proj + goff, s.d_gated, a.normed, a.proj + goff, BT, HV, Rs, stream);
     rmsnorm_backward(s.d_o, g->norm_w, s.reduce, s.d_normed, a.o, w->norm_w, a.rstd, BT * H, V, 0, stream);
-    // the chunk buffers again (the forward's scratch is shared by the layers), then the chunked backward
-    gdn_chunk_forward(NULL, &s.f, NULL, 0, NULL, 0, a.qn, a.kn, a.conv_act + 2 * HK, CD, a.beta, a.g, NULL, B, T, H, K,
-                      V, false, stream);
+    // the chunk buffers again (the forward's scratch is shared by the layers) from the kept T and Gc, then the
+    // chunked backward
+    s.f.Tm = a.Tm;
+    s.f.Gc = a.Gc;
+    gdn_chunk_recompute(&s.f, NULL, 0, a.qn, a.kn, a.conv_act + 2 * HK, CD, a.beta, NULL, B, T, H, K, V, stream);
     gdn_chunk_backward(s.dk, s.d_conv_act + 2 * HK, CD, s.dbeta, s.dg, &s.gr, NULL, 0, NULL, 0, s.d_o, &s.f, a.qn, a.kn,
                        a.conv_act + 2 * HK, CD, a.beta, NULL, B, T, H, K, V, stream);
     const int chunks = token_chunks(BT);
@@ -1329,12 +1454,11 @@ static void gdn_mixer_advance(floatX *out, void *state, void *work, const floatX
     const size_t acts = gdn_acts_layout(&a, work, c, B, T);
     GDNScratch s;
     gdn_scratch_layout(&s, (char *)work + acts, c, B, T, 1);
-    const int H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, CD = gdn_conv_dim(c);
+    const int CD = gdn_conv_dim(c);
     const long stride = (long)(gdn_mixer_state_bytes(c, context) / sizeof(float));
     float *window = (float *)state, *S = window + (size_t)(c->gdn.conv - 1) * CD;
     gdn_inputs(&a, window, stride, inp, w, w32, c, B, T, rt);
-    gdn_chunk_forward(a.o, &s.f, S, stride, S, stride, a.qn, a.kn, a.conv_act + 2 * H * K, CD, a.beta, a.g, NULL, B, T,
-                      H, K, V, true, rt->stream);
+    gdn_chunk_run(&a, &s.f, S, stride, c, B, T, rt->stream);
     gdn_outputs(out, &a, w, c, B * T, rt);
 }
 

@@ -209,6 +209,15 @@ static void down_f(double *h, const float *d, size_t n) {
     free(tmp);
 }
 static double *dalloc(size_t n) { return (double *)callocCheck(n + 1, sizeof(double)); }
+static int same(const void *a, const void *b, size_t bytes) { // two device buffers, bit for bit
+    char *x = (char *)mallocCheck(bytes + 1), *y = (char *)mallocCheck(bytes + 1);
+    cudaCheck(cudaMemcpy(x, a, bytes, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(y, b, bytes, cudaMemcpyDeviceToHost));
+    const int eq = memcmp(x, y, bytes) == 0;
+    free(x);
+    free(y);
+    return eq;
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 
@@ -264,17 +273,17 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
     GDNChunkBufs f;
     GDNChunkGrads gr;
     DeviceArena ar = {NULL, 0};
-    gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false);
+    gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false, true);
     gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V, false);
     void *mem;
     cudaCheck(cudaMalloc(&mem, ar.used));
     cudaCheck(cudaMemset(mem, 0xff, ar.used)); // NaN-filled: a kernel reading what nobody wrote shows
     ar = (DeviceArena){(char *)mem, 0};
-    gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false);
+    gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false, true);
     gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V, false);
     const long sS = (long)H * K * V;
-    gdn_chunk_forward(d_o, &f, d_Sf, sS, with_state ? d_S0 : NULL, sS, d_q, d_k, d_v, v_stride, d_beta, d_g, NULL, B, T,
-                      H, K, V, true, 0);
+    gdn_chunk_forward(d_o, &f, d_Sf, sS, with_state ? d_S0 : NULL, sS, d_q, d_k, NULL, d_v, v_stride, d_beta, d_g, NULL,
+                      B, T, H, K, V, true, 0);
     gdn_chunk_backward(d_dk, d_dv, v_stride, d_db, d_dg, &gr, d_dS0, sS, with_state ? d_dSf : NULL, sS, d_dout, &f,
                        d_q, d_k, d_v, v_stride, d_beta, NULL, B, T, H, K, V, 0);
     d_dq = gr.dq;
@@ -316,6 +325,67 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
         test_result(memcmp(h1, h2, nq * sizeof(floatX)) == 0 && memcmp(g1, g2, BTH * sizeof(float)) == 0, label,
                     "dk and dlog_alpha of two runs compared bit for bit");
         free(h1); free(h2); free(g1); free(g2);
+
+        // the backward's recompute (gdn_chunk_recompute: W, U, P, the chunk-start states, Vn from the kept T and Gc,
+        // no inversion) = the forward's buffers, bit for bit, over NaN-filled copies
+        const size_t NS = (size_t)B * gdn_chunks(T), szs[5] = {nq, nv, NS * H * GDN_L * GDN_L, NS * nS / B, nv};
+        floatX *bufs[5] = {f.W, f.U, f.Pm, f.hst, f.vn}, *keep[5];
+        for (int i = 0; i < 5; i++) {
+            cudaCheck(cudaMalloc(&keep[i], szs[i] * sizeof(floatX)));
+            cudaCheck(cudaMemcpy(keep[i], bufs[i], szs[i] * sizeof(floatX), cudaMemcpyDeviceToDevice));
+            cudaCheck(cudaMemset(bufs[i], 0xff, szs[i] * sizeof(floatX)));
+        }
+        gdn_chunk_recompute(&f, with_state ? d_S0 : NULL, sS, d_q, d_k, d_v, v_stride, d_beta, NULL, B, T, H, K, V, 0);
+        int eq_r = 1;
+        for (int i = 0; i < 5; i++) {
+            eq_r &= same(keep[i], bufs[i], szs[i] * sizeof(floatX));
+            cudaCheck(cudaFree(keep[i]));
+        }
+        snprintf(label, sizeof(label), "%s recompute = forward", name);
+        test_result(eq_r, label, "W, U, P, chunk-start states, Vn from the kept T and Gc: %s",
+                    eq_r ? "bit for bit" : "DIFFER");
+
+        // the q/k L2 norm fused into the prep kernel (GDNQKNorm: raw q, k in a strided view, as the conv leaves them)
+        // = the norm kernel then the forward: qn, kn, 1/norms, o and the final state bit for bit (K a multiple of
+        // 16 bytes, where the norm kernel takes the same 16-byte form)
+        const int HK = H * K, CDr = 2 * HK + 8;
+        double *raw = dalloc(BTH / H * CDr);
+        for (size_t r = 0; r < BTH; r++) { // the normalized rows scaled by 0.5-2.5, rounded
+            const size_t m = r / H, hh = r % H;
+            const double sq = 0.5 + 2.0 * urand(), sk = 0.5 + 2.0 * urand();
+            for (int i = 0; i < K; i++) {
+                raw[m * CDr + hh * K + i] = round_x(q[r * K + i] * sq);
+                raw[m * CDr + HK + hh * K + i] = round_x(k[r * K + i] * sk);
+            }
+        }
+        floatX *d_raw = up_x(raw, BTH / H * CDr), *nx[4], *o_n[2];
+        float *rn[4], *Sf_n[2];
+        for (int i = 0; i < 4; i++) {
+            cudaCheck(cudaMalloc(&nx[i], nq * sizeof(floatX)));
+            cudaCheck(cudaMalloc(&rn[i], BTH * sizeof(float)));
+        }
+        for (int i = 0; i < 2; i++) {
+            cudaCheck(cudaMalloc(&o_n[i], nv * sizeof(floatX)));
+            cudaCheck(cudaMalloc(&Sf_n[i], nS * sizeof(float)));
+        }
+        l2norm_forward(nx[0], rn[0], d_raw, B * T, H, K, CDr, 0);
+        l2norm_forward(nx[1], rn[1], d_raw + HK, B * T, H, K, CDr, 0);
+        gdn_chunk_forward(o_n[0], &f, Sf_n[0], sS, with_state ? d_S0 : NULL, sS, nx[0], nx[1], NULL, d_v, v_stride,
+                          d_beta, d_g, NULL, B, T, H, K, V, true, 0);
+        const GDNQKNorm nm = {CDr, nx[2], nx[3], rn[2], rn[3]};
+        gdn_chunk_forward(o_n[1], &f, Sf_n[1], sS, with_state ? d_S0 : NULL, sS, d_raw, d_raw + HK, &nm, d_v, v_stride,
+                          d_beta, d_g, NULL, B, T, H, K, V, true, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        const int eq_n = same(nx[0], nx[2], nq * sizeof(floatX)) && same(nx[1], nx[3], nq * sizeof(floatX)) &&
+                         same(rn[0], rn[2], BTH * 4) && same(rn[1], rn[3], BTH * 4);
+        const int eq_o = same(o_n[0], o_n[1], nv * sizeof(floatX)) && same(Sf_n[0], Sf_n[1], nS * sizeof(float));
+        snprintf(label, sizeof(label), "%s q/k norm fused = norm kernel", name);
+        test_result(eq_n && eq_o, label, "qn kn rq rk %s, o and final state %s", eq_n ? "bit for bit" : "DIFFER",
+                    eq_o ? "bit for bit" : "DIFFER");
+        for (int i = 0; i < 4; i++) { cudaCheck(cudaFree(nx[i])); cudaCheck(cudaFree(rn[i])); }
+        for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(o_n[i])); cudaCheck(cudaFree(Sf_n[i])); }
+        cudaCheck(cudaFree(d_raw));
+        free(raw);
 
         // the step kernel, token by token from S0, against the chunked forward (every token's o, the final state):
         // the step keeps the state in fp32 and multiplies unrounded, so it sits within the forward's own tolerance
@@ -368,7 +438,7 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
             for (int b = 0; b < B; b++) { // one sequence at a time: the pieces are not contiguous across sequences
                 const size_t r0 = ((size_t)b * T + off) * H;
                 gdn_chunk_forward(d_o2 + r0 * V, &f, d_St + b * sS, sS, d_St + b * sS, sS, d_q + r0 * K, d_k + r0 * K,
-                                  d_v + ((size_t)b * T + off) * v_stride, v_stride, d_beta + r0, d_g + r0, NULL, 1,
+                                  NULL, d_v + ((size_t)b * T + off) * v_stride, v_stride, d_beta + r0, d_g + r0, NULL, 1,
                                   Tp, H, K, V, true, 0);
             }
         }
@@ -437,20 +507,20 @@ static void run_packed(const char *name, int H, int K, int V, std::vector<int> l
     GDNChunkBufs f[2];
     GDNChunkGrads gr[2];
     DeviceArena ar = {NULL, 0};
-    gdn_chunk_bufs_take(&f[0], &ar, B, T, H, K, V, true);
+    gdn_chunk_bufs_take(&f[0], &ar, B, T, H, K, V, true, true);
     gdn_chunk_grads_take(&gr[0], &ar, B, T, H, K, V, true);
-    gdn_chunk_bufs_take(&f[1], &ar, 1, maxlen, H, K, V, false);
+    gdn_chunk_bufs_take(&f[1], &ar, 1, maxlen, H, K, V, false, true);
     gdn_chunk_grads_take(&gr[1], &ar, 1, maxlen, H, K, V, false);
     void *mem;
     cudaCheck(cudaMalloc(&mem, ar.used));
     cudaCheck(cudaMemset(mem, 0xff, ar.used)); // NaN-filled: a kernel reading what nobody wrote shows
     ar = (DeviceArena){(char *)mem, 0};
-    gdn_chunk_bufs_take(&f[0], &ar, B, T, H, K, V, true);
+    gdn_chunk_bufs_take(&f[0], &ar, B, T, H, K, V, true, true);
     gdn_chunk_grads_take(&gr[0], &ar, B, T, H, K, V, true);
-    gdn_chunk_bufs_take(&f[1], &ar, 1, maxlen, H, K, V, false);
+    gdn_chunk_bufs_take(&f[1], &ar, 1, maxlen, H, K, V, false, true);
     gdn_chunk_grads_take(&gr[1], &ar, 1, maxlen, H, K, V, false);
-    gdn_chunk_forward(o[0], &f[0], Sf[0], sS, d_S0, sS, d_q, d_k, d_v, v_stride, d_beta, d_g, d_cu, B, T, H, K, V, true,
-                      0);
+    gdn_chunk_forward(o[0], &f[0], Sf[0], sS, d_S0, sS, d_q, d_k, NULL, d_v, v_stride, d_beta, d_g, d_cu, B, T, H, K, V,
+                      true, 0);
     gdn_chunk_backward(dk[0], dv[0], v_stride, db[0], dg[0], &gr[0], dS0[0], sS, d_dSf, sS, d_dout, &f[0], d_q, d_k,
                        d_v, v_stride, d_beta, d_cu, B, T, H, K, V, 0);
     cudaCheck(cudaMemcpy(dq[0], gr[0].dq, nq * sizeof(floatX), cudaMemcpyDeviceToDevice));
@@ -462,7 +532,8 @@ static void run_packed(const char *name, int H, int K, int V, std::vector<int> l
             continue;
         }
         gdn_chunk_forward(o[1] + r0 * V, &f[1], Sf[1] + b * sS, sS, d_S0 + b * sS, sS, d_q + r0 * K, d_k + r0 * K,
-                          d_v + t0 * v_stride, v_stride, d_beta + r0, d_g + r0, NULL, 1, lens[b], H, K, V, true, 0);
+                          NULL, d_v + t0 * v_stride, v_stride, d_beta + r0, d_g + r0, NULL, 1, lens[b], H, K, V, true,
+                          0);
         gdn_chunk_backward(dk[1] + r0 * K, dv[1] + t0 * v_stride, v_stride, db[1] + r0, dg[1] + r0, &gr[1],
                            dS0[1] + b * sS, sS, d_dSf + b * sS, sS, d_dout + r0 * V, &f[1], d_q + r0 * K, d_k + r0 * K,
                            d_v + t0 * v_stride, v_stride, d_beta + r0, NULL, 1, lens[b], H, K, V, 0);
@@ -470,15 +541,6 @@ static void run_packed(const char *name, int H, int K, int V, std::vector<int> l
                              cudaMemcpyDeviceToDevice));
     }
     cudaCheck(cudaDeviceSynchronize());
-    auto same = [](const void *a, const void *b, size_t bytes) {
-        char *x = (char *)mallocCheck(bytes + 1), *y = (char *)mallocCheck(bytes + 1);
-        cudaCheck(cudaMemcpy(x, a, bytes, cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(y, b, bytes, cudaMemcpyDeviceToHost));
-        const int eq = memcmp(x, y, bytes) == 0;
-        free(x);
-        free(y);
-        return eq;
-    };
     const int eq_f = same(o[0], o[1], nv * sizeof(floatX)) && same(Sf[0], Sf[1], nS * sizeof(float));
     const int eq_b = same(dq[0], dq[1], nq * sizeof(floatX)) && same(dk[0], dk[1], nq * sizeof(floatX)) &&
                      same(dv[0], dv[1], (size_t)T * v_stride * sizeof(floatX)) && same(db[0], db[1], TH * 4) &&

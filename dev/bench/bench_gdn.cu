@@ -1,8 +1,9 @@
 /*
 bench_gdn.cu: times the Gated DeltaNet recurrence of gdn.cuh at the issue's shapes (B=8, T=4096; H=2, K=256, V=512:
 the paper's 410M layer; H=16, K=V=128): the part fla's chunk_gated_delta_rule does with use_qk_l2norm_in_kernel
-(the per-head L2 norm of q and k, the chunked recurrence; β and log α given), forward and forward+backward (the
-backward recomputes the chunk buffers, as fla's does). The peer runs in the same call: dev/bench/gdn_fla.py.
+(the per-head L2 norm of q and k, fused into our prep kernel; the chunked recurrence; β and log α given), forward and
+forward+backward (the backward recomputes W, U and the chunk-start states from the T = (I + A)⁻¹ the forward kept, as
+fla's recomputes w, u and h from its kept A). The peer runs in the same call: dev/bench/gdn_fla.py.
 Per-kernel medians follow, then the floor: FLOPs as executed by the chunked algorithm (the products of the staged
 tiles) and the bytes the kernels must move (q, k, v in, o out, the chunk-start states h written and read back).
 Timing: CUDA events, 3 warm-up calls, the median of the repeats (dev/bench/bench_common.cuh).
@@ -27,7 +28,7 @@ int main(int argc, char **argv) {
     printf("| B | T | H | K | V | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | extra memory |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|\n");
     const int shapes[2][3] = {{2, 256, 512}, {16, 128, 128}};
-    char kernels[2][512];
+    char kernels[2][768];
     for (int si = 0; si < 2; si++) {
         kernels[si][0] = '\0';
         if (only >= 0 && si != only) { continue; }
@@ -55,23 +56,22 @@ int main(int argc, char **argv) {
         GDNChunkBufs f;
         GDNChunkGrads gr;
         DeviceArena ar = {NULL, 0};
-        gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false);
+        gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false, true);
         const size_t fwd_bytes = ar.used;
         gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V, false);
         void *mem;
         cudaCheck(cudaMalloc(&mem, ar.used));
         const size_t extra = ar.used;
         ar = (DeviceArena){(char *)mem, 0};
-        gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false);
+        gdn_chunk_bufs_take(&f, &ar, B, T, H, K, V, false, true);
         gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V, false);
         const floatX *v = x + 2 * HK;
+        const GDNQKNorm nm = {CD, qn, kn, rq, rk};
         auto fwd = [&]() {
-            l2norm_forward(qn, rq, x, BT, H, K, CD, st);
-            l2norm_forward(kn, rk, x + HK, BT, H, K, CD, st);
-            gdn_chunk_forward(o, &f, NULL, 0, NULL, 0, qn, kn, v, CD, beta, g, NULL, B, T, H, K, V, true, st);
+            gdn_chunk_forward(o, &f, NULL, 0, NULL, 0, x, x + HK, &nm, v, CD, beta, g, NULL, B, T, H, K, V, true, st);
         };
         auto bwd = [&]() {
-            gdn_chunk_forward(NULL, &f, NULL, 0, NULL, 0, qn, kn, v, CD, beta, g, NULL, B, T, H, K, V, false, st);
+            gdn_chunk_recompute(&f, NULL, 0, qn, kn, v, CD, beta, NULL, B, T, H, K, V, st);
             gdn_chunk_backward(dk, dx + 2 * HK, CD, dbeta, dg, &gr, NULL, 0, NULL, 0, dout, &f, qn, kn, v, CD, beta, NULL, B,
                                T, H, K, V, st);
             l2norm_backward(dx, gr.dq, x, rq, BT, H, K, CD, st);
@@ -94,11 +94,14 @@ int main(int argc, char **argv) {
         // per kernel (each alone, inputs as the step leaves them)
         const int VT = CEIL_DIV(V, GDN_T), KTi = gdn_kp(K) / GDN_T;
         const float scale = 1.0f / sqrtf((float)K);
-        float kms[6];
-        kms[0] = median_ms([&]() { gdn_chunk_prep_kernel<<<NC * B * H, 256, gdn_prep_smem(K), st>>>(f.W, f.U, f.Pm, f.Tm, f.Gc, qn, kn, v, CD, beta, g, NULL, B, T, H, K, V); }, repeats, st);
-        kms[1] = median_ms([&]() { (gdn_kp(K) <= 128 ? gdn_chunk_state_kernel<1> : gdn_chunk_state_kernel<2>)<<<dim3(VT, H, B), 256, gdn_state_smem(K), st>>>(f.hst, f.vn, NULL, 0, NULL, 0, f.W, f.U, kn, f.Gc, NULL, T, H, K, V); }, repeats, st);
+        const GDNQKNorm none = {0, NULL, NULL, NULL, NULL};
+        float kms[8];
+        kms[0] = median_ms([&]() { gdn_chunk_prep_kernel<<<NC * B * H, 256, gdn_prep_smem(K), st>>>(f.W, f.U, f.Pm, f.Tm, f.Gc, nm, x, x + HK, v, CD, beta, g, false, NULL, B, T, H, K, V); }, repeats, st);
+        kms[6] = median_ms([&]() { gdn_chunk_prep_kernel<<<NC * B * H, 256, gdn_prep_smem(K), st>>>(f.W, f.U, f.Pm, f.Tm, f.Gc, none, qn, kn, v, CD, beta, g, true, NULL, B, T, H, K, V); }, repeats, st);
+        kms[7] = median_ms([&]() { l2norm_forward(qn, rq, x, BT, H, K, CD, st); }, repeats, st);
+        kms[1] = median_ms([&]() { gdn_chunk_state(&f, NULL, 0, NULL, 0, kn, NULL, B, T, H, K, V, st); }, repeats, st);
         kms[2] = median_ms([&]() { gdn_chunk_output_kernel<<<NC * B * H * VT, 128, gdn_output_smem(K), st>>>(o, qn, f.hst, f.Pm, f.vn, f.Gc, scale, NULL, B, T, H, K, V); }, repeats, st);
-        kms[3] = median_ms([&]() { (gdn_kp(K) <= 128 ? gdn_chunk_dstate_kernel<1> : gdn_chunk_dstate_kernel<2>)<<<dim3(VT, H, B), 256, gdn_dstate_smem(K), st>>>(gr.dhst, gr.dvn, NULL, 0, NULL, 0, qn, kn, f.W, f.Pm, dout, f.Gc, scale, NULL, T, H, K, V); }, repeats, st);
+        kms[3] = median_ms([&]() { (gdn_state_mr(K) == 1 ? gdn_chunk_dstate_kernel<1> : gdn_chunk_dstate_kernel<2>)<<<dim3(VT, H, B), 256, gdn_dstate_smem(K), st>>>(gr.dhst, gr.dvn, NULL, 0, NULL, 0, qn, kn, f.W, f.Pm, dout, f.Gc, scale, NULL, T, H, K, V); }, repeats, st);
         kms[4] = median_ms([&]() { gdn_chunk_dqk_kernel<<<NC * B * H * KTi, 256, gdn_dqk_smem(), st>>>(gr.dq, gr.dk_part, gr.dW, gr.dgam_part, qn, kn, f.vn, gr.dvn, dout, f.hst, gr.dhst, f.Gc, scale, NULL, B, T, H, K, V); }, repeats, st);
         kms[5] = median_ms([&]() { gdn_chunk_wy_kernel<<<NC * B * H, 128, gdn_wy_smem(K), st>>>(dk, dx + 2 * HK, CD, dbeta, dg, kn, v, CD, beta, f.Gc, gr.dW, gr.dvn, gr.dk_part, gr.dgam_part, f.Tm, NULL, B, T, H, K, V); }, repeats, st);
         cudaCheck(cudaGetLastError());
@@ -106,10 +109,11 @@ int main(int argc, char **argv) {
         // bandwidth, FLOPs at the dense bf16 mma.sync rate (≈ 660 TFLOP/s measured for FlashAttention-2-class kernels)
         const double bytes_f = (double)BT * (2 * HK + HV) * 2 + (double)BT * HV * 2 + 2.0 * B * H * NC * KV * 2;
         snprintf(kernels[si], sizeof(kernels[si]),
-                 "H=%d K=%d V=%d: prep %.3f, state %.3f, output %.3f | dstate %.3f, dqk %.3f, wy %.3f ms; forward "
-                 "moves >= %.0f MB (%.3f ms at 3.35 TB/s) and executes %.1f GFLOP (%.3f ms at 660 TFLOP/s)",
-                 H, K, V, kms[0], kms[1], kms[2], kms[3], kms[4], kms[5], bytes_f / 1e6, bytes_f / 3.35e12 * 1e3,
-                 F_f / 1e9, F_f / 660e12 * 1e3);
+                 "H=%d K=%d V=%d: prep (q/k norm fused) %.3f, state %.3f, output %.3f | prep recompute %.3f, dstate "
+                 "%.3f, dqk %.3f, wy %.3f ms | q norm alone %.3f; forward moves >= %.0f MB (%.3f ms at 3.35 TB/s) and "
+                 "executes %.1f GFLOP (%.3f ms at 660 TFLOP/s)",
+                 H, K, V, kms[0], kms[1], kms[2], kms[6], kms[3], kms[4], kms[5], kms[7], bytes_f / 1e6,
+                 bytes_f / 3.35e12 * 1e3, F_f / 1e9, F_f / 660e12 * 1e3);
         cudaCheck(cudaFree(mem));
         void *bufs[] = {x, dx, qn, kn, dk, o, dout, rq, rk, beta, g, dbeta, dg};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cudaCheck(cudaFree(bufs[i])); }
