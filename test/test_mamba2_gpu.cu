@@ -565,6 +565,68 @@ static void run_pointwise(uint64_t seed) {
     }
 }
 
+// the conv's 16-byte form (conv1d_silu_forward / _backward pick it for these shapes) against its element kernels, run
+// here directly on the same inputs: pre, act and the weight and bias gradients bit for bit (same terms, same order),
+// dx within rounding (the 16-byte form forms dpre once a token); T not a multiple of the 64-token partial rows, so
+// a run crosses from one sequence into the next
+static void run_conv_paths(uint64_t seed, int B, int T, int CD, int W, int xs) {
+    rng_state = seed;
+    const int M = B * T, chunks = token_chunks(M);
+    std::vector<floatX> x((size_t)M * xs), w((size_t)CD * W), bias(CD), dact((size_t)M * CD);
+    for (auto &v : x) { v = to_x(rand_normal()); }
+    for (auto &v : w) { v = to_x(0.5 * rand_normal()); }
+    for (auto &v : bias) { v = to_x(0.5 * rand_normal()); }
+    for (auto &v : dact) { v = to_x(rand_normal()); }
+    floatX *d_x = to_device(x), *d_w = to_device(w), *d_b = to_device(bias), *d_dact = to_device(dact);
+    floatX *pre[2], *act[2], *dx[2];
+    float *dw[2], *db[2], *scratch;
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaMalloc(&pre[i], (size_t)M * CD * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&act[i], (size_t)M * CD * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dx[i], (size_t)M * xs * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dw[i], (size_t)CD * W * sizeof(float)));
+        cudaCheck(cudaMalloc(&db[i], CD * sizeof(float)));
+        cudaCheck(cudaMemset(dx[i], 0, (size_t)M * xs * sizeof(floatX)));
+        cudaCheck(cudaMemset(dw[i], 0, (size_t)CD * W * sizeof(float)));
+        cudaCheck(cudaMemset(db[i], 0, CD * sizeof(float)));
+    }
+    cudaCheck(cudaMalloc(&scratch, (size_t)chunks * CD * (W + 1) * sizeof(float)));
+    const int vec = conv_vec(CD, W, xs, pre[0], act[0], d_x, dx[0]);
+    conv1d_silu_forward(pre[0], act[0], d_x, d_w, d_b, B, T, CD, W, xs, 0);
+    conv1d_silu_backward(dx[0], dw[0], db[0], scratch, d_dact, pre[0], d_x, d_w, B, T, CD, W, xs, 0);
+    conv1d_silu_forward_kernel<<<M, 256>>>(pre[1], act[1], d_x, d_w, d_b, T, CD, W, xs);
+    conv1d_silu_backward_dx_kernel<<<M, 256>>>(dx[1], d_dact, pre[1], d_w, T, CD, W, xs);
+    conv1d_weight_grad_kernel<<<dim3(CEIL_DIV(CD, 128), chunks), 128>>>(scratch, scratch + (size_t)chunks * CD * W,
+                                                                         d_dact, pre[1], d_x, B, T, CD, W, xs);
+    reduce_partials(dw[1], scratch, chunks, CD * W, 0);
+    reduce_partials(db[1], scratch + (size_t)chunks * CD * W, chunks, CD, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    auto same = [](const void *a, const void *b, size_t bytes) {
+        std::vector<char> x(bytes), y(bytes);
+        cudaCheck(cudaMemcpy(x.data(), a, bytes, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(y.data(), b, bytes, cudaMemcpyDeviceToHost));
+        return memcmp(x.data(), y.data(), bytes) == 0;
+    };
+    const bool eq_f = same(pre[0], pre[1], (size_t)M * CD * sizeof(floatX)) &&
+                      same(act[0], act[1], (size_t)M * CD * sizeof(floatX));
+    const bool eq_w = same(dw[0], dw[1], (size_t)CD * W * sizeof(float)) && same(db[0], db[1], CD * sizeof(float));
+    const std::vector<floatX> h1 = to_host(dx[1], (size_t)M * xs);
+    std::vector<double> r1(h1.size());
+    for (size_t i = 0; i < h1.size(); i++) { r1[i] = from_x(h1[i]); }
+    const double e_dx = rel_err(to_host(dx[0], (size_t)M * xs), xs, r1, xs, M, CD);
+    char name[120];
+    snprintf(name, sizeof(name), "conv1d %s form = element kernels (B=%d T=%d CD=%d W=%d)", vec ? "16-byte" : "element",
+             B, T, CD, W);
+    test_result(eq_f && eq_w && e_dx < (FLOATX_IS_FP32 ? 1e-6 : 8e-3), name,
+                "pre, act %s; dw, dbias %s; dx %.2e", eq_f ? "bit for bit" : "DIFFER", eq_w ? "bit for bit" : "DIFFER",
+                e_dx);
+    for (void *ptr : {(void *)d_x, (void *)d_w, (void *)d_b, (void *)d_dact, (void *)pre[0], (void *)pre[1],
+                      (void *)act[0], (void *)act[1], (void *)dx[0], (void *)dx[1], (void *)dw[0], (void *)dw[1],
+                      (void *)db[0], (void *)db[1], (void *)scratch}) {
+        cudaCheck(cudaFree(ptr));
+    }
+}
+
 int main(void) {
     {
         Mamba2Dims d = {2, 100, 4, 64, 128, 1, 64 * 4 + 256};
@@ -613,5 +675,9 @@ int main(void) {
     run_packed("P19 N216 G2", 4, 19, 216, 2, {5, 200, 63, 65}, 32);
     run_packed("P32 N24 G2", 4, 32, 24, 2, {70, 0, 128, 3}, 33); // (fits the fp32 build's shared memory too)
     run_pointwise(77);
+    run_conv_paths(78, 2, 70, 40, 4, 48);
+    run_conv_paths(79, 3, 33, 64, 2, 72);
+    run_conv_paths(80, 1, 130, 2048, 3, 2056);
+    run_conv_paths(81, 2, 50, 36, 4, 44); // CD not whole 16-byte pieces: the element kernels (trivially equal)
     return test_summary(FLOATX_IS_FP32 ? "test_mamba2_gpu_fp32" : "test_mamba2_gpu");
 }
