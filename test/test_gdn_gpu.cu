@@ -6,7 +6,9 @@ Shapes: T not a multiple of the 64-token chunk, K padded (48, 160) and the paper
 initial state and a final-state gradient or none, β in (0, 2) (GDN[−1,1]), mild and strong decays. Also: the backward
 twice, bit for bit; the single-token step kernel over T tokens against the chunked forward (outputs and final state);
 the chunked forward from a state in two pieces against one piece (the decode advance); packed variable-length
-sequences (cu_seqlens, one of them empty) bit for bit against each sequence run alone.
+sequences (cu_seqlens, one of them empty) bit for bit against each sequence run alone; the backward's recompute from
+the kept T (gdn_chunk_recompute) and the q/k norm fused into the prep kernel (GDNQKNorm), each bit for bit against
+the forward and the norm kernel.
 The inputs are rounded to floatX first and the reference takes the rounded values, so what remains is the kernels'
 own error: the bf16 build stages its MMA operands in bf16 (fla's contract) and is held at 3e-2 (outputs 2e-2); the
 fp32 build (test_gdn_gpu_fp32) at 2e-4. Skips cleanly without a GPU.
