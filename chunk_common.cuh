@@ -1,8 +1,8 @@
 /*
 chunk_common.cuh: what the chunked recurrences (gdn.cuh, mamba2.cuh) share around tiles.cuh's warp_gemm:
 - chunk_stage: a tile of token rows from global into shared memory as floatX (or fp32), zero-padded past the valid
-  rows and columns, optionally scaled per row: cp.async for plain aligned copies (waited for by chunk_sync), otherwise 16-byte
-  vector loads, several in flight per thread before any store, element by element at ragged edges;
+  rows and columns, optionally scaled per row: cp.async for plain aligned copies (waited for by chunk_sync),
+  otherwise 16-byte vector loads, several in flight per thread before any store, element by element at ragged edges;
 - chunk_sync: the CTA barrier of these kernels, which first waits for the thread's cp.async copies;
 - chunk_put2: the paired store of two adjacent accumulator outputs;
 - ChunkSeq / chunk_seq / chunk_at_slot / chunk_slots: where a sequence's tokens and chunks lie, in the fixed layout

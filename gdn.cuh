@@ -637,9 +637,9 @@ static size_t gdn_dstate_smem(int K) {
 }
 
 // grid (slots·H·KT), 256 threads (x = (slot·H + h)·KT + K tile; a chunk's K tiles side by side, sharing do, Vn,
-// dVn in L2): the K columns kb..kb+63 of a chunk. dq (tok,H,K); dk_part (tok,H,K) fp32, dW:
-// dk before the WY terms, dL/dW; dgam_part (tok,H,KT) fp32: this K tile's share of dL/dG_r (the decay terms of
-// q, k and the state; the chunk's last row also takes e^{G_L}⟨h_c, dh⟩ and Σ (dk_state ∘ k))
+// dVn in L2): the K columns kb..kb+63 of a chunk. dq (tok,H,K); dk_part (tok,H,K) fp32, dW: dk before the WY terms,
+// dL/dW; dgam_part (tok,H,KT) fp32: this K tile's share of dL/dG_r (the decay terms of q, k and the state; the
+// chunk's last row also takes e^{G_L}⟨h_c, dh⟩ and Σ (dk_state ∘ k))
 __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *dk_part, floatX *dW, float *dgam_part,
                                                             const floatX *q, const floatX *k, const floatX *vn,
                                                             const floatX *dvn, const floatX *dout, const floatX *hst,
@@ -757,8 +757,8 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
 static size_t gdn_dqk_smem() { return 8 * (size_t)GDN_L * GDN_LD * sizeof(floatX) + (3 * GDN_L + 16) * sizeof(float); }
 
 // grid (slots·H), 128 threads (x = slot·H + h): the UT transform's backward. dk (tok,H,K) = dk_part + β (Dm k) +
-// Dmᵀ (β k) + β e^G dKt;
-// dv (view, token stride dv_stride) = β Tᵀ dVn; dbeta (tok,H); dg (tok,H) = dL/d(log α) (reverse cumsum of dL/dG)
+// Dmᵀ (β k) + β e^G dKt; dv (view, token stride dv_stride) = β Tᵀ dVn; dbeta (tok,H); dg (tok,H) = dL/d(log α)
+// (reverse cumsum of dL/dG)
 __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *dv, int dv_stride, float *dbeta,
                                                            float *dg, const floatX *k, const floatX *v, int v_stride,
                                                            const float *beta, const float *Gc, const floatX *dW,
@@ -948,13 +948,14 @@ typedef struct {
     float *dk_part, *dgam_part;             // (tok,H,K), (tok,H,KT)
 } GDNChunkGrads;
 
-// the buffers for B sequences of T tokens, or (packed) for sequences of T tokens in all. own_t: Tm and Gc here too;
-// false leaves them NULL for the caller to point at memory it keeps from the forward to the backward
-// (gdn_chunk_tg_take)
+// T and Gc of B sequences of T tokens, or (packed) of sequences of T tokens in all: what the backward's recompute
+// starts from, so the layer keeps them with its activations
 static void gdn_chunk_tg_take(float **Tm, float **Gc, DeviceArena *ar, int B, int T, int H, bool packed) {
     *Tm = TAKE_F(ar, (size_t)chunk_slots<GDN_L>(packed, B, T) * H * GDN_L * GDN_L);
     *Gc = TAKE_F(ar, (size_t)(packed ? 1 : B) * T * H);
 }
+// the buffers for B sequences of T tokens, or (packed) for sequences of T tokens in all. own_t: Tm and Gc here too;
+// false leaves them NULL for the caller to point at the ones it keeps (gdn_chunk_tg_take)
 static void gdn_chunk_bufs_take(GDNChunkBufs *f, DeviceArena *ar, int B, int T, int H, int K, int V, bool packed,
                                 bool own_t) {
     const size_t BTH = (size_t)(packed ? 1 : B) * T * H, NS = chunk_slots<GDN_L>(packed, B, T);
@@ -1022,7 +1023,7 @@ static void gdn_chunk_state(GDNChunkBufs *f, float *S_final, long sf_stride, con
 static void gdn_chunk_forward(floatX *o, GDNChunkBufs *f, float *S_final, long sf_stride, const float *S0,
                               long s0_stride, const floatX *q, const floatX *k, const GDNQKNorm *nm, const floatX *v,
                               int v_stride, const float *beta, const float *g, const int *cu_seqlens, int B, int T,
-                              int H, int K, int V, bool with_output, cudaStream_t stream) {
+                              int H, int K, int V, cudaStream_t stream) {
     gdn_check_dims(K, V);
     const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
     const int VT = CEIL_DIV(V, GDN_T);
@@ -1035,12 +1036,11 @@ static void gdn_chunk_forward(floatX *o, GDNChunkBufs *f, float *S_final, long s
     cudaCheck(cudaGetLastError());
     const floatX *qn = nm ? nm->qn : q, *kn = nm ? nm->kn : k;
     gdn_chunk_state(f, S_final, sf_stride, S0, s0_stride, kn, cu_seqlens, B, T, H, K, V, stream);
-    if (with_output) {
-        gdn_set_smem((const void *)gdn_chunk_output_kernel, s3);
-        gdn_chunk_output_kernel<<<(unsigned)(NS * H * VT), 128, s3, stream>>>(
-            o, qn, f->hst, f->Pm, f->vn, f->Gc, 1.0f / sqrtf((float)K), cu_seqlens, B, T, H, K, V);
-        cudaCheck(cudaGetLastError());
-    }
+    gdn_set_smem((const void *)gdn_chunk_output_kernel, s3);
+    gdn_chunk_output_kernel<<<(unsigned)(NS * H * VT), 128, s3, stream>>>(o, qn, f->hst, f->Pm, f->vn, f->Gc,
+                                                                          1.0f / sqrtf((float)K), cu_seqlens, B, T, H,
+                                                                          K, V);
+    cudaCheck(cudaGetLastError());
 }
 
 // the backward's recompute of the forward's W, U, P, chunk-start states and Vn into f, from the T and Gc the forward
@@ -1365,7 +1365,7 @@ static void gdn_chunk_run(GDNActs *a, GDNChunkBufs *f, float *S, long stride, co
     f->Tm = a->Tm;
     f->Gc = a->Gc;
     gdn_chunk_forward(a->o, f, S, stride, S, stride, a->conv_act, a->conv_act + HK, &nm, a->conv_act + 2 * HK, CD,
-                      a->beta, a->g, NULL, B, T, H, K, V, true, stream);
+                      a->beta, a->g, NULL, B, T, H, K, V, stream);
 }
 
 static void gdn_mixer_forward(floatX *out, void *acts, void *scratch, const floatX *inp, const KindTensors *t,

@@ -285,7 +285,7 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
     gdn_chunk_grads_take(&gr, &ar, B, T, H, K, V, false);
     const long sS = (long)H * K * V;
     gdn_chunk_forward(d_o, &f, d_Sf, sS, with_state ? d_S0 : NULL, sS, d_q, d_k, NULL, d_v, v_stride, d_beta, d_g, NULL,
-                      B, T, H, K, V, true, 0);
+                      B, T, H, K, V, 0);
     gdn_chunk_backward(d_dk, d_dv, v_stride, d_db, d_dg, &gr, d_dS0, sS, with_state ? d_dSf : NULL, sS, d_dout, &f,
                        d_q, d_k, d_v, v_stride, d_beta, NULL, B, T, H, K, V, 0);
     d_dq = gr.dq;
@@ -373,10 +373,10 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
         l2norm_forward(nx[0], rn[0], d_raw, B * T, H, K, CDr, 0);
         l2norm_forward(nx[1], rn[1], d_raw + HK, B * T, H, K, CDr, 0);
         gdn_chunk_forward(o_n[0], &f, Sf_n[0], sS, with_state ? d_S0 : NULL, sS, nx[0], nx[1], NULL, d_v, v_stride,
-                          d_beta, d_g, NULL, B, T, H, K, V, true, 0);
+                          d_beta, d_g, NULL, B, T, H, K, V, 0);
         const GDNQKNorm nm = {CDr, nx[2], nx[3], rn[2], rn[3]};
         gdn_chunk_forward(o_n[1], &f, Sf_n[1], sS, with_state ? d_S0 : NULL, sS, d_raw, d_raw + HK, &nm, d_v, v_stride,
-                          d_beta, d_g, NULL, B, T, H, K, V, true, 0);
+                          d_beta, d_g, NULL, B, T, H, K, V, 0);
         cudaCheck(cudaDeviceSynchronize());
         const int eq_n = same(nx[0], nx[2], nq * sizeof(floatX)) && same(nx[1], nx[3], nq * sizeof(floatX)) &&
                          same(rn[0], rn[2], BTH * 4) && same(rn[1], rn[3], BTH * 4);
@@ -441,7 +441,7 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
                 const size_t r0 = ((size_t)b * T + off) * H;
                 gdn_chunk_forward(d_o2 + r0 * V, &f, d_St + b * sS, sS, d_St + b * sS, sS, d_q + r0 * K, d_k + r0 * K,
                                   NULL, d_v + ((size_t)b * T + off) * v_stride, v_stride, d_beta + r0, d_g + r0, NULL, 1,
-                                  Tp, H, K, V, true, 0);
+                                  Tp, H, K, V, 0);
             }
         }
         double *o2 = dalloc(nv), *S2 = dalloc(nS);
@@ -522,7 +522,7 @@ static void run_packed(const char *name, int H, int K, int V, std::vector<int> l
     gdn_chunk_bufs_take(&f[1], &ar, 1, maxlen, H, K, V, false, true);
     gdn_chunk_grads_take(&gr[1], &ar, 1, maxlen, H, K, V, false);
     gdn_chunk_forward(o[0], &f[0], Sf[0], sS, d_S0, sS, d_q, d_k, NULL, d_v, v_stride, d_beta, d_g, d_cu, B, T, H, K, V,
-                      true, 0);
+                      0);
     gdn_chunk_backward(dk[0], dv[0], v_stride, db[0], dg[0], &gr[0], dS0[0], sS, d_dSf, sS, d_dout, &f[0], d_q, d_k,
                        d_v, v_stride, d_beta, d_cu, B, T, H, K, V, 0);
     cudaCheck(cudaMemcpy(dq[0], gr[0].dq, nq * sizeof(floatX), cudaMemcpyDeviceToDevice));
@@ -534,8 +534,7 @@ static void run_packed(const char *name, int H, int K, int V, std::vector<int> l
             continue;
         }
         gdn_chunk_forward(o[1] + r0 * V, &f[1], Sf[1] + b * sS, sS, d_S0 + b * sS, sS, d_q + r0 * K, d_k + r0 * K,
-                          NULL, d_v + t0 * v_stride, v_stride, d_beta + r0, d_g + r0, NULL, 1, lens[b], H, K, V, true,
-                          0);
+                          NULL, d_v + t0 * v_stride, v_stride, d_beta + r0, d_g + r0, NULL, 1, lens[b], H, K, V, 0);
         gdn_chunk_backward(dk[1] + r0 * K, dv[1] + t0 * v_stride, v_stride, db[1] + r0, dg[1] + r0, &gr[1],
                            dS0[1] + b * sS, sS, d_dSf + b * sS, sS, d_dout + r0 * V, &f[1], d_q + r0 * K, d_k + r0 * K,
                            d_v + t0 * v_stride, v_stride, d_beta + r0, NULL, 1, lens[b], H, K, V, 0);

@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
         const floatX *v = x + 2 * HK;
         const GDNQKNorm nm = {CD, qn, kn, rq, rk};
         auto fwd = [&]() {
-            gdn_chunk_forward(o, &f, NULL, 0, NULL, 0, x, x + HK, &nm, v, CD, beta, g, NULL, B, T, H, K, V, true, st);
+            gdn_chunk_forward(o, &f, NULL, 0, NULL, 0, x, x + HK, &nm, v, CD, beta, g, NULL, B, T, H, K, V, st);
         };
         auto bwd = [&]() {
             gdn_chunk_recompute(&f, NULL, 0, qn, kn, v, CD, beta, NULL, B, T, H, K, V, st);
