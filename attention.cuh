@@ -49,6 +49,8 @@ __global__ void rope_table_kernel(float2 *tab, int T, int HS, float theta) {
 template <bool TABLE>
 __global__ void attention_rope_kernel(floatX *qkv, int rows, int T, const float2 *tab, const int *pos, int NH, int NKV,
                                       int HS, float theta, int inverse) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     const int half = HS / 2, heads = NH + NKV, per = half % PACK == 0 ? PACK : 1, chunks = half / per;
     const int r = blockIdx.x * blockDim.y + threadIdx.y;
     if (r >= rows) { return; }
@@ -105,17 +107,19 @@ static void attention_rope(floatX *qkv, long rows, int T, float2 *tab, const int
     if (pos == NULL) {
         attention_rope_kernel<true><<<grid, block, 0, stream>>>(qkv, (int)rows, T, tab, NULL, c->attn.heads,
                                                                 c->attn.kv_heads, HS, c->attn.rope_theta, inverse);
-    } else {
-        attention_rope_kernel<false><<<grid, block, 0, stream>>>(qkv, (int)rows, T, NULL, pos, c->attn.heads,
-                                                                 c->attn.kv_heads, HS, c->attn.rope_theta, inverse);
+        cudaCheck(cudaGetLastError());
+    } else { // (decoding)
+        launch_k(attention_rope_kernel<false>, grid, block, 0, stream, qkv, (int)rows, T, (const float2 *)NULL, pos,
+                 c->attn.heads, c->attn.kv_heads, HS, c->attn.rope_theta, inverse);
     }
-    cudaCheck(cudaGetLastError());
 }
 
 // decoding: the new tokens (qkv (B·T, W) rows, already rotated; T a sequence) appended to each sequence's cache at
 // positions pos[b] .. pos[b] + T − 1: keys (context, NKV·HS) then values at b·seq_stride elements
 __global__ void attention_append_kernel(floatX *cache, long seq_stride, const floatX *qkv, const int *pos, int B, int T,
                                         int NH, int NKV, int HS, int context) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     const int kv = NKV * HS;
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)B * T * kv) { return; }
@@ -130,10 +134,8 @@ __global__ void attention_append_kernel(floatX *cache, long seq_stride, const fl
 static void attention_append(floatX *cache, long seq_stride, const floatX *qkv, const int *pos, int B, int T,
                              const ModelConfig *c, int context, cudaStream_t stream) {
     const long n = (long)B * T * c->attn.kv_heads * c->attn.head_dim;
-    attention_append_kernel<<<(unsigned)CEIL_DIV(n, 256L), 256, 0, stream>>>(cache, seq_stride, qkv, pos, B, T,
-                                                                             c->attn.heads, c->attn.kv_heads,
-                                                                             c->attn.head_dim, context);
-    cudaCheck(cudaGetLastError());
+    launch_k(attention_append_kernel, (unsigned)CEIL_DIV(n, 256L), 256, 0, stream, cache, seq_stride, qkv, pos, B, T,
+             c->attn.heads, c->attn.kv_heads, c->attn.head_dim, context);
 }
 
 #if !FLOATX_IS_FP32

@@ -647,6 +647,8 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long par
                                                             const __nv_bfloat16 *kcache, const __nv_bfloat16 *vcache,
                                                             long cache_seq, const int *lens, int len_add, int NH,
                                                             int NKV, int slice, int slices, float scale) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     constexpr int E = HS / 32;
     typedef typename std::conditional<E == 4, uint2, typename std::conditional<E == 2, uint32_t, uint16_t>::type>::type Raw;
     __shared__ float pm[4][GH], pl[4][GH], pacc[4][GH][HS];
@@ -753,6 +755,8 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long par
 // y (B, NH·HS) from the slices' partial results, in slice order (deterministic)
 template <int HS>
 __global__ void flash_decode_merge_kernel(__nv_bfloat16 *y, long y_row, const float *part, long part_seq, int slices) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     const int h = blockIdx.x, b = blockIdx.y;
     const float *pb = part + (long)b * part_seq + (long)h * slices * (HS + 2);
     float M = -INFINITY;
@@ -888,11 +892,11 @@ static void flash_attention_decode(__nv_bfloat16 *y, long y_row, float *workspac
     const int G = NH / NKV, GH = G <= 2 ? G : 4;
     dim3 grid(NKV * CEIL_DIV(G, GH), B, slices), gm(NH, B);
 #define FA_DECODE(HSV, GHV)                                                                                          \
-    flash_decode_kernel<HSV, GHV><<<grid, 128, 0, stream>>>(workspace, ws_seq, q, q_row, kcache, vcache, cache_seq,  \
-                                                             lens, len_add, NH, NKV, slice, slices, scale)
+    launch_k(flash_decode_kernel<HSV, GHV>, grid, 128, 0, stream, workspace, ws_seq, q, q_row, kcache, vcache,       \
+             cache_seq, lens, len_add, NH, NKV, slice, slices, scale)
 #define FA_DECODE_HS(HSV)                                                                                            \
     if (GH == 1) { FA_DECODE(HSV, 1); } else if (GH == 2) { FA_DECODE(HSV, 2); } else { FA_DECODE(HSV, 4); }      \
-    flash_decode_merge_kernel<HSV><<<gm, HSV, 0, stream>>>(y, y_row, workspace, ws_seq, slices)
+    launch_k(flash_decode_merge_kernel<HSV>, gm, HSV, 0, stream, y, y_row, workspace, ws_seq, slices)
     if (HS == 32) { FA_DECODE_HS(32); } else if (HS == 64) { FA_DECODE_HS(64); } else { FA_DECODE_HS(128); }
 #undef FA_DECODE_HS
 #undef FA_DECODE

@@ -93,6 +93,9 @@ typedef struct {
     size_t lt_workspace_bytes;
     int plain_recurrence; // M2RNN: the plain fp32 recurrence even where the tensor-core kernels apply (bitwise
                           // repeatable; env M2RNN_PLAIN_RECURRENCE=1, or tests)
+    int decode_step;      // set while a decode step (one token a sequence) runs: its products with at most GEMV_MAX_M
+                          // rows take the GEMV kernel; a prefill's keep cuBLASLt, so a prefill in chunks stays bit for
+                          // bit one whole prefill
 } Runtime;
 
 // The tensor-parallel group a layer runs in on the GPUs (comm.h's TP group; lm.cuh fills it over NCCL; NULL or size
@@ -223,9 +226,79 @@ static void matmul_cublaslt(void *d, int d_fp32, const floatX *a, const floatX *
 // matmuls below take the first OC8 = OC rounded down to 8 output rows apart from the few left (a thin product).
 static inline int matmul_oc_main(int OC) { return OC > 8 && OC % 8 != 0 ? OC / 8 * 8 : OC; }
 
+// A decode step's products have a handful of rows (M = the sequences decoding) and are a read of the weight: cuBLASLt
+// sends them to split-K tile kernels plus a reduction kernel (or a dot and a reduce kernel), two launches each. For
+// M ≤ GEMV_MAX_M one kernel instead: a warp per GEMV_ROWS output rows, each lane 16-byte pieces of those weight rows
+// and of the M input rows (L1-resident), fp32 products summed per lane in k order and then across the warp by
+// shuffles (a fixed order). IC a multiple of PACK (rows 16-byte aligned).
+#define GEMV_MAX_M 8
+#define GEMV_ROWS 4 // output rows a warp
+template <int M>
+__global__ void __launch_bounds__(256)
+    matmul_gemv_kernel(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC) {
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int o0 = (blockIdx.x * (blockDim.x / WARP_SIZE) + warp) * GEMV_ROWS;
+    const floatX *wrow[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) { wrow[r] = weight + (size_t)min(o0 + r, OC - 1) * IC; } // (spare rows: unused)
+    // the weight rows start for L2 while the kernel before this one finishes (they do not depend on it)
+    constexpr int LINE = 128 / (int)sizeof(floatX);
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        for (int k = lane * LINE; k < IC; k += WARP_SIZE * LINE) { prefetch_l2(wrow[r] + k); }
+    }
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
+    if (o0 >= OC) { return; }
+    float acc[GEMV_ROWS][M];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+#pragma unroll
+        for (int m = 0; m < M; m++) { acc[r][m] = 0.0f; }
+    }
+#pragma unroll 2
+    for (int k = lane * PACK; k < IC; k += WARP_SIZE * PACK) {
+        Pack w[GEMV_ROWS], x[M];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) { w[r] = *(const Pack *)(wrow[r] + k); }
+#pragma unroll
+        for (int m = 0; m < M; m++) { x[m] = *(const Pack *)(inp + (size_t)m * IC + k); }
+#pragma unroll
+        for (int e = 0; e < PACK; e++) {
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+#pragma unroll
+                for (int m = 0; m < M; m++) { acc[r][m] = fmaf(to_float(w[r].v[e]), to_float(x[m].v[e]), acc[r][m]); }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const float sum = warp_reduce_sum(acc[r][m]);
+            if (lane == 0 && o0 + r < OC) { out[(size_t)m * out_stride + o0 + r] = (floatX)sum; }
+        }
+    }
+}
+static bool matmul_gemv(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC, int OC,
+                        cudaStream_t stream) {
+    if (M < 1 || M > GEMV_MAX_M || IC % PACK != 0 || ((uintptr_t)inp | (uintptr_t)weight) % 16 != 0) { return false; }
+    const unsigned grid = (unsigned)CEIL_DIV(OC, 8 * GEMV_ROWS);
+#define GEMV_CASE(MM)                                                                                                  \
+    case MM: launch_k(matmul_gemv_kernel<MM>, grid, 256, 0, stream, out, out_stride, inp, weight, IC, OC); break
+    switch (M) {
+        GEMV_CASE(1); GEMV_CASE(2); GEMV_CASE(3); GEMV_CASE(4); GEMV_CASE(5); GEMV_CASE(6); GEMV_CASE(7); GEMV_CASE(8);
+    }
+#undef GEMV_CASE
+    cudaCheck(cudaGetLastError());
+    return true;
+}
+
 // out (M, OC) = inp (M, IC) @ weightᵀ, weight (OC, IC), all row-major; out's rows are out_stride ≥ OC apart
 static void matmul_forward_strided(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC,
                                    int OC, const Runtime *rt) {
+    if (rt->decode_step && matmul_gemv(out, out_stride, inp, weight, M, IC, OC, rt->stream)) { return; }
     const int OC8 = matmul_oc_main(OC);
     matmul_cublaslt_ld(out, 0, weight, inp, OC8, M, IC, 1, 0, 1.0f, 0.0f, 1, 0, 0, 0, 0, 0, out_stride, rt);
     if (OC8 < OC) {
@@ -273,6 +346,8 @@ static void matmul_backward(floatX *dinp, float *dweight, const floatX *dout, co
 // one block per token row (no 64-bit division per element)
 __global__ void embedding_forward_kernel(floatX *out, const int *tokens, const floatX *wte, int M, int C, int v0,
                                          int Vl) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     const long m = blockIdx.x;
     const int r = tokens[m] - v0;
     if (r < 0 || r >= Vl) { // (vocabulary-parallel: a token of another rank's rows)
@@ -288,8 +363,7 @@ __global__ void embedding_forward_kernel(floatX *out, const int *tokens, const f
 // Vocabulary-parallel (a tensor-parallel rank's shard of the rows): the block all-reduces the ranks' outputs.
 static void embedding_forward(floatX *out, const int *tokens, const floatX *wte, int M, int C, int v0, int Vl,
                               cudaStream_t stream) {
-    embedding_forward_kernel<<<M, 256, 0, stream>>>(out, tokens, wte, M, C, v0, Vl);
-    cudaCheck(cudaGetLastError());
+    launch_k(embedding_forward_kernel, M, 256, 0, stream, out, tokens, wte, M, C, v0, Vl);
 }
 
 // one block per distinct token: sums its rows of dout in position order and adds them to its row of dwte
@@ -355,17 +429,22 @@ static void embedding_backward(float *dwte, const floatX *dout, const int *token
 #define RMSNORM_FWD_PACKS 8 // 16-byte packs a lane keeps in registers (rows up to 32·8·PACK: 2048 in bf16)
 __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, floatX *residual_out, const floatX *a,
                                        const floatX *b, const floatX *weight, int M, int C) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     if (row >= M) { return; }
     const floatX *xa = a + (long)row * C;
-    const int packs = C / (WARP_SIZE * PACK);
-    if (C % (WARP_SIZE * PACK) == 0 && packs <= RMSNORM_FWD_PACKS) { // rows 16-byte aligned: the row in registers
+    const int packs = CEIL_DIV(C, WARP_SIZE * PACK);
+    // rows in whole 16-byte packs (so every row starts 16-byte aligned): the row in registers, the last round of packs
+    // possibly partial (C = 1344, M²RNN's N·V: 5.25 rounds of packs instead of the element loop's 42 loads a lane)
+    if (C % PACK == 0 && packs <= RMSNORM_FWD_PACKS) {
         Pack xs[RMSNORM_FWD_PACKS];
         float ss = 0.0f;
 #pragma unroll
         for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
             if (p >= packs) { break; }
             const int i = (p * WARP_SIZE + lane) * PACK;
+            if (i >= C) { break; }
             xs[p] = *(const Pack *)(xa + i);
             if (residual_out != NULL) {
                 const Pack bp = *(const Pack *)(b + (long)row * C + i);
@@ -381,6 +460,7 @@ __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, floatX *residua
         for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
             if (p >= packs) { break; }
             const int i = (p * WARP_SIZE + lane) * PACK;
+            if (i >= C) { break; }
             const Pack wp = *(const Pack *)(weight + i);
             Pack o;
             for (int k = 0; k < PACK; k++) { o.v[k] = (floatX)(to_float(xs[p].v[k]) * s * to_float(wp.v[k])); }
@@ -408,8 +488,8 @@ __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, floatX *residua
 static void rmsnorm_forward(floatX *out, float *rstd, floatX *residual_out, const floatX *a, const floatX *b,
                             const floatX *weight, int M, int C, cudaStream_t stream) {
     const int block = 256, rows_per_block = block / WARP_SIZE;
-    rmsnorm_forward_kernel<<<CEIL_DIV(M, rows_per_block), block, 0, stream>>>(out, rstd, residual_out, a, b, weight, M, C);
-    cudaCheck(cudaGetLastError());
+    launch_k(rmsnorm_forward_kernel, CEIL_DIV(M, rows_per_block), block, 0, stream, out, rstd, residual_out, a, b,
+             weight, M, C);
 }
 
 #define RMSNORM_BWD_ROWS 32 // rows per block: a block's dweight partial covers these rows, in order

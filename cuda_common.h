@@ -4,6 +4,7 @@ cuda_common.h: the small GPU foundation every CUDA program and kernel header of 
   and exit(EXIT_FAILURE). Nothing returns an error code the caller could forget.
 - floatX = __nv_bfloat16: the activation/parameter storage type of the trainer (bf16 in, fp32 accumulation inside).
 - CEIL_DIV, WARP_SIZE and the warp reductions (sum, max) the kernels share.
+- Programmatic dependent launch for a decode step's chain of small kernels (launch_k, pdl_wait, pdl_trigger).
 Kept deliberately small and general: op-specific helpers live beside their op (e.g. m2rnn_kernels.cuh).
 */
 #ifndef M2RNN_CUDA_COMMON_H
@@ -13,6 +14,7 @@ Kept deliberately small and general: op-specific helpers live beside their op (e
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <utility>
 
 // ----------------------------------------------------------------------------------------------------------------
 // error checking
@@ -46,6 +48,41 @@ typedef __nv_bfloat16 floatX; // storage type of activations and parameters on t
 
 #define WARP_SIZE 32
 #define CEIL_DIV(M, N) (((M) + (N) - 1) / (N))
+
+// ----------------------------------------------------------------------------------------------------------------
+// programmatic dependent launch (sm_90)
+//
+// A decode step is a chain of a few hundred small dependent kernels, each waiting for the one before to finish and
+// then to be launched (graph replay removes the host's cost, not this). While launch_pdl is set (lm.cuh's decode_run,
+// around one step's launches), launch_k() launches with programmatic stream serialization: the kernel is started
+// while the one before it still runs, and its pdl_wait() returns once that one has completed with its writes visible.
+// A kernel launched through launch_k therefore calls pdl_wait() before it touches any memory the kernels before it
+// write or read (it may read the weights before: nothing writes them while decoding), and every such kernel waits, so
+// "completed" is transitive down the chain. pdl_trigger() lets the next kernel start now instead of when this one's
+// blocks exit. Launched the ordinary way (launch_pdl 0: training, prefill), both instructions do nothing.
+static int launch_pdl = 0;
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// brings the 128-byte line at p into L2 (a weight the kernel will read after pdl_wait)
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
+// kernel<<<grid, block, smem, stream>>>(args...), programmatic while launch_pdl is set
+template <typename... KArgs, typename... Args>
+static void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     Args &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = launch_pdl ? 1 : 0;
+    cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), __FILE__, __LINE__);
+}
 
 // ----------------------------------------------------------------------------------------------------------------
 // warp reductions (all lanes end with the result)

@@ -16,6 +16,8 @@ with their backward passes, whose parameter-gradient reductions run through fixe
 // one block per token
 __global__ void decay_gate_forward_kernel(float *f, const floatX *f_raw, const float *A_log, const float *dt_bias,
                                           int N, int stride) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     const long m = blockIdx.x;
     for (int n = threadIdx.x; n < N; n += blockDim.x) {
         const float dt = softplus_f(to_float(f_raw[m * stride + n]) + dt_bias[n]);
@@ -48,8 +50,7 @@ __global__ void decay_gate_backward_kernel(floatX *df_raw, float *partial, const
 // moves dt = softplus(x + dt_bias) ≈ e^(x + dt_bias) by 1.6% (the authors' bf16 parameters carry that error)
 static void decay_gate_forward(float *f, const floatX *f_raw, const float *A_log, const float *dt_bias, long BT,
                                int N, int stride, cudaStream_t stream) {
-    decay_gate_forward_kernel<<<(unsigned)BT, 128, 0, stream>>>(f, f_raw, A_log, dt_bias, N, stride);
-    cudaCheck(cudaGetLastError());
+    launch_k(decay_gate_forward_kernel, (unsigned)BT, 128, 0, stream, f, f_raw, A_log, dt_bias, N, stride);
 }
 
 // dA_log (N) and ddt_bias (N) += ...; scratch: token_chunks(BT)·2·N floats
@@ -70,8 +71,10 @@ static void decay_gate_backward(floatX *df_raw, float *dA_log, float *ddt_bias, 
 // one block per token
 __global__ void output_gate_forward_kernel(floatX *y, floatX *gated, const floatX *v, const floatX *g,
                                                  const floatX *D, int NV, int v_stride, int g_stride) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     const long m = blockIdx.x;
-    for (int j = threadIdx.x; j < NV; j += blockDim.x) {
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < NV; j += gridDim.y * blockDim.x) {
         const long i = m * NV + j;
         floatX yv = y[i];
         if (D != NULL) {
@@ -112,8 +115,11 @@ __global__ void residual_backward_kernel(floatX *dv, float *partial, const float
 
 static void output_gate_forward(floatX *y, floatX *gated, const floatX *v, const floatX *g, const floatX *D,
                                       long BT, int NV, int v_stride, int g_stride, cudaStream_t stream) {
-    output_gate_forward_kernel<<<(unsigned)BT, 256, 0, stream>>>(y, gated, v, g, D, NV, v_stride, g_stride);
-    cudaCheck(cudaGetLastError());
+    // few rows (a decode step): the row split over blocks too, a thread an element (the loop's stores to y would
+    // otherwise serialize its loads: a dependent round per 256 elements)
+    const unsigned split = BT < 256 ? (unsigned)CEIL_DIV(NV, 256) : 1u;
+    launch_k(output_gate_forward_kernel, dim3((unsigned)BT, split), 256, 0, stream, y, gated, v, g, D, NV, v_stride,
+             g_stride);
 }
 
 static void output_gate_backward(floatX *dy, floatX *dg, const floatX *dgated, const floatX *y, const floatX *g,

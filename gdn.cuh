@@ -23,7 +23,7 @@ Kernels (one CTA each, the first index fastest; a chunk slot is a chunk of some 
   gdn_chunk_dstate_kernel  (V tile, head, sequence)         dh_c (end), dVn, dS0    8 warps, reverse over chunks
   gdn_chunk_dqk_kernel     (K tile, head, chunk slot)       dq, dk (part), dW, dγ    8 warps, loop over V tiles
   gdn_chunk_wy_kernel      (head, chunk slot)               dk, dv, dβ, d(log α)    4 warps (T from prep)
-  gdn_step_kernel          (V block, head, sequence)        one decode token from the fp32 state
+  gdn_step_kernel          (V tile, head, sequence)         one decode token from the fp32 state, 8 warps
 Products are tiles::warp_gemm on tiles staged in shared memory (chunk_common.cuh: cp.async for plain copies); the
 state kernel loads the next chunk's W, k, U while it computes this one's; prep writes T (fp32) for the wy kernel and
 for the backward's recompute (gdn_chunk_recompute: the inversion is not redone, as fla keeps its A).
@@ -1090,32 +1090,116 @@ static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbe
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// one decode token: grid (CEIL_DIV(V, 128), H, B), 128 threads, a thread per column j of the fp32 state
-// S (sequence b at b·stride floats, (H,K,V)): p = α Sᵀk; u = β (v − p); S ← α S + k uᵀ; o = scale Sᵀq
+// one decode token from the fp32 state S (sequence b at b·stride floats, (H,K,V)):
+//   p = Sᵀk;  u = β (v − α p);  S ← α S + k uᵀ;  o = scale Sᵀq (the new S)
+// grid (CEIL_DIV(V, 64), H, B), 8 warps: a lane owns two columns of a 64-column tile, warp w rows w, w+8, w+16, ...
+// of it, held in registers between the two passes, so the state is read once and written once (the bandwidth floor:
+// 2·4·K·V bytes a head). Each thread's rows are summed in order, then the eight warps' partials in warp order: a
+// fixed order, no atomics. (The kernel it replaces, a thread per column walking the K rows twice, ran at 136 µs a
+// layer for 64 sequences of the 410M hybrid's 2 × 256 × 512 states on an H200; NOTES.md.)
 
-__global__ void gdn_step_kernel(floatX *o, float *S, long stride, const floatX *q, const floatX *k, const floatX *v,
-                                int v_stride, const float *beta, const float *g, int H, int K, int V) {
-    __shared__ float sq[GDN_MAX_K], sk[GDN_MAX_K];
-    const int h = blockIdx.y, b = blockIdx.z, j = blockIdx.x * blockDim.x + threadIdx.x;
+#define GDN_STEP_WARPS 8
+#define GDN_STEP_ROWS ((GDN_MAX_K + GDN_STEP_WARPS - 1) / GDN_STEP_WARPS) // rows a thread holds at most
+
+// VEC: V even and every row 8-byte aligned (stride even, S aligned), so a lane's column pair moves as one float2.
+// The loads are unconditional (row and column clamped into the state, the values past K or V then zeroed by selects)
+// so that a thread's RM loads issue back to back: behind per-row branches they ran one round trip at a time (the
+// first version of this kernel: 130 µs a layer at B=64, no faster than the one it replaced).
+template <bool VEC>
+__global__ void __launch_bounds__(GDN_STEP_WARPS * WARP_SIZE)
+    gdn_step_kernel(floatX *o, float *S, long stride, const floatX *q, const floatX *k, const floatX *v, int v_stride,
+                    const float *beta, const float *g, int H, int K, int V) {
+    constexpr int NW = GDN_STEP_WARPS, RM = GDN_STEP_ROWS;
+    __shared__ float sq[NW * RM], sk[NW * RM]; // zero past K, so the rows past K add exact zeros
+    __shared__ float2 red[2][NW][WARP_SIZE];   // per-warp partial sums: Sᵀk, then the new Sᵀq
+    const int h = blockIdx.y, b = blockIdx.z, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const long r = (long)b * H + h;
-    for (int i = threadIdx.x; i < K; i += blockDim.x) {
-        sq[i] = (float)q[r * K + i];
-        sk[i] = (float)k[r * K + i];
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
+    for (int i = threadIdx.x; i < NW * RM; i += blockDim.x) {
+        sq[i] = i < K ? (float)q[r * K + i] : 0.0f;
+        sk[i] = i < K ? (float)k[r * K + i] : 0.0f;
     }
-    chunk_sync();
-    if (j >= V) { return; }
-    float *Sh = S + (long)b * stride + (long)h * K * V + j;
+    __syncthreads();
+    const int j = blockIdx.x * 2 * WARP_SIZE + 2 * lane;
+    const bool c0 = j < V, c1 = j + 1 < V;
+    const int j0 = c0 ? j : V - 1, j1 = c1 ? j + 1 : V - 1; // in-bounds columns for the loads
+    float *Sh = S + (long)b * stride + (long)h * K * V;
+    float s0[RM], s1[RM];
+#pragma unroll
+    for (int t = 0; t < RM; t++) {
+        const int i = warp + NW * t, ic = i < K ? i : K - 1;
+        const float *row = Sh + (long)ic * V;
+        float x0, x1;
+        if constexpr (VEC) {
+            const float2 x = *(const float2 *)(row + (c1 ? j : 0));
+            x0 = x.x;
+            x1 = x.y;
+        } else {
+            x0 = row[j0];
+            x1 = row[j1];
+        }
+        s0[t] = i < K && c0 ? x0 : 0.0f;
+        s1[t] = i < K && c1 ? x1 : 0.0f;
+    }
+    float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+    for (int t = 0; t < RM; t++) {
+        p0 = fmaf(s0[t], sk[warp + NW * t], p0);
+        p1 = fmaf(s1[t], sk[warp + NW * t], p1);
+    }
+    red[0][warp][lane] = make_float2(p0, p1);
+    __syncthreads();
+    p0 = p1 = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) {
+        p0 += red[0][w][lane].x;
+        p1 += red[0][w][lane].y;
+    }
     const float alpha = expf(g[r]), be = beta[r];
-    float p = 0.0f;
-    for (int i = 0; i < K; i++) { p += Sh[(long)i * V] * sk[i]; }
-    const float u = be * ((float)v[(long)b * v_stride + (long)h * V + j] - alpha * p);
-    float acc = 0.0f;
-    for (int i = 0; i < K; i++) {
-        const float s = alpha * Sh[(long)i * V] + sk[i] * u;
-        Sh[(long)i * V] = s;
-        acc += s * sq[i];
+    const floatX *vr = v + (long)b * v_stride + (long)h * V;
+    const float u0 = c0 ? be * ((float)vr[j0] - alpha * p0) : 0.0f, u1 = c1 ? be * ((float)vr[j1] - alpha * p1) : 0.0f;
+    float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+    for (int t = 0; t < RM; t++) {
+        const int i = warp + NW * t;
+        s0[t] = fmaf(sk[i], u0, alpha * s0[t]);
+        s1[t] = fmaf(sk[i], u1, alpha * s1[t]);
+        a0 = fmaf(s0[t], sq[i], a0);
+        a1 = fmaf(s1[t], sq[i], a1);
+        if (i < K) {
+            float *row = Sh + (long)i * V;
+            if (VEC && c1) {
+                *(float2 *)(row + j) = make_float2(s0[t], s1[t]);
+            } else if (!VEC) {
+                if (c0) { row[j] = s0[t]; }
+                if (c1) { row[j + 1] = s1[t]; }
+            }
+        }
     }
-    o[r * V + j] = (floatX)(acc / sqrtf((float)K));
+    red[1][warp][lane] = make_float2(a0, a1);
+    __syncthreads();
+    if (warp == 0) {
+        a0 = a1 = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            a0 += red[1][w][lane].x;
+            a1 += red[1][w][lane].y;
+        }
+        const float scale = 1.0f / sqrtf((float)K);
+        if (c0) { o[r * V + j] = (floatX)(a0 * scale); }
+        if (c1) { o[r * V + j + 1] = (floatX)(a1 * scale); }
+    }
+}
+
+// o (B,H,V); S as above, updated in place; q, k (B,H,K) dense (the normalized rows); v row b at b·v_stride; β, log α
+// (B,H) fp32
+static void gdn_step(floatX *o, float *S, long stride, const floatX *q, const floatX *k, const floatX *v, int v_stride,
+                     const float *beta, const float *g, int B, int H, int K, int V, cudaStream_t stream) {
+    const bool vec = V % 2 == 0 && stride % 2 == 0 && (uintptr_t)S % 8 == 0;
+    const dim3 grid(CEIL_DIV(V, 2 * WARP_SIZE), H, B);
+    launch_k(vec ? gdn_step_kernel<true> : gdn_step_kernel<false>, grid, GDN_STEP_WARPS * WARP_SIZE, 0, stream, o, S,
+             stride, q, k, v, v_stride, beta, g, H, K, V);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1131,6 +1215,8 @@ __device__ __forceinline__ long l2norm_token(long row, int H) { // row / H, in 3
 }
 template <bool VEC>
 __global__ void l2norm_forward_kernel(floatX *out, float *rinv, const floatX *x, int M, int H, int D, int x_stride) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     const long row = (long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= (long)M * H) { return; }
@@ -1200,11 +1286,10 @@ static void l2norm_forward(floatX *out, float *rinv, const floatX *x, int M, int
                            cudaStream_t stream) {
     const unsigned grid = (unsigned)CEIL_DIV((long)M * H, 4);
     if (l2norm_vec(x, out, D, x_stride)) {
-        l2norm_forward_kernel<true><<<grid, 128, 0, stream>>>(out, rinv, x, M, H, D, x_stride);
+        launch_k(l2norm_forward_kernel<true>, grid, 128, 0, stream, out, rinv, x, M, H, D, x_stride);
     } else {
-        l2norm_forward_kernel<false><<<grid, 128, 0, stream>>>(out, rinv, x, M, H, D, x_stride);
+        launch_k(l2norm_forward_kernel<false>, grid, 128, 0, stream, out, rinv, x, M, H, D, x_stride);
     }
-    cudaCheck(cudaGetLastError());
 }
 static void l2norm_backward(floatX *dx, const floatX *dout, const floatX *x, const float *rinv, int M, int H, int D,
                             int x_stride, cudaStream_t stream) {
@@ -1221,6 +1306,8 @@ static void l2norm_backward(floatX *dx, const floatX *dout, const floatX *x, con
 // g = log α = −exp(A_log) softplus(a + dt_bias)
 __global__ void gdn_gates_forward_kernel(float *beta, float *g, const floatX *b_raw, const floatX *a_raw, int stride,
                                          const float *A_log, const float *dt_bias, long M, int H, int neg) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= M * H) { return; }
     const long m = i / H;
@@ -1436,12 +1523,9 @@ static void gdn_mixer_step(floatX *out, void *state, void *work, const floatX *i
     conv1d_silu_step(a.conv_act, window, stride, a.proj, w->conv_w, NULL, B, CD, c->gdn.conv, Rs, stream);
     l2norm_forward(a.qn, a.rq, a.conv_act, B, H, K, CD, stream);
     l2norm_forward(a.kn, a.rk, a.conv_act + HK, B, H, K, CD, stream);
-    gdn_gates_forward_kernel<<<CEIL_DIV((long)B * H, 256), 256, 0, stream>>>(
-        a.beta, a.g, a.proj + boff, a.proj + boff + H, Rs, w32->A_log, w32->dt_bias, B, H, c->gdn.neg);
-    cudaCheck(cudaGetLastError());
-    gdn_step_kernel<<<dim3(CEIL_DIV(V, 128), H, B), 128, 0, stream>>>(a.o, S, stride, a.qn, a.kn, a.conv_act + 2 * HK,
-                                                                      CD, a.beta, a.g, H, K, V);
-    cudaCheck(cudaGetLastError());
+    launch_k(gdn_gates_forward_kernel, CEIL_DIV((long)B * H, 256), 256, 0, stream, a.beta, a.g, a.proj + boff,
+             a.proj + boff + H, Rs, (const float *)w32->A_log, (const float *)w32->dt_bias, (long)B, H, c->gdn.neg);
+    gdn_step(a.o, S, stride, a.qn, a.kn, a.conv_act + 2 * HK, CD, a.beta, a.g, B, H, K, V, stream);
     gdn_outputs(out, &a, w, c, B, rt);
 }
 

@@ -103,6 +103,7 @@ struct Model {
     cudaGraphExec_t dec_graph;     // the step of all B sequences, captured (NULL: not yet, or not possible)
     int dec_steps;                 // eager steps since begin (the second is captured: the first sets kernel attributes)
     int dec_graph_off;             // 1: run eagerly (M2RNN_NO_GRAPH=1, or a capture failed)
+    int dec_pdl_off;               // 1: the step's kernels launched the ordinary way (M2RNN_NO_PDL=1; cuda_common.h)
     // the process layout over NCCL (model_set_parallel: its data-parallel and tensor-parallel groups); NULL = one GPU,
     // the plain path. Data parallelism (ZeRO-1):
     const Comm *comm;
@@ -760,6 +761,8 @@ static void model_decode_begin(Model *model, int B, int context) {
     model->dec_steps = 0;
     const char *no_graph = getenv("M2RNN_NO_GRAPH");
     model->dec_graph_off = no_graph != NULL && strcmp(no_graph, "1") == 0;
+    const char *no_pdl = getenv("M2RNN_NO_PDL"); // (benchmarks: the step without programmatic launches)
+    model->dec_pdl_off = no_pdl != NULL && strcmp(no_pdl, "1") == 0;
     for (int l = 0; l < c->n_layer; l++) { // MoE groups its tokens on the host (moe.cuh): a step it runs cannot be captured
         if (model->ffn_ops[l]->letter == 'e') { model->dec_graph_off = 1; }
     }
@@ -818,6 +821,8 @@ static void decode_run(Model *model, int b0, int nb, int T) {
     const Runtime *rt = &model->rt;
     cudaStream_t stream = rt->stream;
     const int C = c->d_model, n = nb * T, Vp = c->padded_vocab_size;
+    model->rt.decode_step = T == 1;
+    launch_pdl = T == 1 && !model->dec_pdl_off; // the step's own kernels start while the one before finishes
     embedding_forward(model->dec_x, model->dec_tokens, model->params.wte, n, C, 0, c->padded_vocab_size, stream);
     rmsnorm_forward(model->dec_norm, model->dec_rstd, NULL, model->dec_x, NULL, model->params.layers[0].ln1_w, n, C,
                     stream);
@@ -856,6 +861,8 @@ static void decode_run(Model *model, int b0, int nb, int T) {
         last = model->dec_branch;
     }
     matmul_forward(model->dec_logits + (size_t)b0 * Vp, last, model->params.lm_head, nb, C, Vp, rt);
+    model->rt.decode_step = 0;
+    launch_pdl = 0;
 }
 
 // the step of all B sequences (tokens and positions already in dec_tokens, dec_pos) as one CUDA graph: captured on

@@ -975,48 +975,88 @@ __global__ void m2rnn_dw_reduce_kernel(float *__restrict__ dW, const float *__re
     dW[idx] = sum;
 }
 
-// Single-token step for inference, batched over (b, n): one CTA per (n, b), one thread per state row (the block is
-// rounded up to whole warps). Same numerics as the training kernels (the product reads bf16(H), tanh.approx, fp32 H).
-template <int V>
-__global__ void m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ state, const floatX *__restrict__ q,
-                                  const floatX *__restrict__ k, const floatX *__restrict__ v,
-                                  const float *__restrict__ f, const floatX *__restrict__ W, int N, int Nq, int K,
-                                  long sq, long sk, long sv, long state_stride) {
+// Single-token step for inference, batched over (b, n): the training forward's step, warp for warp. A CTA holds HPB
+// heads of one sequence, K/16 warps a head, each warp 16 rows of its head's state in the accumulator layout: Z by
+// compute_z (k v^T exact in fp32, then H W on the tensor core from bf16(H)), tanh.approx, the fp32 update
+// f·H + (1−f)·Z, and y from the new state by the one-token forward path's MMA (q broadcast, H^T as B), summed over
+// the head's row-block warps in the forward's order. So the step is the forward's one-token path (the last partial
+// chunk's) bit for bit, not just in kind. (The scalar kernel it replaces, a thread per row with its 256 products from
+// shared memory, ran at 56 µs a layer for 64 sequences of 84 heads on an H200: NOTES.md.)
+// grid (ceil(N / HPB), B), block HPB·K/16 warps; the state row pairs move as float2.
+template <int V, int HPB>
+__global__ void __launch_bounds__(512)
+    m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ state, const floatX *__restrict__ q,
+                      const floatX *__restrict__ k, const floatX *__restrict__ v, const float *__restrict__ f,
+                      const floatX *__restrict__ W, int N, int Nq, int K, long sq, long sk, long sv,
+                      long state_stride) {
     using namespace m2rnn_detail;
-    __shared__ float sW[V * V];
-    __shared__ float sy[V];
-    const int n = blockIdx.x, b = blockIdx.y, row = threadIdx.x, qh = n / (N / Nq);
-    const bool active = row < K;
-    for (int i = threadIdx.x; i < V * V; i += blockDim.x) { sW[i] = bf2f(W[(size_t)n * V * V + i]); }
-    if (threadIdx.x < V) { sy[threadIdx.x] = 0.0f; }
+    constexpr int NT = V / 8, NS = V / 16;
+    __shared__ float ybuf[HPB * (256 / 16)][V]; // (warp, V) partial y over the warp's 16 rows
+    const int RB = K / 16;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int hh = warp / RB, rb = warp % RB, row0 = rb * 16 + g, b = blockIdx.y;
+    const int n = blockIdx.x * HPB + hh, qh = n / (N / Nq);
+    const bool live = n < N; // the last CTA's spare head (N odd) only meets the barrier
+    uint32_t bW[NS][NT][2];
+    if (live) { load_w_frags<V>(bW, W + (size_t)n * V * V, false, g, t4); } // a weight: read before the wait
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
+    if (live) {
+        float *Hn = state + (size_t)b * state_stride + (size_t)n * K * V;
+        float S[NT][4];
+#pragma unroll
+        for (int h = 0; h < NT; h++) {
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {
+                const float2 x = *(const float2 *)(Hn + frag_offset<V>(row0, t4, h, e));
+                S[h][e] = x.x;
+                S[h][e + 1] = x.y;
+            }
+        }
+        uint32_t aS[NS][4];
+        pack_frag<V>(aS, S);
+        const floatX *kb = k + b * sk + (long)qh * K, *qb = q + b * sq + (long)qh * K, *vb = v + b * sv + (long)n * V;
+        TokenIn<V, 1> in;
+        in.k0 = bf2f(kb[row0]);
+        in.k1 = bf2f(kb[row0 + 8]);
+        in.fval = f[(size_t)b * N + n];
+        in.gate = 1.0f - in.fval;
+#pragma unroll
+        for (int h = 0; h < NT; h++) {
+            const uint32_t u = *(const uint32_t *)(vb + 8 * h + 2 * t4);
+            in.vv[h][0] = bf_lo(u);
+            in.vv[h][1] = bf_hi(u);
+        }
+        forward_step<V, 1>(S, aS, bW, in);
+#pragma unroll
+        for (int h = 0; h < NT; h++) {
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {
+                *(float2 *)(Hn + frag_offset<V>(row0, t4, h, e)) = make_float2(S[h][e], S[h][e + 1]);
+            }
+        }
+        // y partial over this warp's rows, as the forward's one-token path: A = q broadcast over output rows 0..7
+        uint32_t aq[4];
+        aq[0] = *(const uint32_t *)(qb + rb * 16 + 2 * t4);
+        aq[2] = *(const uint32_t *)(qb + rb * 16 + 2 * t4 + 8);
+        aq[1] = aq[3] = 0u;
+#pragma unroll
+        for (int h = 0; h < NT; h++) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma16816(acc, aq, trans8x8(aS[h >> 1][2 * (h & 1)]), trans8x8(aS[h >> 1][2 * (h & 1) + 1]));
+            if (g == 0) { *(float2 *)&ybuf[warp][8 * h + 2 * t4] = make_float2(acc[0], acc[1]); }
+        }
+    }
     __syncthreads();
-    float *H = state + (size_t)b * state_stride + ((size_t)n * K + row) * V;
-    float h[V], hb[V];
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        h[j] = active ? H[j] : 0.0f;
-        hb[j] = __bfloat162float(__float2bfloat16(h[j]));
+    // y = sum over the head's row-block warps in order (the forward's order); a thread per (head, column)
+    if (threadIdx.x < HPB * V) {
+        const int h2 = threadIdx.x / V, col = threadIdx.x % V, nn = blockIdx.x * HPB + h2;
+        if (nn < N) {
+            float sum = ybuf[h2 * RB][col];
+            for (int r = 1; r < RB; r++) { sum += ybuf[h2 * RB + r][col]; }
+            y[((size_t)b * N + nn) * V + col] = __float2bfloat16(sum);
+        }
     }
-    const float kr = active ? bf2f(k[b * sk + (long)qh * K + row]) : 0.0f;
-    const float qr = active ? bf2f(q[b * sq + (long)qh * K + row]) : 0.0f;
-    const float fval = f[(size_t)b * N + n], gate = 1.0f - fval;
-    const floatX *vn = v + b * sv + (long)n * V;
-    float hn[V];
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        float p = kr * bf2f(vn[j]);
-#pragma unroll
-        for (int i = 0; i < V; i++) { p = fmaf(hb[i], sW[i * V + j], p); }
-        hn[j] = fmaf(gate, tanh_fast(p), fval * h[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        if (active) { H[j] = hn[j]; }
-        const float c = warp_reduce_sum(qr * __bfloat162float(__float2bfloat16(hn[j]))); // inactive rows add 0
-        if ((threadIdx.x & 31) == 0) { atomicAdd(&sy[j], c); }
-    }
-    __syncthreads();
-    if (threadIdx.x < V) { y[((size_t)b * N + n) * V + threadIdx.x] = __float2bfloat16(sy[threadIdx.x]); }
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1188,7 +1228,7 @@ static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float 
 }
 
 // One token for B sequences: state (B,N,K,V) fp32 updated in place, sequence b's (N,K,V) block state_stride floats
-// after sequence b−1's (N·K·V when they are packed); y (B,N,V) bf16; q, k (B,Nq,K) and v (B,N,V) with per-sequence
+// (even) after sequence b−1's (N·K·V when they are packed); y (B,N,V) bf16; q, k (B,Nq,K) and v (B,N,V) with per-sequence
 // strides sq, sk, sv (d->T and d->cu_seqlens are ignored); f (B,N) fp32.
 static void m2rnn_step(floatX *y, float *state, long state_stride, const floatX *q, const floatX *k, const floatX *v,
                        const float *f, const floatX *W, const M2RNNDims *d, cudaStream_t stream) {
@@ -1197,15 +1237,23 @@ static void m2rnn_step(floatX *y, float *state, long state_stride, const floatX 
         fail_with_hint("the fast path is K=64, V=16; see the limits in m2rnn_kernels.cuh",
                        "m2rnn_step: unsupported shape N=%d Nq=%d K=%d V=%d: %s", d->N, d->Nq, d->K, d->V, why);
     }
-    dim3 grid(d->N, d->B);
-    const int block = CEIL_DIV(d->K, WARP_SIZE) * WARP_SIZE;
-    if (d->V == 16) {
-        m2rnn_step_kernel<16><<<grid, block, 0, stream>>>(y, state, q, k, v, f, W, d->N, d->Nq, d->K, d->sq, d->sk,
-                                                         d->sv, state_stride);
-    } else {
-        m2rnn_step_kernel<32><<<grid, block, 0, stream>>>(y, state, q, k, v, f, W, d->N, d->Nq, d->K, d->sq, d->sk,
-                                                         d->sv, state_stride);
+    if (state_stride % 2 != 0 || (uintptr_t)state % 8 != 0) {
+        fail_with_hint("keep each sequence's state 8-byte aligned (an even state_stride)",
+                       "m2rnn_step: state %p with stride %ld floats", (void *)state, state_stride);
     }
+    // two heads a CTA where a CTA of K/16 warps a head stays within 8 warps (K ≤ 64), else one
+    const int RB = d->K / 16, hpb = 2 * RB <= 8 ? 2 : 1;
+    const dim3 grid(CEIL_DIV(d->N, hpb), d->B);
+    const int block = hpb * RB * WARP_SIZE;
+#define M2RNN_STEP_LAUNCH(VV, HH)                                                                                      \
+    launch_k(m2rnn_step_kernel<VV, HH>, grid, block, 0, stream, y, state, q, k, v, f, W, d->N, d->Nq, d->K, d->sq,     \
+             d->sk, d->sv, state_stride)
+    if (d->V == 16) {
+        if (hpb == 2) { M2RNN_STEP_LAUNCH(16, 2); } else { M2RNN_STEP_LAUNCH(16, 1); }
+    } else {
+        if (hpb == 2) { M2RNN_STEP_LAUNCH(32, 2); } else { M2RNN_STEP_LAUNCH(32, 1); }
+    }
+#undef M2RNN_STEP_LAUNCH
     cudaCheck(cudaGetLastError());
 }
 

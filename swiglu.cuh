@@ -17,6 +17,8 @@ typedef struct { SWIGLU_PARAMS(VIEW_FIELD_32) } SwiGLUParams32; // their gradien
 // one block per token row; VEC: F % PACK == 0, so every row of up, h and dup is 16-byte aligned
 template <bool VEC>
 __global__ void swiglu_forward_kernel(floatX *h, const floatX *up, int F) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
     const floatX *u = up + (long)blockIdx.x * 2 * F;
     floatX *o = h + (long)blockIdx.x * F;
     if (VEC) {
@@ -57,9 +59,8 @@ __global__ void swiglu_backward_kernel(floatX *dup, const floatX *dh, const floa
 }
 
 static void swiglu_pointwise_forward(floatX *h, const floatX *up, int M, int F, cudaStream_t stream) {
-    if (F % PACK == 0) { swiglu_forward_kernel<true><<<M, 256, 0, stream>>>(h, up, F); }
-    else { swiglu_forward_kernel<false><<<M, 256, 0, stream>>>(h, up, F); }
-    cudaCheck(cudaGetLastError());
+    if (F % PACK == 0) { launch_k(swiglu_forward_kernel<true>, M, 256, 0, stream, h, up, F); }
+    else { launch_k(swiglu_forward_kernel<false>, M, 256, 0, stream, h, up, F); }
 }
 static void swiglu_pointwise_backward(floatX *dup, const floatX *dh, const floatX *up, int M, int F, cudaStream_t stream) {
     if (F % PACK == 0) { swiglu_backward_kernel<true><<<M, 256, 0, stream>>>(dup, dh, up, F); }

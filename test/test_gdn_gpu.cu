@@ -397,6 +397,13 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
         cudaCheck(cudaMalloc(&d_ot, (size_t)B * H * V * sizeof(floatX)));
         cudaCheck(cudaMemcpy(d_St, with_state ? d_S0 : d_dSf, nS * sizeof(float), cudaMemcpyDeviceToDevice));
         if (!with_state) { cudaCheck(cudaMemset(d_St, 0, nS * sizeof(float))); }
+        // beside it, the kernel's element-by-element path (odd V or an unaligned state) on a copy: the same sums
+        float *d_Se;
+        floatX *d_oe;
+        cudaCheck(cudaMalloc(&d_Se, nS * sizeof(float)));
+        cudaCheck(cudaMalloc(&d_oe, (size_t)B * H * V * sizeof(floatX)));
+        cudaCheck(cudaMemcpy(d_Se, d_St, nS * sizeof(float), cudaMemcpyDeviceToDevice));
+        bool elem_same = true;
         // per-token inputs gathered into (B, H, ·) rows
         floatX *d_qt, *d_kt, *d_vt;
         float *d_bt, *d_gt;
@@ -415,9 +422,11 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
                 cudaCheck(cudaMemcpy(d_bt + (size_t)b * H, d_beta + src, H * sizeof(float), cudaMemcpyDeviceToDevice));
                 cudaCheck(cudaMemcpy(d_gt + (size_t)b * H, d_g + src, H * sizeof(float), cudaMemcpyDeviceToDevice));
             }
-            gdn_step_kernel<<<dim3(CEIL_DIV(V, 128), H, B), 128>>>(d_ot, d_St, sS, d_qt, d_kt, d_vt, H * V, d_bt, d_gt,
-                                                                   H, K, V);
+            gdn_step(d_ot, d_St, sS, d_qt, d_kt, d_vt, H * V, d_bt, d_gt, B, H, K, V, 0);
+            gdn_step_kernel<false><<<dim3(CEIL_DIV(V, 2 * WARP_SIZE), H, B), GDN_STEP_WARPS * WARP_SIZE>>>(
+                d_oe, d_Se, sS, d_qt, d_kt, d_vt, H * V, d_bt, d_gt, H, K, V);
             cudaCheck(cudaGetLastError());
+            elem_same = elem_same && same(d_ot, d_oe, (size_t)B * H * V * sizeof(floatX));
             down_x(orow, d_ot, (size_t)B * H * V, V, V);
             for (int b = 0; b < B; b++) {
                 memcpy(ostep + ((size_t)b * T + t) * H * V, orow + (size_t)b * H * V, (size_t)H * V * sizeof(double));
@@ -428,6 +437,11 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
         snprintf(label, sizeof(label), "%s step kernel = reference", name);
         const double es = rel_err(ostep, o_ref, nv), ess = rel_err(Sst, Sf_ref, nS);
         test_result(es < TOL_O && ess < TOL_O, label, "o %.2e  S_T %.2e over %d single-token steps", es, ess, T);
+        elem_same = elem_same && same(d_St, d_Se, nS * sizeof(float));
+        snprintf(label, sizeof(label), "%s step kernel, element path = pair path", name);
+        test_result(elem_same, label, "every o and the final state %s", elem_same ? "bit for bit" : "DIFFER");
+        cudaCheck(cudaFree(d_Se));
+        cudaCheck(cudaFree(d_oe));
 
         // the forward from S0 in two pieces (T1 then T − T1 tokens, the state carried in place) = one piece
         const int T1 = T / 3 + 5, T2 = T - T1;

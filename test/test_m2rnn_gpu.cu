@@ -1,7 +1,8 @@
 /*
 test_m2rnn_gpu.cu: checks the M²RNN GPU kernels (m2rnn_kernels.cuh) against a float64 CPU loop written straight from
 the equations: training forward (y, final state), backward (dq, dk, dv, df, dW, dh0, with a given d(final state) and
-the per-step clamp of the carried dH), the inference forward, and the single-token step kernel.
+the per-step clamp of the carried dH), the inference forward, and the single-token step kernel (against the
+reference, and against the training forward bit for bit: it is the forward's step).
 Cases cover h0, the clamp firing, packed variable-length sequences, Nq=1 and Nq=N, K and V other than 64/16, and a
 T=4096 run whose relative error is reported per window of 512 tokens to show drift. The V=16 cases run twice: with
 the launcher's pick of backward build (the Z stash at these small grids) and with the plain build forced.
@@ -445,6 +446,12 @@ static void run_case(const Case &c, uint64_t seed) {
         const double e_ys = rel_err(ystep, p.y, &f3), e_s = rel_err(sT, p.hT, &f3);
         snprintf(name, sizeof(name), "%s step kernel", c.name);
         test_result(f3 && e_ys < TOL_Y && e_s < TOL_HT, name, "rel err y %.2e  state %.2e", e_ys, e_s);
+        // the step is the training forward's step warp for warp: every y and the final state bit for bit
+        const bool same_y = memcmp(ystep.data(), y.data(), y.size() * sizeof(floatX)) == 0;
+        const bool same_s = memcmp(sT.data(), hT.data(), hT.size() * sizeof(float)) == 0;
+        snprintf(name, sizeof(name), "%s step kernel = forward", c.name);
+        test_result(same_y && same_s, name, "y %s, state %s", same_y ? "bit for bit" : "DIFFERS",
+                    same_s ? "bit for bit" : "DIFFERS");
         cudaCheck(cudaFree(d_state));
         cudaCheck(cudaFree(d_fstep));
         cudaCheck(cudaFree(d_ystep));

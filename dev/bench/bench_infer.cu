@@ -1,11 +1,15 @@
 /*
 bench_infer.cu: the inference engine's speed on the GPU (the executor API infer_m2rnn runs on), with random weights:
 prefill tokens/s of one prompt of P tokens (model_decode_advance: the forward's kernels from the states, in chunks),
-decode tokens/s of B sequences stepping together at a context of ~1K (the step as a CUDA graph, and eagerly), and the
+decode tokens/s of B sequences stepping together at a context of ~1K (the step as a CUDA graph, the graph without the
+programmatic launches (M2RNN_NO_PDL=1), and eagerly), and the
 decode state a sequence carries against the context (recurrent layers: constant; attention: the KV cache, linear).
 Timing: the host clock around synchronized work, after a warm-up; medians of repeats.
-usage: build/bench_infer DESCRIPTOR [vocab]   (vocab 50257 unless given, e.g. 100352)
+usage: build/bench_infer DESCRIPTOR [vocab] [-prof B]   (vocab 50257 unless given, e.g. 100352)
+-prof B: only B sequences, a 16-token prefill and two eager steps, then one more eager step inside
+cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each kernel of one step, no graph)
 */
+#include <cuda_profiler_api.h>
 #define TESTING
 #include "train_m2rnn.cu"
 
@@ -28,6 +32,26 @@ int main(int argc, char **argv) {
     Rng rng = {5};
     int *tokens = (int *)mallocCheck((size_t)65536 * sizeof(int));
     for (int i = 0; i < 65536; i++) { tokens[i] = (int)(rng_next_u64(&rng) % V); }
+    if (argc > 4 && strcmp(argv[3], "-prof") == 0) {
+        const int B = atoi(argv[4]);
+        setenv("M2RNN_NO_GRAPH", "1", 1);
+        model_decode_begin(model, B, 64);
+        int *pos = (int *)mallocCheck((size_t)B * sizeof(int)), *tok = (int *)mallocCheck((size_t)B * sizeof(int));
+        for (int b = 0; b < B; b++) { pos[b] = 0; }
+        model_decode_advance(model, 0, B, tokens, 16, pos);
+        for (int b = 0; b < B; b++) { pos[b] = 16; tok[b] = tokens[16 + b]; }
+        for (int s = 0; s < 3; s++) {
+            if (s == 2) { executor_sync(model); cudaCheck(cudaProfilerStart()); }
+            model_decode_step(model, tok, pos);
+            for (int b = 0; b < B; b++) { pos[b]++; }
+        }
+        executor_sync(model);
+        cudaCheck(cudaProfilerStop());
+        printf("profiled one eager step of %d sequences\n", B);
+        free(pos); free(tok); free(tokens);
+        model_free(model);
+        return 0;
+    }
     const size_t param_bytes = param_table_count(&model->table) * sizeof(floatX);
     printf("%s | %s | %zu parameters (%.2f GB of weights read a step: batch 1 bound %.0f tokens/s at 4.8 TB/s)\n",
            model->rt.prop.name, argv[1], param_table_count(&model->table), param_bytes / 1e9, 4.8e12 / param_bytes);
@@ -49,8 +73,10 @@ int main(int argc, char **argv) {
     }
     // decode: B sequences at a context of 1024 (prefilled), 64 steps, graph and eager
     for (int B : {1, 64}) {
-        for (int eager = 0; eager < 2; eager++) {
+        for (int mode = 0; mode < 3; mode++) { // graph, graph without programmatic launches, eager
+            const int eager = mode == 2;
             if (eager) { setenv("M2RNN_NO_GRAPH", "1", 1); } else { unsetenv("M2RNN_NO_GRAPH"); }
+            if (mode == 1) { setenv("M2RNN_NO_PDL", "1", 1); } else { unsetenv("M2RNN_NO_PDL"); }
             const int P = 1024, steps = 64;
             model_decode_begin(model, B, P + steps + 8);
             int *pos = (int *)mallocCheck((size_t)B * sizeof(int)), *tok = (int *)mallocCheck((size_t)B * sizeof(int));
@@ -66,12 +92,13 @@ int main(int argc, char **argv) {
             }
             executor_sync(model);
             const double dt = wall() - t0;
-            printf("decode   B=%-3d context ~%d  %s  %7.3f ms a step  %9.0f tokens/s\n", B, P, eager ? "eager" : "graph",
-                   dt / steps * 1e3, (double)B * steps / dt);
+            printf("decode   B=%-3d context ~%d  %-12s  %7.3f ms a step  %9.0f tokens/s\n", B, P,
+                   mode == 0 ? "graph" : mode == 1 ? "graph no PDL" : "eager", dt / steps * 1e3, (double)B * steps / dt);
             free(pos); free(tok);
         }
     }
     unsetenv("M2RNN_NO_GRAPH");
+    unsetenv("M2RNN_NO_PDL");
     // the decode state of one sequence against the context
     for (int ctx : {1024, 4096, 16384, 65536}) {
         model_decode_begin(model, 1, ctx);
