@@ -266,7 +266,8 @@ build/bench_attention: dev/bench/bench_attention.cu $(ATTENTION_GPU_HEADERS)
 TRAINER_GPU_HEADERS = $(REF_HEADERS) $(wildcard *.cuh)
 TRAINER_PROGRAMS = train_m2rnn infer_m2rnn
 TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32 test/test_gpu_nccl.sh test/test_gpu_tp.sh build/test_moe_gpu \
-                build/test_moe_gpu_fp32 build/test_gdn_gpu build/test_gdn_gpu_fp32
+                build/test_moe_gpu_fp32 build/test_gdn_gpu build/test_gdn_gpu_fp32 build/test_decode_gpu \
+                build/test_decode_gpu_fp32
 ifeq ($(PRECISION),FP32)
   TRAINER_PRECISION = -DENABLE_FP32
 endif
@@ -320,6 +321,14 @@ build/test_gdn_gpu: test/test_gdn_gpu.cu $(TRAINER_GPU_HEADERS) test/test_common
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
 build/test_gdn_gpu_fp32: test/test_gdn_gpu.cu $(TRAINER_GPU_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
+
+# the decode step's weight-streaming products against a float64 product, and programmatic launch chains
+build/test_decode_gpu: test/test_decode_gpu.cu $(TRAINER_GPU_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+build/test_decode_gpu_fp32: test/test_decode_gpu.cu $(TRAINER_GPU_HEADERS) test/test_common.h
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
 
