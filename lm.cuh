@@ -53,6 +53,14 @@ typedef struct {
     void *ffn;         // the feed-forward's
 } LayerActs;
 
+// one lane's buffers for a decode step or a prefill chunk (decode_run); a prefill's chunks alternate between two lanes
+typedef struct {
+    floatX *x, *norm, *branch; // (rows, C) the residual stream
+    float *rstd;               // (rows)
+    int *tokens, *pos;         // (rows), (B) on the device
+    void *work;                // the kinds' step and advance temporaries
+} DecodeLane;
+
 struct Model {
     ModelConfig config;    // the whole model (checkpoints, FLOPs)
     ParamTable table;      // the whole model's parameters: the layout of checkpoints and of model_read/write_state
@@ -94,12 +102,18 @@ struct Model {
     int dec_B, dec_context;
     void *dec_memory;
     void *dec_state[MAX_LAYERS];   // (B, state_bytes) of each layer's mixer
-    int dec_rows;                  // rows of the buffers below: max(B, DECODE_ROWS)
-    floatX *dec_x, *dec_norm, *dec_branch; // (rows, C) the residual stream of a step or a prefill chunk
-    float *dec_rstd;               // (rows)
+    int dec_rows;                  // rows of each lane's buffers: max(B, DECODE_ROWS)
+    int dec_chunk_rows;            // tokens (sequences × chunk) a prefill chunk runs at once: DECODE_ROWS, or less
+                                   // (M2RNN_PREFILL_ROWS, benchmarks)
+    DecodeLane dec_lane[2];        // lane 0 on rt's stream (every step; one-chunk prefills), lane 1 on dec_rt2's
     floatX *dec_logits;            // (B,Vp)
-    int *dec_tokens, *dec_pos;     // (rows), (B)
-    void *dec_work;                // the kinds' step and advance temporaries
+    // A prefill of several chunks alternates them between the lanes, so chunk c+1's layer l (on the other stream)
+    // runs once chunk c's layer l has left the layer's state (dec_ev[l][lane], recorded after the mixer's advance):
+    // one chunk's latency-bound recurrences overlap the other's products. Off with MoE layers (their grouping keeps
+    // host buffers) and with M2RNN_ONE_LANE=1.
+    Runtime dec_rt2;               // lane 1's stream, cuBLASLt handle and workspace (made at the first decode_begin)
+    cudaEvent_t dec_ev[MAX_LAYERS][2], dec_fork, dec_join;
+    int dec_two_lanes;
     cudaGraphExec_t dec_graph;     // the step of all B sequences, captured (NULL: not yet, or not possible)
     int dec_steps;                 // eager steps since begin (the second is captured: the first sets kernel attributes)
     int dec_graph_off;             // 1: run eagerly (M2RNN_NO_GRAPH=1, or a capture failed)
@@ -599,6 +613,15 @@ static void model_free(Model *model) {
     if (model->acts_memory != NULL) { cudaCheck(cudaFree(model->acts_memory)); }
     if (model->dec_memory != NULL) { cudaCheck(cudaFree(model->dec_memory)); }
     if (model->dec_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_graph)); }
+    if (model->dec_rt2.stream != NULL) {
+        for (int l = 0; l < model->config.n_layer; l++) {
+            cudaCheck(cudaEventDestroy(model->dec_ev[l][0]));
+            cudaCheck(cudaEventDestroy(model->dec_ev[l][1]));
+        }
+        cudaCheck(cudaEventDestroy(model->dec_fork));
+        cudaCheck(cudaEventDestroy(model->dec_join));
+        runtime_free(&model->dec_rt2);
+    }
     if (model->buckets.device != NULL) { cudaCheck(cudaFree(model->buckets.device)); }
     if (model->comm != NULL) {
         cudaCheck(cudaFree(model->dp_norms));
@@ -763,8 +786,12 @@ static void model_decode_begin(Model *model, int B, int context) {
     model->dec_graph_off = no_graph != NULL && strcmp(no_graph, "1") == 0;
     const char *no_pdl = getenv("M2RNN_NO_PDL"); // (benchmarks: the step without programmatic launches)
     model->dec_pdl_off = no_pdl != NULL && strcmp(no_pdl, "1") == 0;
+    const char *one_lane = getenv("M2RNN_ONE_LANE"), *chunk_rows = getenv("M2RNN_PREFILL_ROWS");
+    model->dec_two_lanes = !(one_lane != NULL && strcmp(one_lane, "1") == 0);
+    model->dec_chunk_rows = chunk_rows != NULL ? atoi(chunk_rows) : DECODE_ROWS;
+    if (model->dec_chunk_rows < 1 || model->dec_chunk_rows > DECODE_ROWS) { model->dec_chunk_rows = DECODE_ROWS; }
     for (int l = 0; l < c->n_layer; l++) { // MoE groups its tokens on the host (moe.cuh): a step it runs cannot be captured
-        if (model->ffn_ops[l]->letter == 'e') { model->dec_graph_off = 1; }
+        if (model->ffn_ops[l]->letter == 'e') { model->dec_graph_off = 1; model->dec_two_lanes = 0; }
     }
     const int rows = B > DECODE_ROWS ? B : DECODE_ROWS;
     // the temporaries of a step (B, 1) and of the largest prefill chunks: one sequence of DECODE_ROWS tokens, or all B
@@ -788,14 +815,18 @@ static void model_decode_begin(Model *model, int B, int context) {
             model->dec_state[l] = take(&a, (size_t)B * model->mixer_ops[l]->state_bytes(c, context));
         }
         const size_t state_bytes = a.used;
-        model->dec_x = TAKE_X(&a, rows * C);
-        model->dec_norm = TAKE_X(&a, rows * C);
-        model->dec_branch = TAKE_X(&a, rows * C);
-        model->dec_rstd = TAKE_F(&a, rows);
+        for (int lane = 0; lane < 2; lane++) { // (lane 1 only when a prefill alternates)
+            DecodeLane *L = &model->dec_lane[lane];
+            const int on = lane == 0 || model->dec_two_lanes;
+            L->x = TAKE_X(&a, on ? rows * C : 0);
+            L->norm = TAKE_X(&a, on ? rows * C : 0);
+            L->branch = TAKE_X(&a, on ? rows * C : 0);
+            L->rstd = TAKE_F(&a, on ? rows : 0);
+            L->tokens = (int *)take(&a, on ? (size_t)rows * sizeof(int) : 0);
+            L->pos = (int *)take(&a, on ? (size_t)B * sizeof(int) : 0);
+            L->work = take(&a, on ? work : 0);
+        }
         model->dec_logits = TAKE_X(&a, (size_t)B * c->padded_vocab_size);
-        model->dec_tokens = (int *)take(&a, (size_t)rows * sizeof(int));
-        model->dec_pos = (int *)take(&a, (size_t)B * sizeof(int));
-        model->dec_work = take(&a, work);
         if (pass == 0) {
             cudaError_t err = cudaMalloc(&model->dec_memory, a.used);
             if (err != cudaSuccess) {
@@ -807,25 +838,37 @@ static void model_decode_begin(Model *model, int B, int context) {
             cudaCheck(cudaMemsetAsync(model->dec_memory, 0, state_bytes, rt->stream)); // the empty history
         }
     }
+    if (model->dec_two_lanes && model->dec_rt2.stream == NULL) { // lane 1's runtime and the chunk events, once
+        runtime_init(&model->dec_rt2, rt->device);
+        for (int l = 0; l < c->n_layer; l++) {
+            cudaCheck(cudaEventCreateWithFlags(&model->dec_ev[l][0], cudaEventDisableTiming));
+            cudaCheck(cudaEventCreateWithFlags(&model->dec_ev[l][1], cudaEventDisableTiming));
+        }
+        cudaCheck(cudaEventCreateWithFlags(&model->dec_fork, cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&model->dec_join, cudaEventDisableTiming));
+    }
     model->dec_B = B;
     model->dec_rows = rows;
     model->dec_context = context;
 }
 
-// sequences b0 .. b0+nb−1 run T tokens each through the layers (T = 1: the kinds' step kernels; T > 1: their advance,
-// the forward's kernels from the states); dec_tokens (nb·T) and dec_pos (nb) are on the device. The residual stream
-// is added and normed as the training forward does (rmsnorm with the residual fused), then each sequence's last row
-// makes its next-token logits.
-static void decode_run(Model *model, int b0, int nb, int T) {
+// sequences b0 .. b0+nb−1 run T tokens each through the layers on one lane (T = 1: the kinds' step kernels, lane 0;
+// T > 1: their advance, the forward's kernels from the states); the lane's tokens (nb·T) and pos (nb) are on the
+// device. The residual stream is added and normed as the training forward does (rmsnorm with the residual fused), then
+// with `logits` each sequence's last row makes its next-token logits (a prefill's last chunk; every step). A chunk's
+// mixer of layer l waits for the other lane's last chunk to have left that layer's state (dec_ev) and marks its own.
+static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits) {
     const ModelConfig *c = &model->config;
-    const Runtime *rt = &model->rt;
+    Runtime *rt = lane == 0 ? &model->rt : &model->dec_rt2;
+    const DecodeLane *L = &model->dec_lane[lane];
     cudaStream_t stream = rt->stream;
     const int C = c->d_model, n = nb * T, Vp = c->padded_vocab_size;
-    model->rt.decode_step = T == 1;
+    const int chain = T > 1 && model->dec_two_lanes; // the chunk events
+    rt->plain_recurrence = model->rt.plain_recurrence;
+    rt->decode_step = T == 1;
     launch_pdl = T == 1 && !model->dec_pdl_off; // the step's own kernels start while the one before finishes
-    embedding_forward(model->dec_x, model->dec_tokens, model->params.wte, n, C, 0, c->padded_vocab_size, stream);
-    rmsnorm_forward(model->dec_norm, model->dec_rstd, NULL, model->dec_x, NULL, model->params.layers[0].ln1_w, n, C,
-                    stream);
+    embedding_forward(L->x, L->tokens, model->params.wte, n, C, 0, c->padded_vocab_size, stream);
+    rmsnorm_forward(L->norm, L->rstd, NULL, L->x, NULL, model->params.layers[0].ln1_w, n, C, stream);
     for (int l = 0; l < c->n_layer; l++) {
         const ModelParamsLayer *w = &model->params.layers[l];
         const ModelParams32Layer *w32 = &model->master.layers[l];
@@ -833,39 +876,37 @@ static void decode_run(Model *model, int b0, int nb, int T) {
         const KindOps *mx = model->mixer_ops[l], *ff = model->ffn_ops[l];
         void *state = (char *)model->dec_state[l] + (size_t)b0 * mx->state_bytes(c, model->dec_context);
         if (T == 1) {
-            mx->step(model->dec_branch, state, model->dec_work, model->dec_norm, &tm, c, nb, model->dec_pos,
-                     model->dec_context, rt);
+            mx->step(L->branch, state, L->work, L->norm, &tm, c, nb, L->pos, model->dec_context, rt);
         } else {
-            mx->advance(model->dec_branch, state, model->dec_work, model->dec_norm, &tm, c, nb, T, model->dec_pos,
-                        model->dec_context, rt);
+            if (chain) { cudaCheck(cudaStreamWaitEvent(stream, model->dec_ev[l][1 - lane], 0)); }
+            mx->advance(L->branch, state, L->work, L->norm, &tm, c, nb, T, L->pos, model->dec_context, rt);
+            if (chain) { cudaCheck(cudaEventRecord(model->dec_ev[l][lane], stream)); }
         }
-        rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, model->dec_x, model->dec_branch, w->ln2_w, n, C,
-                        stream);
+        rmsnorm_forward(L->norm, L->rstd, L->x, L->x, L->branch, w->ln2_w, n, C, stream);
         if (T == 1) {
-            ff->step(model->dec_branch, NULL, model->dec_work, model->dec_norm, &tf, c, nb, model->dec_pos,
-                     model->dec_context, rt);
+            ff->step(L->branch, NULL, L->work, L->norm, &tf, c, nb, L->pos, model->dec_context, rt);
         } else {
             const size_t acts = ff->acts_bytes(c, nb, T, rt);
-            ff->forward(model->dec_branch, model->dec_work, (char *)model->dec_work + acts, model->dec_norm, &tf, c, nb,
-                        T, rt);
+            ff->forward(L->branch, L->work, (char *)L->work + acts, L->norm, &tf, c, nb, T, rt);
         }
         const floatX *next_w = l + 1 < c->n_layer ? model->params.layers[l + 1].ln1_w : model->params.lnf_w;
-        rmsnorm_forward(model->dec_norm, model->dec_rstd, model->dec_x, model->dec_x, model->dec_branch, next_w, n, C,
-                        stream);
+        rmsnorm_forward(L->norm, L->rstd, L->x, L->x, L->branch, next_w, n, C, stream);
     }
-    const floatX *last = model->dec_norm;
-    if (T > 1) { // each sequence's last row
-        cudaCheck(cudaMemcpy2DAsync(model->dec_branch, C * sizeof(floatX), model->dec_norm + (size_t)(T - 1) * C,
-                                    (size_t)T * C * sizeof(floatX), C * sizeof(floatX), nb, cudaMemcpyDeviceToDevice,
-                                    stream));
-        last = model->dec_branch;
+    if (logits) {
+        const floatX *last = L->norm;
+        if (T > 1) { // each sequence's last row
+            cudaCheck(cudaMemcpy2DAsync(L->branch, C * sizeof(floatX), L->norm + (size_t)(T - 1) * C,
+                                        (size_t)T * C * sizeof(floatX), C * sizeof(floatX), nb,
+                                        cudaMemcpyDeviceToDevice, stream));
+            last = L->branch;
+        }
+        matmul_forward(model->dec_logits + (size_t)b0 * Vp, last, model->params.lm_head, nb, C, Vp, rt);
     }
-    matmul_forward(model->dec_logits + (size_t)b0 * Vp, last, model->params.lm_head, nb, C, Vp, rt);
-    model->rt.decode_step = 0;
+    rt->decode_step = 0;
     launch_pdl = 0;
 }
 
-// the step of all B sequences (tokens and positions already in dec_tokens, dec_pos) as one CUDA graph: captured on
+// the step of all B sequences (tokens and positions already in lane 0's buffers) as one CUDA graph: captured on
 // the second step (the first runs eagerly and sets the kernels' attributes), replayed after that, so a step costs one
 // launch instead of a few hundred. Eager when M2RNN_NO_GRAPH=1, or (with a warning) when the capture fails.
 static void decode_step_graph(Model *model) {
@@ -874,7 +915,7 @@ static void decode_step_graph(Model *model) {
         cudaGraph_t graph = NULL;
         cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
         if (err == cudaSuccess) {
-            decode_run(model, 0, model->dec_B, 1);
+            decode_run(model, 0, 0, model->dec_B, 1, 1);
             err = cudaStreamEndCapture(stream, &graph);
         }
         if (err == cudaSuccess) { err = cudaGraphInstantiate(&model->dec_graph, graph, 0); }
@@ -890,35 +931,51 @@ static void decode_step_graph(Model *model) {
     if (model->dec_graph != NULL) {
         cudaCheck(cudaGraphLaunch(model->dec_graph, stream));
     } else {
-        decode_run(model, 0, model->dec_B, 1);
+        decode_run(model, 0, 0, model->dec_B, 1, 1);
         model->dec_steps++;
     }
 }
 
 static void model_decode_advance(Model *model, int b0, int nb, const int *tokens, int T, const int *pos) {
     const ModelConfig *c = &model->config;
-    cudaStream_t stream = model->rt.stream;
     decode_check_advance(model->dec_B, model->dec_context, b0, nb, T, pos);
     model_check_tokens(tokens, (size_t)nb * T, c->vocab_size, "decode");
-    const int CH = T == 1 ? 1 : (DECODE_ROWS / nb > 0 ? DECODE_ROWS / nb : 1); // tokens a chunk, every sequence
-    int *tok = (int *)mallocCheck((size_t)nb * (CH < T ? CH : T) * sizeof(int)), *cpos = (int *)mallocCheck((size_t)nb * sizeof(int));
-    for (int s0 = 0; s0 < T; s0 += CH) {
-        const int Tc = T - s0 < CH ? T - s0 : CH;
+    const int rows = model->dec_chunk_rows;
+    const int CH = T == 1 ? 1 : (rows / nb > 0 ? rows / nb : 1); // tokens a chunk, every sequence
+    const int two = T > CH && model->dec_two_lanes;              // chunks alternate between the lanes
+    const size_t tok_n = (size_t)nb * (CH < T ? CH : T);
+    int *tok[2], *cpos[2]; // a lane's host staging, reused two chunks later (after that lane's stream has drained)
+    for (int i = 0; i < 2; i++) {
+        tok[i] = (int *)mallocCheck(tok_n * sizeof(int));
+        cpos[i] = (int *)mallocCheck((size_t)nb * sizeof(int));
+    }
+    if (two) { // lane 1 starts after what lane 0 has queued (the states' reset, earlier steps)
+        cudaCheck(cudaEventRecord(model->dec_fork, model->rt.stream));
+        cudaCheck(cudaStreamWaitEvent(model->dec_rt2.stream, model->dec_fork, 0));
+    }
+    for (int s0 = 0, chunk = 0; s0 < T; s0 += CH, chunk++) {
+        const int Tc = T - s0 < CH ? T - s0 : CH, lane = two ? chunk & 1 : 0;
+        cudaStream_t stream = lane == 0 ? model->rt.stream : model->dec_rt2.stream;
+        if (chunk >= 2) { cudaCheck(cudaStreamSynchronize(stream)); } // this lane's staging is reused
         for (int i = 0; i < nb; i++) {
-            memcpy(tok + (size_t)i * Tc, tokens + (size_t)i * T + s0, (size_t)Tc * sizeof(int));
-            cpos[i] = pos[i] + s0;
+            memcpy(tok[lane] + (size_t)i * Tc, tokens + (size_t)i * T + s0, (size_t)Tc * sizeof(int));
+            cpos[lane][i] = pos[i] + s0;
         }
-        cudaCheck(cudaMemcpyAsync(model->dec_tokens, tok, (size_t)nb * Tc * sizeof(int), cudaMemcpyHostToDevice, stream));
-        cudaCheck(cudaMemcpyAsync(model->dec_pos, cpos, (size_t)nb * sizeof(int), cudaMemcpyHostToDevice, stream));
+        const DecodeLane *L = &model->dec_lane[lane];
+        cudaCheck(cudaMemcpyAsync(L->tokens, tok[lane], (size_t)nb * Tc * sizeof(int), cudaMemcpyHostToDevice, stream));
+        cudaCheck(cudaMemcpyAsync(L->pos, cpos[lane], (size_t)nb * sizeof(int), cudaMemcpyHostToDevice, stream));
         if (Tc == 1 && b0 == 0 && nb == model->dec_B) {
             decode_step_graph(model);
         } else {
-            decode_run(model, b0, nb, Tc);
+            decode_run(model, lane, b0, nb, Tc, s0 + Tc == T);
         }
-        cudaCheck(cudaStreamSynchronize(stream)); // the host buffers are reused by the next chunk
     }
-    free(tok);
-    free(cpos);
+    if (two) { // lane 0 (every later call) continues after lane 1's chunks
+        cudaCheck(cudaEventRecord(model->dec_join, model->dec_rt2.stream));
+        cudaCheck(cudaStreamWaitEvent(model->rt.stream, model->dec_join, 0));
+    }
+    cudaCheck(cudaStreamSynchronize(model->rt.stream)); // the host staging is freed
+    for (int i = 0; i < 2; i++) { free(tok[i]); free(cpos[i]); }
 }
 
 static void model_decode_step(Model *model, const int *tokens, const int *pos) {

@@ -5,7 +5,8 @@ over 2 kv heads), RUAR (the RNN and GRU baselines; RoPE attention with 2 heads),
 V short of the chunk kernels' 64-wide tiles, beside attention and M²RNN) and SAMS (Mamba-2 with 2 groups and a state
 of 24, beside attention and M²RNN). For each: the logits and loss of one batch, every parameter gradient (normwise
 relative error per tensor), the losses of 20 AdamW steps, repeatable gradients, and recurrent decoding (each kind's
-single-token step) against the GPU's own forward logits at every position.
+single-token step) against the GPU's own forward logits at every position, and the prefill (whole, in chunks, two
+sequences at once, from a saved state, and in many chunks alternating between two streams, bit for bit one stream).
 The fp32 build (make PRECISION=FP32) is held at 1e-4 to the reference with the exact weights, all 20 steps included.
 The bf16 build, where the tensor-core recurrence and the plain fp32 recurrence are both checked, is held at 2e-2 to
 the reference evaluated at the same bf16-rounded weights it computes with (its losses to the exact reference), with
@@ -172,6 +173,34 @@ static void decode_case(const char *label, Model *model, const Reference *r) {
     test_result(fmax(fmax(whole, chunked), fmax(both, restored)) < tol, name,
                 "whole %.1e, chunks 7+30+43 %.1e, 2 at once %.1e, saved/restored %.1e (tol %.0e)", whole, chunked, both,
                 restored, tol);
+    // a prefill of many chunks alternating between the two lanes (M2RNN_PREFILL_ROWS=9: 4 tokens of both sequences a
+    // chunk, 16 chunks) = the same chunks on one lane (M2RNN_ONE_LANE=1), bit for bit: the logits and every layer's
+    // state after it; and the forward's logits within the tolerance
+    const size_t ssz = model_decode_state_size(model);
+    float *lg[2];
+    char *st[2];
+    for (int one = 0; one < 2; one++) {
+        setenv("M2RNN_PREFILL_ROWS", "9", 1);
+        if (one) { setenv("M2RNN_ONE_LANE", "1", 1); } else { unsetenv("M2RNN_ONE_LANE"); }
+        model_decode_begin(model, B, T);
+        int p0[2] = {0, 0};
+        model_decode_advance(model, 0, 2, two, 64, p0);
+        lg[one] = (float *)mallocCheck(2 * (size_t)Vp * sizeof(float));
+        st[one] = (char *)mallocCheck(2 * ssz);
+        for (int b = 0; b < 2; b++) {
+            model_decode_logits(model, b, lg[one] + (size_t)b * Vp);
+            model_decode_state_io(model, b, st[one] + (size_t)b * ssz, 1);
+        }
+    }
+    unsetenv("M2RNN_PREFILL_ROWS");
+    unsetenv("M2RNN_ONE_LANE");
+    const int lanes_same = memcmp(lg[0], lg[1], 2 * (size_t)Vp * sizeof(float)) == 0 && memcmp(st[0], st[1], 2 * ssz) == 0;
+    const double lanes_err = fmax(rel_err(lg[0], ref + (size_t)63 * Vp, (size_t)Vp),
+                                  rel_err(lg[0] + Vp, ref + ((size_t)T + 63) * Vp, (size_t)Vp));
+    snprintf(name, sizeof(name), "%s: prefill in two lanes", label);
+    test_result(lanes_same && lanes_err < tol, name, "16 chunks alternating = one lane: %s; against the forward %.1e",
+                lanes_same ? "logits and states bit for bit" : "DIFFER", lanes_err);
+    free(lg[0]); free(lg[1]); free(st[0]); free(st[1]);
     free(ref); free(got); free(saved); free(two);
 }
 

@@ -1,6 +1,7 @@
 /*
 bench_infer.cu: the inference engine's speed on the GPU (the executor API infer_m2rnn runs on), with random weights:
-prefill tokens/s of one prompt of P tokens (model_decode_advance: the forward's kernels from the states, in chunks),
+prefill tokens/s of one prompt of P tokens (model_decode_advance: the forward's kernels from the states, in chunks
+alternating between two streams, or on one),
 decode tokens/s of B sequences stepping together at a context of ~1K (the step as a CUDA graph, the graph without the
 programmatic launches (M2RNN_NO_PDL=1), and eagerly), and the
 decode state a sequence carries against the context (recurrent layers: constant; attention: the KV cache, linear).
@@ -55,8 +56,13 @@ int main(int argc, char **argv) {
     const size_t param_bytes = param_table_count(&model->table) * sizeof(floatX);
     printf("%s | %s | %zu parameters (%.2f GB of weights read a step: batch 1 bound %.0f tokens/s at 4.8 TB/s)\n",
            model->rt.prop.name, argv[1], param_table_count(&model->table), param_bytes / 1e9, 4.8e12 / param_bytes);
-    // prefill: one prompt of P tokens
-    for (int P : {1024, 8192}) {
+    // prefill: one prompt of P tokens, its chunks alternating between two streams (the default) or on one
+    // (M2RNN_ONE_LANE=1), chunks of 2048 tokens (the default) or fewer (M2RNN_PREFILL_ROWS)
+    for (int P : {1024, 8192})
+    for (int cfg = 0; cfg < 4; cfg++) {
+        const char *rows = cfg == 3 ? "512" : cfg == 2 ? "1024" : "2048";
+        setenv("M2RNN_PREFILL_ROWS", rows, 1);
+        if (cfg == 1) { setenv("M2RNN_ONE_LANE", "1", 1); } else { unsetenv("M2RNN_ONE_LANE"); }
         model_decode_begin(model, 1, P + 1);
         int zero = 0;
         model_decode_advance(model, 0, 1, tokens, P, &zero); // warm-up
@@ -69,8 +75,11 @@ int main(int argc, char **argv) {
             executor_sync(model);
             best = fmin(best, wall() - t0);
         }
-        printf("prefill  B=1  P=%5d  %8.1f ms  %9.0f tokens/s\n", P, best * 1e3, P / best);
+        printf("prefill  B=1  P=%5d  %s, chunks of %4s  %8.1f ms  %9.0f tokens/s\n", P,
+               cfg == 1 ? "one lane " : "two lanes", rows, best * 1e3, P / best);
     }
+    unsetenv("M2RNN_PREFILL_ROWS");
+    unsetenv("M2RNN_ONE_LANE");
     // decode: B sequences at a context of 1024 (prefilled), 64 steps, graph and eager
     for (int B : {1, 64}) {
         for (int mode = 0; mode < 3; mode++) { // graph, graph without programmatic launches, eager
