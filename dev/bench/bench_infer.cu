@@ -5,7 +5,7 @@ alternating between two streams, or on one),
 decode tokens/s of B sequences stepping together at a context of ~1K (the step as a CUDA graph, the graph without the
 programmatic launches (M2RNN_NO_PDL=1), and eagerly), and the
 decode state a sequence carries against the context (recurrent layers: constant; attention: the KV cache, linear).
-Timing: the host clock around synchronized work, after a warm-up; medians of repeats.
+Timing: the host clock around synchronized work, after a warm-up: a prefill's best of 3, a decode step's mean over 64.
 usage: build/bench_infer DESCRIPTOR [vocab] [-prof B]   (vocab 50257 unless given, e.g. 100352)
 -prof B: only B sequences, a 16-token prefill and two eager steps, then one more eager step inside
 cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each kernel of one step, no graph)
