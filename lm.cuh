@@ -110,7 +110,7 @@ struct Model {
     // A prefill of several chunks alternates them between the lanes, so chunk c+1's layer l (on the other stream)
     // runs once chunk c's layer l has left the layer's state (dec_ev[l][lane], recorded after the mixer's advance):
     // one chunk's latency-bound recurrences overlap the other's products. Off with MoE layers (their grouping keeps
-    // host buffers) and with M2RNN_ONE_LANE=1.
+    // host buffers), with M2RNN_ONE_LANE=1, and where the context fits one chunk.
     Runtime dec_rt2;               // lane 1's stream, cuBLASLt handle and workspace (made at the first decode_begin)
     cudaEvent_t dec_ev[MAX_LAYERS][2], dec_fork, dec_join;
     int dec_two_lanes;
@@ -787,9 +787,13 @@ static void model_decode_begin(Model *model, int B, int context) {
     const char *no_pdl = getenv("M2RNN_NO_PDL"); // (benchmarks: the step without programmatic launches)
     model->dec_pdl_off = no_pdl != NULL && strcmp(no_pdl, "1") == 0;
     const char *one_lane = getenv("M2RNN_ONE_LANE"), *chunk_rows = getenv("M2RNN_PREFILL_ROWS");
-    model->dec_two_lanes = !(one_lane != NULL && strcmp(one_lane, "1") == 0);
     model->dec_chunk_rows = chunk_rows != NULL ? atoi(chunk_rows) : DECODE_ROWS;
     if (model->dec_chunk_rows < 1 || model->dec_chunk_rows > DECODE_ROWS) { model->dec_chunk_rows = DECODE_ROWS; }
+    // the second lane (its buffers, stream and cuBLASLt workspace) only where a prefill can need more than one chunk
+    // (chunks are at least dec_chunk_rows / B tokens a sequence): not for the trainer's samples, one sequence stepping
+    // through a context shorter than a chunk
+    const int min_chunk = model->dec_chunk_rows / B > 0 ? model->dec_chunk_rows / B : 1;
+    model->dec_two_lanes = !(one_lane != NULL && strcmp(one_lane, "1") == 0) && context > min_chunk;
     for (int l = 0; l < c->n_layer; l++) { // MoE groups its tokens on the host (moe.cuh): a step it runs cannot be captured
         if (model->ffn_ops[l]->letter == 'e') { model->dec_graph_off = 1; model->dec_two_lanes = 0; }
     }
