@@ -17,7 +17,7 @@ for p in $parts; do
               ./build/test_gpu_trainer_fp32 | grep -v '^PASS'; ./build/test_gpu_trainer_fp32 | grep 'prefill\|decode =' ;;
         greedy)
             prompt="Alice was beginning to get very tired of sitting by her sister on the bank"
-            for pat in d128:MMMM d128:AAAA:rope d128:RRRR d128:UUUU d128:MARU:rope; do
+            for pat in d128:MMMM d128:AAAA:rope d128:RRRR d128:UUUU d128:GGGG d128:SSSS d128:MARU:rope; do
                 dir=/tmp/greedy_${pat//[:]/_}
                 rm -rf "$dir"
                 ./train_m2rnn -e "$pat" -i 'dev/data/gutenberg/gutenberg_train_*.bin' -j '' -b 8 -t 128 -x 150 -l 3e-3 \
