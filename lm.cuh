@@ -958,9 +958,15 @@ static void model_decode_advance(Model *model, int b0, int nb, const int *tokens
         cudaCheck(cudaStreamWaitEvent(model->dec_rt2.stream, model->dec_fork, 0));
     }
     for (int s0 = 0, chunk = 0; s0 < T; s0 += CH, chunk++) {
-        const int Tc = T - s0 < CH ? T - s0 : CH, lane = two ? chunk & 1 : 0;
+        // a one-token chunk (a last chunk after full ones) runs the step's kernels, which wait on no chunk event and
+        // whose graph reads lane 0's buffers: it goes to lane 0 once lane 1 has drained into it
+        const int Tc = T - s0 < CH ? T - s0 : CH, lane = two && Tc > 1 ? chunk & 1 : 0;
         cudaStream_t stream = lane == 0 ? model->rt.stream : model->dec_rt2.stream;
-        if (chunk >= 2) { cudaCheck(cudaStreamSynchronize(stream)); } // this lane's staging is reused
+        if (two && Tc == 1) {
+            cudaCheck(cudaEventRecord(model->dec_join, model->dec_rt2.stream));
+            cudaCheck(cudaStreamWaitEvent(model->rt.stream, model->dec_join, 0));
+        }
+        if (chunk >= 2 || (chunk == 1 && lane == 0)) { cudaCheck(cudaStreamSynchronize(stream)); } // staging reused
         for (int i = 0; i < nb; i++) {
             memcpy(tok[lane] + (size_t)i * Tc, tokens + (size_t)i * T + s0, (size_t)Tc * sizeof(int));
             cpos[lane][i] = pos[i] + s0;
