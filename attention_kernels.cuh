@@ -900,7 +900,6 @@ static void flash_attention_decode(__nv_bfloat16 *y, long y_row, float *workspac
     if (HS == 32) { FA_DECODE_HS(32); } else if (HS == 64) { FA_DECODE_HS(64); } else { FA_DECODE_HS(128); }
 #undef FA_DECODE_HS
 #undef FA_DECODE
-    cudaCheck(cudaGetLastError());
 }
 
 #endif // M2RNN_ATTENTION_KERNELS_CUH

@@ -291,7 +291,6 @@ static bool matmul_gemv(floatX *out, int out_stride, const floatX *inp, const fl
         GEMV_CASE(1); GEMV_CASE(2); GEMV_CASE(3); GEMV_CASE(4); GEMV_CASE(5); GEMV_CASE(6); GEMV_CASE(7); GEMV_CASE(8);
     }
 #undef GEMV_CASE
-    cudaCheck(cudaGetLastError());
     return true;
 }
 

@@ -991,7 +991,7 @@ __global__ void __launch_bounds__(512)
                       long state_stride) {
     using namespace m2rnn_detail;
     constexpr int NT = V / 8, NS = V / 16;
-    __shared__ float ybuf[HPB * (256 / 16)][V]; // (warp, V) partial y over the warp's 16 rows
+    __shared__ float ybuf[16][V]; // (warp, V) partial y over the warp's 16 rows (HPB·K/16 ≤ 16 warps)
     const int RB = K / 16;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int hh = warp / RB, rb = warp % RB, row0 = rb * 16 + g, b = blockIdx.y;
@@ -1254,7 +1254,6 @@ static void m2rnn_step(floatX *y, float *state, long state_stride, const floatX 
         if (hpb == 2) { M2RNN_STEP_LAUNCH(32, 2); } else { M2RNN_STEP_LAUNCH(32, 1); }
     }
 #undef M2RNN_STEP_LAUNCH
-    cudaCheck(cudaGetLastError());
 }
 
 #endif // M2RNN_KERNELS_CUH
