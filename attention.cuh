@@ -505,7 +505,7 @@ static size_t attention_mixer_state_bytes(const ModelConfig *c, int context) {
     return bytes;
 }
 
-static void attention_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+static void attention_mixer_step(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t,
                                  const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
     const AttentionParams *w = (const AttentionParams *)t->w;
     AttnActs a;
@@ -514,7 +514,7 @@ static void attention_mixer_step(floatX *out, void *state, void *work, const flo
     const int W = (NH + 2 * NKV) * HS;
     const long seq = (long)(attention_mixer_state_bytes(c, context) / sizeof(floatX)); // elements a sequence
     floatX *cache = (floatX *)state;
-    matmul_forward(a.qkv, inp, w->qkv_w, B, C, W, rt);
+    step_product(a.qkv, W, in, w->qkv_w, B, C, W, rt);
     if (c->attn.rope) { attention_rope(a.qkv, B, 1, NULL, pos, c, 0, rt->stream); }
     attention_append(cache, seq, a.qkv, pos, B, 1, c, context, rt->stream);
     const float scale = 1.0f / sqrtf((float)HS);
@@ -583,7 +583,8 @@ static void attention_mixer_advance(floatX *out, void *state, void *work, const 
                                     C * sizeof(floatX), B, cudaMemcpyDeviceToDevice, rt->stream));
         attention_offset_pos_kernel<<<CEIL_DIV(B, 128), 128, 0, rt->stream>>>(p1, pos, B, i);
         cudaCheck(cudaGetLastError());
-        attention_mixer_step(y1, state, step_work, x1, t, c, B, p1, context, rt);
+        StepInput in1 = {x1, NULL, NULL, NULL, NULL, NULL, 1}; // the rows as they are
+        attention_mixer_step(y1, state, step_work, &in1, t, c, B, p1, context, rt);
         cudaCheck(cudaMemcpy2DAsync(out + (long)i * C, (size_t)T * C * sizeof(floatX), y1, C * sizeof(floatX),
                                     C * sizeof(floatX), B, cudaMemcpyDeviceToDevice, rt->stream));
     }

@@ -226,49 +226,140 @@ static void matmul_cublaslt(void *d, int d_fp32, const floatX *a, const floatX *
 // matmuls below take the first OC8 = OC rounded down to 8 output rows apart from the few left (a thin product).
 static inline int matmul_oc_main(int OC) { return OC > 8 && OC % 8 != 0 ? OC / 8 * 8 : OC; }
 
+// ----------------------------------------------------------------------------------------------------------------
+// RMSNorm of one row by one warp (rmsnorm_forward_kernel's fast path, and the prologue of a decode step's product)
+
+#define RMSNORM_FWD_PACKS 8 // 16-byte packs a lane keeps in registers (rows up to 32·8·PACK: 2048 in bf16)
+// rows in whole 16-byte packs (so every row starts 16-byte aligned) and at most RMSNORM_FWD_PACKS rounds of them (the
+// last round possibly partial: C = 1344, M²RNN's N·V, is 5.25 rounds)
+__host__ __device__ inline bool rmsnorm_row_packs_ok(int C) {
+    return C % PACK == 0 && CEIL_DIV(C, WARP_SIZE * PACK) <= RMSNORM_FWD_PACKS;
+}
+// out = a' · rsqrt(mean(a'²) + 1e-5) · weight, a' = a + b (b not NULL; a' rounded to floatX, and written to
+// residual_out when not NULL) or a; *rstd = the factor (rstd not NULL). The row in registers; out may be shared memory.
+__device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floatX *residual_out, const floatX *a,
+                                                  const floatX *b, const floatX *weight, int C, int lane) {
+    const int packs = CEIL_DIV(C, WARP_SIZE * PACK);
+    Pack xs[RMSNORM_FWD_PACKS];
+    float ss = 0.0f;
+#pragma unroll
+    for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
+        if (p >= packs) { break; }
+        const int i = (p * WARP_SIZE + lane) * PACK;
+        if (i >= C) { break; }
+        xs[p] = *(const Pack *)(a + i);
+        if (b != NULL) {
+            const Pack bp = *(const Pack *)(b + i);
+            for (int k = 0; k < PACK; k++) { xs[p].v[k] = (floatX)(to_float(xs[p].v[k]) + to_float(bp.v[k])); }
+            if (residual_out != NULL) { *(Pack *)(residual_out + i) = xs[p]; } // normalize what the residual holds
+        }
+        for (int k = 0; k < PACK; k++) { ss += to_float(xs[p].v[k]) * to_float(xs[p].v[k]); }
+    }
+    ss = warp_reduce_sum(ss);
+    const float s = rsqrtf(ss / C + 1e-5f);
+    if (lane == 0 && rstd != NULL) { *rstd = s; }
+#pragma unroll
+    for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
+        if (p >= packs) { break; }
+        const int i = (p * WARP_SIZE + lane) * PACK;
+        if (i >= C) { break; }
+        const Pack wp = *(const Pack *)(weight + i);
+        Pack o;
+        for (int k = 0; k < PACK; k++) { o.v[k] = (floatX)(to_float(xs[p].v[k]) * s * to_float(wp.v[k])); }
+        *(Pack *)(out + i) = o;
+    }
+}
+
 // A decode step's products have a handful of rows (M = the sequences decoding) and are a read of the weight: cuBLASLt
 // sends them to split-K tile kernels plus a reduction kernel (or a dot and a reduce kernel), two launches each. For
 // M ≤ GEMV_MAX_M one kernel instead: a warp per GEMV_ROWS output rows, each lane 16-byte pieces of those weight rows
 // and of the M input rows (L1-resident), fp32 products summed per lane in k order and then across the warp by
 // shuffles (a fixed order). IC a multiple of PACK (rows 16-byte aligned).
+// GLU: the SwiGLU in the epilogue. The weight is (2·OC, IC), gate rows then up rows; the warp sums gate row o and up
+// row OC + o and writes SiLU(gate) ⊙ up, each first rounded to floatX as the product stores them: the same bits as the
+// product of 2·OC rows followed by the pointwise kernel (swiglu.cuh), in one launch instead of two.
+// NORM: the input rows are RMSNorm(x + branch) · w of the residual stream, made in the prologue by warp m for row m
+// (rmsnorm_row_packs, rmsnorm_forward's arithmetic) into shared memory in every block, block 0 also writing x + branch
+// and the 1/rms: the same bits as rmsnorm_forward and then the product, one launch instead of two.
 #define GEMV_MAX_M 8
 #define GEMV_ROWS 4 // output rows a warp
-template <int M>
+typedef struct {
+    const floatX *x;      // (M, IC) the residual stream
+    const floatX *branch; // (M, IC) added first, or NULL
+    const floatX *w;      // (IC) the norm's weight
+    floatX *x_out;        // (M, IC) x + branch (with branch; not x: the other blocks still read it)
+    float *rstd;          // (M)
+} GemvNorm;
+template <int M, bool GLU, bool NORM>
 __global__ void __launch_bounds__(256)
-    matmul_gemv_kernel(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC) {
+    matmul_gemv_kernel(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC,
+                       GemvNorm nrm) {
+    extern __shared__ __align__(16) unsigned char gemv_rows[]; // NORM: (M, IC) the normed input rows
+    constexpr int NS = GLU ? 2 : 1; // weight row sets: (gate, up) or one
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int o0 = (blockIdx.x * (blockDim.x / WARP_SIZE) + warp) * GEMV_ROWS;
-    const floatX *wrow[GEMV_ROWS];
+    const floatX *wrow[NS][GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) { wrow[r] = weight + (size_t)min(o0 + r, OC - 1) * IC; } // (spare rows: unused)
+    for (int s = 0; s < NS; s++) {
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) { // (spare rows: unused)
+            wrow[s][r] = weight + ((size_t)s * OC + min(o0 + r, OC - 1)) * IC;
+        }
+    }
     // the weight rows start for L2 while the kernel before this one finishes (they do not depend on it)
     constexpr int LINE = 128 / (int)sizeof(floatX);
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
-        for (int k = lane * LINE; k < IC; k += WARP_SIZE * LINE) { prefetch_l2(wrow[r] + k); }
+    for (int s = 0; s < NS; s++) {
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            for (int k = lane * LINE; k < IC; k += WARP_SIZE * LINE) { prefetch_l2(wrow[s][r] + k); }
+        }
     }
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
     pdl_trigger();
+    if constexpr (NORM) {
+        floatX *rows = (floatX *)gemv_rows;
+        if (warp < M) {
+            const bool first = blockIdx.x == 0;
+            const size_t r0 = (size_t)warp * IC;
+            rmsnorm_row_packs(rows + r0, first ? nrm.rstd + warp : NULL,
+                              first && nrm.branch != NULL ? nrm.x_out + r0 : NULL, nrm.x + r0,
+                              nrm.branch != NULL ? nrm.branch + r0 : NULL, nrm.w, IC, lane);
+        }
+        __syncthreads();
+        inp = rows;
+    }
     if (o0 >= OC) { return; }
-    float acc[GEMV_ROWS][M];
+    float acc[NS][GEMV_ROWS][M];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
+    for (int s = 0; s < NS; s++) {
 #pragma unroll
-        for (int m = 0; m < M; m++) { acc[r][m] = 0.0f; }
+        for (int r = 0; r < GEMV_ROWS; r++) {
+#pragma unroll
+            for (int m = 0; m < M; m++) { acc[s][r][m] = 0.0f; }
+        }
     }
 #pragma unroll 2
     for (int k = lane * PACK; k < IC; k += WARP_SIZE * PACK) {
-        Pack w[GEMV_ROWS], x[M];
+        Pack w[NS][GEMV_ROWS], x[M];
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) { w[r] = *(const Pack *)(wrow[r] + k); }
+        for (int s = 0; s < NS; s++) {
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) { w[s][r] = *(const Pack *)(wrow[s][r] + k); }
+        }
 #pragma unroll
         for (int m = 0; m < M; m++) { x[m] = *(const Pack *)(inp + (size_t)m * IC + k); }
 #pragma unroll
         for (int e = 0; e < PACK; e++) {
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) {
+            for (int s = 0; s < NS; s++) {
 #pragma unroll
-                for (int m = 0; m < M; m++) { acc[r][m] = fmaf(to_float(w[r].v[e]), to_float(x[m].v[e]), acc[r][m]); }
+                for (int r = 0; r < GEMV_ROWS; r++) {
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        acc[s][r][m] = fmaf(to_float(w[s][r].v[e]), to_float(x[m].v[e]), acc[s][r][m]);
+                    }
+                }
             }
         }
     }
@@ -276,22 +367,51 @@ __global__ void __launch_bounds__(256)
     for (int r = 0; r < GEMV_ROWS; r++) {
 #pragma unroll
         for (int m = 0; m < M; m++) {
-            const float sum = warp_reduce_sum(acc[r][m]);
-            if (lane == 0 && o0 + r < OC) { out[(size_t)m * out_stride + o0 + r] = (floatX)sum; }
+            const floatX y = (floatX)warp_reduce_sum(acc[0][r][m]);
+            floatX o = y;
+            if constexpr (GLU) { o = (floatX)(silu_f(to_float(y)) * to_float((floatX)warp_reduce_sum(acc[NS - 1][r][m]))); }
+            if (lane == 0 && o0 + r < OC) { out[(size_t)m * out_stride + o0 + r] = o; }
         }
     }
 }
-static bool matmul_gemv(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC, int OC,
-                        cudaStream_t stream) {
-    if (M < 1 || M > GEMV_MAX_M || IC % PACK != 0 || ((uintptr_t)inp | (uintptr_t)weight) % 16 != 0) { return false; }
+// nrm NULL: the input rows are inp; else made from nrm (inp unused)
+template <bool GLU>
+static bool matmul_gemv_launch(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC,
+                               int OC, const GemvNorm *nrm, cudaStream_t stream) {
+    const size_t smem = nrm != NULL ? (size_t)M * IC * sizeof(floatX) : 0;
+    if (M < 1 || M > GEMV_MAX_M || IC % PACK != 0 || (uintptr_t)weight % 16 != 0) { return false; }
+    if (nrm == NULL && (uintptr_t)inp % 16 != 0) { return false; }
+    if (nrm != NULL && (!rmsnorm_row_packs_ok(IC) || smem > 48 * 1024 ||
+                        ((uintptr_t)nrm->x | (uintptr_t)nrm->branch | (uintptr_t)nrm->x_out | (uintptr_t)nrm->w) % 16 != 0)) {
+        return false;
+    }
+    const GemvNorm none = {NULL, NULL, NULL, NULL, NULL}, n = nrm != NULL ? *nrm : none;
     const unsigned grid = (unsigned)CEIL_DIV(OC, 8 * GEMV_ROWS);
 #define GEMV_CASE(MM)                                                                                                  \
-    case MM: launch_k(matmul_gemv_kernel<MM>, grid, 256, 0, stream, out, out_stride, inp, weight, IC, OC); break
+    case MM:                                                                                                           \
+        if (nrm != NULL) {                                                                                             \
+            launch_k(matmul_gemv_kernel<MM, GLU, true>, grid, 256, smem, stream, out, out_stride, inp, weight, IC, OC,  \
+                     n);                                                                                               \
+        } else {                                                                                                       \
+            launch_k(matmul_gemv_kernel<MM, GLU, false>, grid, 256, 0, stream, out, out_stride, inp, weight, IC, OC,   \
+                     n);                                                                                               \
+        }                                                                                                              \
+        break
     switch (M) {
         GEMV_CASE(1); GEMV_CASE(2); GEMV_CASE(3); GEMV_CASE(4); GEMV_CASE(5); GEMV_CASE(6); GEMV_CASE(7); GEMV_CASE(8);
     }
 #undef GEMV_CASE
     return true;
+}
+// out (M, OC), rows out_stride apart, = inp (M, IC) @ weightᵀ; false (nothing launched) where the shape does not fit
+static bool matmul_gemv(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC, int OC,
+                        cudaStream_t stream) {
+    return matmul_gemv_launch<false>(out, out_stride, inp, weight, M, IC, OC, NULL, stream);
+}
+// h (M, F) dense = SiLU(inp @ up_wᵀ[:, :F]) ⊙ (inp @ up_wᵀ[:, F:]), up_w (2F, IC); false where the shape does not fit
+static bool matmul_gemv_glu(floatX *h, const floatX *inp, const floatX *up_w, int M, int IC, int F,
+                            cudaStream_t stream) {
+    return matmul_gemv_launch<true>(h, F, inp, up_w, M, IC, F, NULL, stream);
 }
 
 // out (M, OC) = inp (M, IC) @ weightᵀ, weight (OC, IC), all row-major; out's rows are out_stride ≥ OC apart
@@ -425,7 +545,6 @@ static void embedding_backward(float *dwte, const floatX *dout, const int *token
 // RMSNorm (one warp per row), with the residual add fused in front
 
 // if residual_out != NULL: residual_out = a + b and the norm runs over it; else over a (b unused)
-#define RMSNORM_FWD_PACKS 8 // 16-byte packs a lane keeps in registers (rows up to 32·8·PACK: 2048 in bf16)
 __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, floatX *residual_out, const floatX *a,
                                        const floatX *b, const floatX *weight, int M, int C) {
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
@@ -433,38 +552,9 @@ __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, floatX *residua
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     if (row >= M) { return; }
     const floatX *xa = a + (long)row * C;
-    const int packs = CEIL_DIV(C, WARP_SIZE * PACK);
-    // rows in whole 16-byte packs (so every row starts 16-byte aligned): the row in registers, the last round of packs
-    // possibly partial (C = 1344, M²RNN's N·V: 5.25 rounds of packs instead of the element loop's 42 loads a lane)
-    if (C % PACK == 0 && packs <= RMSNORM_FWD_PACKS) {
-        Pack xs[RMSNORM_FWD_PACKS];
-        float ss = 0.0f;
-#pragma unroll
-        for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
-            if (p >= packs) { break; }
-            const int i = (p * WARP_SIZE + lane) * PACK;
-            if (i >= C) { break; }
-            xs[p] = *(const Pack *)(xa + i);
-            if (residual_out != NULL) {
-                const Pack bp = *(const Pack *)(b + (long)row * C + i);
-                for (int k = 0; k < PACK; k++) { xs[p].v[k] = (floatX)(to_float(xs[p].v[k]) + to_float(bp.v[k])); }
-                *(Pack *)(residual_out + (long)row * C + i) = xs[p]; // normalize exactly what the residual holds
-            }
-            for (int k = 0; k < PACK; k++) { ss += to_float(xs[p].v[k]) * to_float(xs[p].v[k]); }
-        }
-        ss = warp_reduce_sum(ss);
-        const float s = rsqrtf(ss / C + 1e-5f);
-        if (lane == 0) { rstd[row] = s; }
-#pragma unroll
-        for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
-            if (p >= packs) { break; }
-            const int i = (p * WARP_SIZE + lane) * PACK;
-            if (i >= C) { break; }
-            const Pack wp = *(const Pack *)(weight + i);
-            Pack o;
-            for (int k = 0; k < PACK; k++) { o.v[k] = (floatX)(to_float(xs[p].v[k]) * s * to_float(wp.v[k])); }
-            *(Pack *)(out + (long)row * C + i) = o;
-        }
+    if (rmsnorm_row_packs_ok(C)) {
+        rmsnorm_row_packs(out + (long)row * C, rstd + row, residual_out ? residual_out + (long)row * C : NULL, xa,
+                          residual_out ? b + (long)row * C : NULL, weight, C, lane);
         return;
     }
     float ss = 0.0f; // any C: element by element, the second pass re-reads the row
@@ -993,6 +1083,53 @@ typedef struct {
     TPGroup *tp; // the tensor-parallel group (NULL: one GPU): RMSNormTP's collectives
 } KindTensors;
 
+// A decode step's input rows (B, C): RMSNorm(x + branch) · w of the residual stream (lm.cuh's decode_run), made by the
+// kind's first product in its prologue where it can (step_product: the GEMV with the norm fused, one launch instead
+// of two) or, first, into inp (step_input_rows: rmsnorm_forward) for everything else. Either way x_out receives
+// x + branch (the residual stream after it) and rstd the 1/rms, with the same bits.
+typedef struct {
+    floatX *inp;          // (B, C) where the rows are made (step_input_rows); with ready, the rows themselves
+    const floatX *x;      // (B, C) the residual stream
+    const floatX *branch; // (B, C) added to it first, or NULL (the first layer's norm)
+    const floatX *w;      // (C) the norm's weight
+    floatX *x_out;        // (B, C) x + branch (a buffer other than x; unused without branch)
+    float *rstd;          // (B)
+    int ready;            // 1: inp holds the rows (no norm to make)
+} StepInput;
+
+// the rows in in->inp, made now if they are not there yet
+static const floatX *step_input_rows(StepInput *in, int B, int C, cudaStream_t stream) {
+    if (!in->ready) {
+        rmsnorm_forward(in->inp, in->rstd, in->branch != NULL ? in->x_out : NULL, in->x, in->branch, in->w, B, C,
+                        stream);
+        in->ready = 1;
+    }
+    return in->inp;
+}
+static inline GemvNorm step_gemv_norm(const StepInput *in) {
+    const GemvNorm n = {in->x, in->branch, in->w, in->x_out, in->rstd};
+    return n;
+}
+// out (B, OC), rows out_stride apart, = rows @ weightᵀ: in a decode step of up to GEMV_MAX_M sequences with the norm
+// in the product's prologue (the rows are then not stored), else the rows made first and matmul_forward_strided
+static void step_product(floatX *out, int out_stride, StepInput *in, const floatX *weight, int B, int C, int OC,
+                         const Runtime *rt) {
+    // (not for the LM head: its thousands of blocks would each make the rows again, B·C·4 bytes of L2 reads a block)
+    if (!in->ready && rt->decode_step && OC <= 16384) {
+        const GemvNorm n = step_gemv_norm(in);
+        if (matmul_gemv_launch<false>(out, out_stride, NULL, weight, B, C, OC, &n, rt->stream)) { return; }
+    }
+    matmul_forward_strided(out, out_stride, step_input_rows(in, B, C, rt->stream), weight, B, C, OC, rt);
+}
+// h (B, F) = SwiGLU of the rows through up_w (2F, C), in one GEMV with the SwiGLU epilogue (and the norm in its
+// prologue unless the rows are ready); false (nothing launched) where that kernel cannot take the shape
+static bool step_product_glu(floatX *h, StepInput *in, const floatX *up_w, int B, int C, int F, const Runtime *rt) {
+    if (!rt->decode_step) { return false; }
+    if (in->ready) { return matmul_gemv_glu(h, in->inp, up_w, B, C, F, rt->stream); }
+    const GemvNorm n = step_gemv_norm(in);
+    return matmul_gemv_launch<true>(h, F, NULL, up_w, B, C, F, &n, rt->stream);
+}
+
 typedef struct {
     char letter;
     // bytes one layer saves from forward to backward, and of the scratch its forward, backward and step use (shared
@@ -1007,10 +1144,11 @@ typedef struct {
                      const KindTensors *t, const ModelConfig *c, int B, int T, const Runtime *rt);
     // bytes of one sequence's decode state (the layers.h row's numbers at this executor's precision)
     size_t (*state_bytes)(const ModelConfig *c, int context);
-    // One token of B sequences: out (B,C) from inp (B,C); state (B, state_bytes) updated in place (zeros: the empty
-    // history); pos (B, on the device) the token's position in each sequence (< context); work: acts_bytes(c, B, 1)
-    // + scratch_bytes(c, B, 1) bytes for temporaries
-    void (*step)(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t, const ModelConfig *c,
+    // One token of B sequences: out (B,C) from the input rows in (B,C; StepInput: the kind makes them with its first
+    // product, step_product, or reads them through step_input_rows); state (B, state_bytes) updated in place (zeros:
+    // the empty history); pos (B, on the device) the token's position in each sequence (< context); work:
+    // acts_bytes(c, B, 1) + scratch_bytes(c, B, 1) bytes for temporaries
+    void (*step)(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t, const ModelConfig *c,
                  int B, const int *pos, int context, const Runtime *rt);
     // B sequences advance by T tokens each (a prompt's prefill, in chunks): out (B,T,C) from inp (B,T,C) through the
     // training forward's kernels from and back into the states; pos (B, device) each sequence's first new position;

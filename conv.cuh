@@ -262,6 +262,18 @@ static void conv1d_silu_backward(floatX *dx, float *dw, float *dbias, float *scr
 // One token of B sequences: act (B, CD) = SiLU(conv) over the new input x (B rows, stride x_stride) and the last W−1
 // inputs of each sequence in state (fp32 (W−1, CD), state_stride floats apart), which then shifts by one token. The
 // sum runs in the forward's order and pre is rounded to floatX as the forward stores it, so act matches the forward.
+// Channel c of sequence b (s: that sequence's window); the kernel below, and fused into a mixer's step kernels
+__device__ __forceinline__ void conv1d_silu_step_channel(floatX *act, float *s, const floatX *x, const floatX *w,
+                                                         const floatX *bias, int b, int c, int CD, int W,
+                                                         int x_stride) {
+    const float xc = to_float(x[(long)b * x_stride + c]);
+    float acc = bias != NULL ? to_float(bias[c]) : 0.0f;
+    for (int j = 0; j < W - 1; j++) { acc += to_float(w[c * W + j]) * s[j * CD + c]; }
+    acc += to_float(w[c * W + W - 1]) * xc;
+    act[(long)b * CD + c] = (floatX)silu_f(to_float((floatX)acc));
+    for (int j = 0; j + 1 < W - 1; j++) { s[j * CD + c] = s[(j + 1) * CD + c]; }
+    if (W > 1) { s[(W - 2) * CD + c] = xc; }
+}
 __global__ void conv1d_silu_step_kernel(floatX *act, float *state, long state_stride, const floatX *x, const floatX *w,
                                         const floatX *bias, int CD, int W, int x_stride) {
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
@@ -269,13 +281,7 @@ __global__ void conv1d_silu_step_kernel(floatX *act, float *state, long state_st
     const int b = blockIdx.x;
     float *s = state + (long)b * state_stride;
     for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < CD; c += gridDim.y * blockDim.x) {
-        const float xc = to_float(x[(long)b * x_stride + c]);
-        float acc = bias != NULL ? to_float(bias[c]) : 0.0f;
-        for (int j = 0; j < W - 1; j++) { acc += to_float(w[c * W + j]) * s[j * CD + c]; }
-        acc += to_float(w[c * W + W - 1]) * xc;
-        act[(long)b * CD + c] = (floatX)silu_f(to_float((floatX)acc));
-        for (int j = 0; j + 1 < W - 1; j++) { s[j * CD + c] = s[(j + 1) * CD + c]; }
-        if (W > 1) { s[(W - 2) * CD + c] = xc; }
+        conv1d_silu_step_channel(act, s, x, w, bias, b, c, CD, W, x_stride);
     }
 }
 

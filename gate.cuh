@@ -13,6 +13,12 @@ with their backward passes, whose parameter-gradient reductions run through fixe
 // the decay gate f = exp(−exp(A_log) · softplus(f_raw + dt_bias)), in fp32 (spec §1 item 2; kept fp32 for the
 // recurrence, see m2rnn_kernels.cuh)
 
+// f = exp(−exp(A_log) · softplus(f_raw + dt_bias)) of one (token, head); the kernel below, and fused into the M²RNN
+// step's prep kernel
+__device__ __forceinline__ float decay_gate_value(float f_raw, float A_log, float dt_bias) {
+    const float dt = softplus_f(f_raw + dt_bias);
+    return expf(-expf(A_log) * dt);
+}
 // one block per token
 __global__ void decay_gate_forward_kernel(float *f, const floatX *f_raw, const float *A_log, const float *dt_bias,
                                           int N, int stride) {
@@ -20,8 +26,7 @@ __global__ void decay_gate_forward_kernel(float *f, const floatX *f_raw, const f
     pdl_trigger();
     const long m = blockIdx.x;
     for (int n = threadIdx.x; n < N; n += blockDim.x) {
-        const float dt = softplus_f(to_float(f_raw[m * stride + n]) + dt_bias[n]);
-        f[m * N + n] = expf(-expf(A_log[n]) * dt);
+        f[m * N + n] = decay_gate_value(to_float(f_raw[m * stride + n]), A_log[n], dt_bias[n]);
     }
 }
 

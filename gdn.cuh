@@ -1507,7 +1507,7 @@ static void gdn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, 
 // a sequence's decode state: the conv window (W−1, CD) then S (H,K,V), fp32 (the CPU's order)
 static size_t gdn_mixer_state_bytes(const ModelConfig *c, int context) { return gdn_decode_state(c, context) * sizeof(float); }
 
-static void gdn_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+static void gdn_mixer_step(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t,
                            const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
     const GDNParams *w = (const GDNParams *)t->w;
     const GDNParams32 *w32 = (const GDNParams32 *)t->w32;
@@ -1519,7 +1519,7 @@ static void gdn_mixer_step(floatX *out, void *state, void *work, const floatX *i
     float *window = (float *)state, *S = window + (size_t)(c->gdn.conv - 1) * CD;
     cudaStream_t stream = rt->stream;
     gdn_check_dims(K, V);
-    matmul_forward_strided(a.proj, Rs, inp, w->in_w, B, C, R, rt);
+    step_product(a.proj, Rs, in, w->in_w, B, C, R, rt);
     conv1d_silu_step(a.conv_act, window, stride, a.proj, w->conv_w, NULL, B, CD, c->gdn.conv, Rs, stream);
     l2norm_forward(a.qn, a.rq, a.conv_act, B, H, K, CD, stream);
     l2norm_forward(a.kn, a.rk, a.conv_act + HK, B, H, K, CD, stream);

@@ -220,7 +220,7 @@ static void gru_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, 
 // a sequence's decode state: h (N,V), fp32
 static size_t gru_mixer_state_bytes(const ModelConfig *c, int context) { return gru_decode_state(c, context) * sizeof(float); }
 
-static void gru_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+static void gru_mixer_step(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t,
                            const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
     const GRUParams *w = (const GRUParams *)t->w;
     GRUActs a;
@@ -228,7 +228,7 @@ static void gru_mixer_step(floatX *out, void *state, void *work, const floatX *i
     const int C = c->d_model, N = c->vrnn.heads, V = c->vrnn.head_dim, NV = N * V, Rs = gru_proj_stride(c);
     cudaStream_t stream = rt->stream;
     float *h = (float *)state;
-    matmul_forward_strided(a.proj, Rs, inp, w->in_w, B, C, 4 * NV, rt);
+    step_product(a.proj, Rs, in, w->in_w, B, C, 4 * NV, rt);
     gru_forward_kernel<<<dim3(N, B), WARP_SIZE, 0, stream>>>(a.y, NULL, h, h, (long)NV, a.proj, Rs, w->U_r, w->U_z,
                                                               w->U_n, 1, N, V);
     cudaCheck(cudaGetLastError());

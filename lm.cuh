@@ -56,6 +56,7 @@ typedef struct {
 // one lane's buffers for a decode step or a prefill chunk (decode_run); a prefill's chunks alternate between two lanes
 typedef struct {
     floatX *x, *norm, *branch; // (rows, C) the residual stream
+    floatX *x2;                // (B, C) a step's residual stream alternates between x and x2 (StepInput.x_out)
     float *rstd;               // (rows)
     int *tokens, *pos;         // (rows), (B) on the device
     void *work;                // the kinds' step and advance temporaries
@@ -825,6 +826,7 @@ static void model_decode_begin(Model *model, int B, int context) {
             L->x = TAKE_X(&a, on ? rows * C : 0);
             L->norm = TAKE_X(&a, on ? rows * C : 0);
             L->branch = TAKE_X(&a, on ? rows * C : 0);
+            L->x2 = TAKE_X(&a, lane == 0 ? (size_t)B * C : 0);
             L->rstd = TAKE_F(&a, on ? rows : 0);
             L->tokens = (int *)take(&a, on ? (size_t)rows * sizeof(int) : 0);
             L->pos = (int *)take(&a, on ? (size_t)B * sizeof(int) : 0);
@@ -872,6 +874,29 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
     rt->decode_step = T == 1;
     launch_pdl = T == 1 && !model->dec_pdl_off; // the step's own kernels start while the one before finishes
     embedding_forward(L->x, L->tokens, model->params.wte, n, C, 0, c->padded_vocab_size, stream);
+    if (T == 1) { // a step: each RMSNorm made by the next kind's first product where it can (StepInput)
+        floatX *xs[2] = {L->x, L->x2};
+        int cur = 0; // the residual stream is xs[cur]
+        StepInput in = {L->norm, xs[0], NULL, model->params.layers[0].ln1_w, NULL, L->rstd, 0};
+        for (int l = 0; l < c->n_layer; l++) {
+            const ModelParamsLayer *w = &model->params.layers[l];
+            const ModelParams32Layer *w32 = &model->master.layers[l];
+            const KindTensors tm = kind_tensors(w->mixer, w32->mixer, NULL), tf = kind_tensors(w->ffn, w32->ffn, NULL);
+            const KindOps *mx = model->mixer_ops[l], *ff = model->ffn_ops[l];
+            void *state = (char *)model->dec_state[l] + (size_t)b0 * mx->state_bytes(c, model->dec_context);
+            mx->step(L->branch, state, L->work, &in, &tm, c, nb, L->pos, model->dec_context, rt);
+            in = (StepInput){L->norm, xs[cur], L->branch, w->ln2_w, xs[1 - cur], L->rstd, 0};
+            cur = 1 - cur;
+            ff->step(L->branch, NULL, L->work, &in, &tf, c, nb, L->pos, model->dec_context, rt);
+            const floatX *next_w = l + 1 < c->n_layer ? model->params.layers[l + 1].ln1_w : model->params.lnf_w;
+            in = (StepInput){L->norm, xs[cur], L->branch, next_w, xs[1 - cur], L->rstd, 0};
+            cur = 1 - cur;
+        }
+        step_product(model->dec_logits + (size_t)b0 * Vp, Vp, &in, model->params.lm_head, nb, C, Vp, rt);
+        rt->decode_step = 0;
+        launch_pdl = 0;
+        return;
+    }
     rmsnorm_forward(L->norm, L->rstd, NULL, L->x, NULL, model->params.layers[0].ln1_w, n, C, stream);
     for (int l = 0; l < c->n_layer; l++) {
         const ModelParamsLayer *w = &model->params.layers[l];
@@ -879,32 +904,20 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
         const KindTensors tm = kind_tensors(w->mixer, w32->mixer, NULL), tf = kind_tensors(w->ffn, w32->ffn, NULL);
         const KindOps *mx = model->mixer_ops[l], *ff = model->ffn_ops[l];
         void *state = (char *)model->dec_state[l] + (size_t)b0 * mx->state_bytes(c, model->dec_context);
-        if (T == 1) {
-            mx->step(L->branch, state, L->work, L->norm, &tm, c, nb, L->pos, model->dec_context, rt);
-        } else {
-            if (chain) { cudaCheck(cudaStreamWaitEvent(stream, model->dec_ev[l][1 - lane], 0)); }
-            mx->advance(L->branch, state, L->work, L->norm, &tm, c, nb, T, L->pos, model->dec_context, rt);
-            if (chain) { cudaCheck(cudaEventRecord(model->dec_ev[l][lane], stream)); }
-        }
+        if (chain) { cudaCheck(cudaStreamWaitEvent(stream, model->dec_ev[l][1 - lane], 0)); }
+        mx->advance(L->branch, state, L->work, L->norm, &tm, c, nb, T, L->pos, model->dec_context, rt);
+        if (chain) { cudaCheck(cudaEventRecord(model->dec_ev[l][lane], stream)); }
         rmsnorm_forward(L->norm, L->rstd, L->x, L->x, L->branch, w->ln2_w, n, C, stream);
-        if (T == 1) {
-            ff->step(L->branch, NULL, L->work, L->norm, &tf, c, nb, L->pos, model->dec_context, rt);
-        } else {
-            const size_t acts = ff->acts_bytes(c, nb, T, rt);
-            ff->forward(L->branch, L->work, (char *)L->work + acts, L->norm, &tf, c, nb, T, rt);
-        }
+        const size_t acts = ff->acts_bytes(c, nb, T, rt);
+        ff->forward(L->branch, L->work, (char *)L->work + acts, L->norm, &tf, c, nb, T, rt);
         const floatX *next_w = l + 1 < c->n_layer ? model->params.layers[l + 1].ln1_w : model->params.lnf_w;
         rmsnorm_forward(L->norm, L->rstd, L->x, L->x, L->branch, next_w, n, C, stream);
     }
-    if (logits) {
-        const floatX *last = L->norm;
-        if (T > 1) { // each sequence's last row
-            cudaCheck(cudaMemcpy2DAsync(L->branch, C * sizeof(floatX), L->norm + (size_t)(T - 1) * C,
-                                        (size_t)T * C * sizeof(floatX), C * sizeof(floatX), nb,
-                                        cudaMemcpyDeviceToDevice, stream));
-            last = L->branch;
-        }
-        matmul_forward(model->dec_logits + (size_t)b0 * Vp, last, model->params.lm_head, nb, C, Vp, rt);
+    if (logits) { // each sequence's last row
+        cudaCheck(cudaMemcpy2DAsync(L->branch, C * sizeof(floatX), L->norm + (size_t)(T - 1) * C,
+                                    (size_t)T * C * sizeof(floatX), C * sizeof(floatX), nb, cudaMemcpyDeviceToDevice,
+                                    stream));
+        matmul_forward(model->dec_logits + (size_t)b0 * Vp, L->branch, model->params.lm_head, nb, C, Vp, rt);
     }
     rt->decode_step = 0;
     launch_pdl = 0;

@@ -436,9 +436,32 @@ static size_t m2rnn_mixer_state_bytes(const ModelConfig *c, int context) {
     return m2rnn_decode_state(c, context) * sizeof(float);
 }
 
+// The step's conv (CD channels, its window updated) and decay gate (N heads) in one launch, a thread a channel or a
+// head: conv1d_silu_step_channel and decay_gate_value, so the same bits as conv1d_silu_step + decay_gate_forward.
+// grid (B, CEIL_DIV(CD + N, 128)), 128 threads; proj (B, Rs) rows: the conv's CD inputs, then the N gate inputs.
+__global__ void m2rnn_step_prep_kernel(floatX *act, float *window, long state_stride, float *f, const floatX *proj,
+                                       const floatX *conv_w, const float *A_log, const float *dt_bias, int CD, int W,
+                                       int N, int Rs) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
+    const int b = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < CD) {
+        conv1d_silu_step_channel(act, window + (long)b * state_stride, proj, conv_w, NULL, b, i, CD, W, Rs);
+    } else if (i < CD + N) {
+        const int n = i - CD;
+        f[(long)b * N + n] = decay_gate_value(to_float(proj[(long)b * Rs + CD + n]), A_log[n], dt_bias[n]);
+    }
+}
+static void m2rnn_step_prep(floatX *act, float *window, long state_stride, float *f, const floatX *proj,
+                            const floatX *conv_w, const float *A_log, const float *dt_bias, int B, int CD, int W,
+                            int N, int Rs, cudaStream_t stream) {
+    launch_k(m2rnn_step_prep_kernel, dim3(B, CEIL_DIV(CD + N, 128)), 128, 0, stream, act, window, state_stride, f,
+             proj, conv_w, A_log, dt_bias, CD, W, N, Rs);
+}
+
 // One token of B sequences: the forward's ops at T = 1 from the state; the recurrence by the step kernel of
 // m2rnn_kernels.cuh (the training kernels' numerics) or the plain kernel from and back into the state.
-static void m2rnn_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t,
                              const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
     const M2RNNParams *w = (const M2RNNParams *)t->w;
     const M2RNNParams32 *w32 = (const M2RNNParams32 *)t->w32;
@@ -449,9 +472,9 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, const floatX 
     const long stride = (long)(m2rnn_mixer_state_bytes(c, context) / sizeof(float));
     float *window = (float *)state, *H = window + (size_t)(c->m2rnn.conv - 1) * CD;
     cudaStream_t stream = rt->stream;
-    matmul_forward_strided(a.proj, Rs, inp, w->in_w, B, C, R, rt);
-    conv1d_silu_step(a.conv_act, window, stride, a.proj, w->conv_w, NULL, B, CD, c->m2rnn.conv, Rs, stream);
-    decay_gate_forward(a.f, a.proj + CD, w32->A_log, w32->dt_bias, B, N, Rs, stream);
+    step_product(a.proj, Rs, in, w->in_w, B, C, R, rt);
+    m2rnn_step_prep(a.conv_act, window, stride, a.f, a.proj, w->conv_w, w32->A_log, w32->dt_bias, B, CD,
+                    c->m2rnn.conv, N, Rs, stream);
     const floatX *q = a.conv_act, *k = a.conv_act + Nq * K, *v = a.conv_act + 2 * Nq * K;
 #if !FLOATX_IS_FP32
     if (m2rnn_use_fast(c, rt)) {

@@ -921,7 +921,7 @@ static size_t mamba2_mixer_state_bytes(const ModelConfig *c, int context) {
     return mamba2_decode_state(c, context) * sizeof(float);
 }
 
-static void mamba2_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+static void mamba2_mixer_step(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t,
                               const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
     const Mamba2Params *w = (const Mamba2Params *)t->w;
     const Mamba2Params32 *w32 = (const Mamba2Params32 *)t->w32;
@@ -934,7 +934,7 @@ static void mamba2_mixer_step(floatX *out, void *state, void *work, const floatX
     float *window = (float *)state, *h = window + (size_t)(Wc - 1) * CD;
     const Mamba2Dims d = mamba2_dims(c, B, 1);
     cudaStream_t stream = rt->stream;
-    matmul_forward_strided(a.proj, Rs, inp, w->in_w, B, C, R, rt);
+    step_product(a.proj, Rs, in, w->in_w, B, C, R, rt);
     conv1d_silu_step(a.conv_act, window, stride, a.proj + DI, w->conv_w, w->conv_b, B, CD, Wc, Rs, stream);
     mamba2_dt_forward(a.dt, a.proj + DI + CD, w32->dt_bias, B, H, Rs, stream);
     mamba2_step(a.y, h, stride, a.conv_act, a.conv_act + DI, a.conv_act + DI + GN, a.dt, w32->A_log, w32->D, &d, stream);

@@ -532,13 +532,14 @@ static void moe_ffn_backward(floatX *dinp, void *scratch, const floatX *dout, co
 
 static size_t moe_ffn_state_bytes(const ModelConfig *c, int context) { return 0; }
 
-static void moe_ffn_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+static void moe_ffn_step(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t,
                          const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
     MoEActs a;
     const size_t acts = moe_acts_layout(&a, NULL, c, B, 1);
     KindTensors no_aux = *t;
     no_aux.aux = NULL;
-    moe_ffn_forward(out, work, (char *)work + acts, inp, &no_aux, c, B, 1, rt);
+    moe_ffn_forward(out, work, (char *)work + acts, step_input_rows(in, B, c->d_model, rt->stream), &no_aux, c, B, 1,
+                    rt);
 }
 
 // the limits of the kernels above, checked once when the model is built (model_config_validate covers the rest)

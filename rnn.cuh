@@ -207,7 +207,7 @@ static void rnn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, 
 // a sequence's decode state: the conv window (W−1, N·V) then h (N,V), fp32 (the CPU's order)
 static size_t rnn_mixer_state_bytes(const ModelConfig *c, int context) { return rnn_decode_state(c, context) * sizeof(float); }
 
-static void rnn_mixer_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+static void rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t,
                            const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
     const RNNParams *w = (const RNNParams *)t->w;
     const RNNParams32 *w32 = (const RNNParams32 *)t->w32;
@@ -218,7 +218,7 @@ static void rnn_mixer_step(floatX *out, void *state, void *work, const floatX *i
     const long stride = (long)(rnn_mixer_state_bytes(c, context) / sizeof(float));
     float *window = (float *)state, *h = window + (size_t)(c->vrnn.conv - 1) * NV;
     cudaStream_t stream = rt->stream;
-    matmul_forward_strided(a.proj, Rs, inp, w->in_w, B, C, R, rt);
+    step_product(a.proj, Rs, in, w->in_w, B, C, R, rt);
     conv1d_silu_step(a.u, window, stride, a.proj, w->conv_w, NULL, B, NV, c->vrnn.conv, Rs, stream);
     decay_gate_forward(a.f, a.proj + NV, w32->A_log, w32->dt_bias, B, N, Rs, stream);
     rnn_forward_kernel<<<dim3(N, B), WARP_SIZE, 0, stream>>>(a.y, NULL, h, h, stride, a.u, NV, a.f, w->W, 1, N, V);

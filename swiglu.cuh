@@ -1,7 +1,8 @@
 /*
 swiglu.cuh: the SwiGLU feed-forward (the s row of layers.h) on the GPU, mirroring ref/swiglu.h: up = x W_upᵀ (rows
 gate | up, cuBLASLt), h = SiLU(gate) ⊙ up (one pointwise kernel with 16-byte loads), out = h W_downᵀ; the backward in
-reverse; the decode step is the forward on one token per sequence.
+reverse; the decode step is the forward on one token per sequence (for a few sequences with the SwiGLU in the
+up-projection's epilogue).
 */
 #ifndef M2RNN_SWIGLU_CUH
 #define M2RNN_SWIGLU_CUH
@@ -118,9 +119,20 @@ static void swiglu_ffn_backward(floatX *dinp, void *scratch, const floatX *dout,
 
 static size_t swiglu_ffn_state_bytes(const ModelConfig *c, int context) { return 0; }
 
-static void swiglu_ffn_step(floatX *out, void *state, void *work, const floatX *inp, const KindTensors *t,
+// the forward on one token a sequence; a decode step of up to GEMV_MAX_M sequences takes the SwiGLU in the
+// up-projection's epilogue and the input's norm in its prologue (step_product_glu: the same bits as the norm, the
+// product and the pointwise kernel, one launch)
+static void swiglu_ffn_step(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t,
                             const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
-    swiglu_ffn_forward(out, work, NULL, inp, t, c, B, 1, rt);
+    const SwiGLUParams *w = (const SwiGLUParams *)t->w;
+    SwiGLUActs a;
+    swiglu_acts_layout(&a, work, c, B, 1);
+    const int C = c->d_model, F = c->swiglu.hidden;
+    if (step_product_glu(a.h, in, w->up_w, B, C, F, rt)) {
+        matmul_forward(out, a.h, w->down_w, B, F, C, rt);
+        return;
+    }
+    swiglu_ffn_forward(out, work, NULL, step_input_rows(in, B, C, rt->stream), t, c, B, 1, rt);
 }
 
 static const KindOps SWIGLU_OPS = {'s', swiglu_ffn_acts_bytes, swiglu_ffn_scratch_bytes, swiglu_ffn_forward,

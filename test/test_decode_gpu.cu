@@ -4,7 +4,10 @@ against a float64 product of the same bf16 (or fp32) inputs, as normwise relativ
 row count, output counts that are not a multiple of a block's rows, and strided outputs. Each case
 also runs through matmul_forward_strided with rt.decode_step set (the dispatch the decode step takes), launched
 programmatically (launch_pdl, cuda_common.h) as a chain of products that feed each other, against the same chain
-launched the ordinary way: bit for bit, and twice the same bits (no atomics).
+launched the ordinary way: bit for bit, and twice the same bits (no atomics). The SwiGLU form (matmul_gemv_glu) is
+held to the plain product of the 2F rows followed by the pointwise kernel, bit for bit, and the M²RNN step's fused conv
++ decay gate (m2rnn_step_prep) to the conv step and the gate kernels: activations, gates and windows bit for bit; and
+a product with the residual RMSNorm in its prologue (step_product, step_product_glu) to rmsnorm_forward + the GEMV.
 Without a GPU it prints a SKIP line and exits 0.
 */
 #include <math.h>
@@ -13,7 +16,10 @@ Without a GPU it prints a SKIP line and exits 0.
 #include <string.h>
 #include "utils.h"
 #include "model.h"
+#include "layers.h"
 #include "common.cuh"
+#include "swiglu.cuh"
+#include "m2rnn.cuh"
 #include "test/test_common.h"
 
 #if FLOATX_IS_FP32
@@ -104,6 +110,133 @@ static void run_case(Runtime *rt, int M, int IC, int OC, int S) {
     cudaCheck(cudaFree(dz)); cudaCheck(cudaFree(dy2));
 }
 
+// h = SiLU(x W_gateᵀ) ⊙ (x W_upᵀ) in one kernel = the product of all 2F rows then swiglu_pointwise_forward
+static void run_glu_case(Runtime *rt, int M, int IC, int F) {
+    char name[96];
+    uint64_t seed = 0x51f15eedull ^ ((uint64_t)M << 24) ^ ((uint64_t)IC << 8) ^ (uint64_t)F;
+    const size_t nx = (size_t)M * IC, nw = (size_t)2 * F * IC;
+    floatX *hx = (floatX *)mallocCheck(nx * sizeof(floatX)), *hw = (floatX *)mallocCheck(nw * sizeof(floatX));
+    for (size_t i = 0; i < nx; i++) { hx[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < nw; i++) { hw[i] = (floatX)(2.0f * frand(&seed) / sqrtf((float)IC)); }
+    floatX *dx = upload(hx, nx), *dw = upload(hw, nw), *dup, *dh[2];
+    cudaCheck(cudaMalloc(&dup, (size_t)M * 2 * F * sizeof(floatX)));
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaMalloc(&dh[i], (size_t)M * F * sizeof(floatX)));
+        cudaCheck(cudaMemset(dh[i], 0xff, (size_t)M * F * sizeof(floatX)));
+    }
+    const bool ok = matmul_gemv_glu(dh[0], dx, dw, M, IC, F, rt->stream) &&
+                    matmul_gemv(dup, 2 * F, dx, dw, M, IC, 2 * F, rt->stream);
+    swiglu_pointwise_forward(dh[1], dup, M, F, rt->stream);
+    cudaCheck(cudaStreamSynchronize(rt->stream));
+    floatX *h0 = (floatX *)mallocCheck((size_t)M * F * sizeof(floatX)), *h1 = (floatX *)mallocCheck((size_t)M * F * sizeof(floatX));
+    download(h0, dh[0], (size_t)M * F);
+    download(h1, dh[1], (size_t)M * F);
+    const bool same = ok && memcmp(h0, h1, (size_t)M * F * sizeof(floatX)) == 0;
+    snprintf(name, sizeof(name), "gemv SwiGLU M=%d IC=%d F=%d", M, IC, F);
+    test_result(same, name, "= product + pointwise kernel: %s", !ok ? "REFUSED" : same ? "bit for bit" : "DIFFER");
+    free(hx); free(hw); free(h0); free(h1);
+    cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dup));
+    cudaCheck(cudaFree(dh[0])); cudaCheck(cudaFree(dh[1]));
+}
+
+// the M²RNN step's conv + decay gate in one kernel = conv1d_silu_step then decay_gate_forward
+static void run_prep_case(Runtime *rt, int B, int CD, int N, int W) {
+    char name[96];
+    uint64_t seed = 0xc0ffee ^ ((uint64_t)B << 32) ^ ((uint64_t)CD << 8) ^ (uint64_t)N;
+    const int Rs = CD + N + 8;
+    const long stride = (long)(W - 1) * CD + 16; // a sequence's window, then room (as a decode state has its H)
+    floatX *hp = (floatX *)mallocCheck((size_t)B * Rs * sizeof(floatX)), *hw = (floatX *)mallocCheck((size_t)CD * W * sizeof(floatX));
+    float *hs = (float *)mallocCheck((size_t)B * stride * sizeof(float)), *ha = (float *)mallocCheck(2 * (size_t)N * sizeof(float));
+    for (size_t i = 0; i < (size_t)B * Rs; i++) { hp[i] = (floatX)(3.0f * frand(&seed)); }
+    for (size_t i = 0; i < (size_t)CD * W; i++) { hw[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < (size_t)B * stride; i++) { hs[i] = (float)(floatX)frand(&seed); }
+    for (int i = 0; i < 2 * N; i++) { ha[i] = frand(&seed); }
+    floatX *dp = upload(hp, (size_t)B * Rs), *dw = upload(hw, (size_t)CD * W), *act[2];
+    float *win[2], *f[2], *dA;
+    cudaCheck(cudaMalloc(&dA, 2 * (size_t)N * sizeof(float)));
+    cudaCheck(cudaMemcpy(dA, ha, 2 * (size_t)N * sizeof(float), cudaMemcpyHostToDevice));
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaMalloc(&act[i], (size_t)B * CD * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&f[i], (size_t)B * N * sizeof(float)));
+        cudaCheck(cudaMalloc(&win[i], (size_t)B * stride * sizeof(float)));
+        cudaCheck(cudaMemcpy(win[i], hs, (size_t)B * stride * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    conv1d_silu_step(act[0], win[0], stride, dp, dw, NULL, B, CD, W, Rs, rt->stream);
+    decay_gate_forward(f[0], dp + CD, dA, dA + N, B, N, Rs, rt->stream);
+    m2rnn_step_prep(act[1], win[1], stride, f[1], dp, dw, dA, dA + N, B, CD, W, N, Rs, rt->stream);
+    cudaCheck(cudaStreamSynchronize(rt->stream));
+    bool same = true;
+    const size_t sizes[3] = {(size_t)B * CD * sizeof(floatX), (size_t)B * N * sizeof(float), (size_t)B * stride * sizeof(float)};
+    const void *bufs[3][2] = {{act[0], act[1]}, {f[0], f[1]}, {win[0], win[1]}};
+    for (int k = 0; k < 3; k++) {
+        char *x = (char *)mallocCheck(sizes[k]), *y = (char *)mallocCheck(sizes[k]);
+        cudaCheck(cudaMemcpy(x, bufs[k][0], sizes[k], cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(y, bufs[k][1], sizes[k], cudaMemcpyDeviceToHost));
+        same = same && memcmp(x, y, sizes[k]) == 0;
+        free(x); free(y);
+    }
+    snprintf(name, sizeof(name), "M2RNN step prep B=%d CD=%d N=%d W=%d", B, CD, N, W);
+    test_result(same, name, "= conv step + decay gate kernels: %s", same ? "bit for bit" : "DIFFER");
+    free(hp); free(hw); free(hs); free(ha);
+    cudaCheck(cudaFree(dp)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dA));
+    for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(act[i])); cudaCheck(cudaFree(f[i])); cudaCheck(cudaFree(win[i])); }
+}
+
+// a product of the rows RMSNorm(x + branch) . w with the norm in the GEMV's prologue (step_product, a decode step) =
+// rmsnorm_forward then the GEMV: the output, x + branch and the 1/rms, bit for bit; and the SwiGLU form likewise
+static void run_norm_case(Runtime *rt, int M, int C, int OC, int with_branch) {
+    char name[96];
+    uint64_t seed = 0x4e0e ^ ((uint64_t)M << 24) ^ ((uint64_t)C << 8) ^ (uint64_t)OC;
+    const size_t nx = (size_t)M * C, nw = (size_t)2 * OC * C;
+    floatX *hx = (floatX *)mallocCheck(nx * sizeof(floatX)), *hb = (floatX *)mallocCheck(nx * sizeof(floatX));
+    floatX *hw = (floatX *)mallocCheck(nw * sizeof(floatX)), *hn = (floatX *)mallocCheck((size_t)C * sizeof(floatX));
+    for (size_t i = 0; i < nx; i++) { hx[i] = (floatX)(2.0f * frand(&seed)); hb[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < nw; i++) { hw[i] = (floatX)(frand(&seed) / sqrtf((float)C)); }
+    for (int i = 0; i < C; i++) { hn[i] = (floatX)(1.0f + 0.5f * frand(&seed)); }
+    floatX *dx = upload(hx, nx), *db = upload(hb, nx), *dw = upload(hw, nw), *dn = upload(hn, (size_t)C);
+    floatX *out[2][2], *xo[2], *rows;
+    float *rs[2];
+    cudaCheck(cudaMalloc(&rows, nx * sizeof(floatX)));
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 2; k++) { cudaCheck(cudaMalloc(&out[i][k], (size_t)M * OC * sizeof(floatX))); }
+        cudaCheck(cudaMalloc(&xo[i], nx * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&rs[i], (size_t)M * sizeof(float)));
+        cudaCheck(cudaMemset(xo[i], 0, nx * sizeof(floatX)));
+    }
+    rt->decode_step = 1;
+    for (int fused = 0; fused < 2; fused++) { // fused = 0: the rows made first (ready), then the plain kernels
+        StepInput in = {rows, dx, with_branch ? db : NULL, dn, xo[fused], rs[fused], 0};
+        if (!fused) { step_input_rows(&in, M, C, rt->stream); }
+        step_product(out[fused][0], OC, &in, dw, M, C, OC, rt);
+        StepInput in2 = in;
+        if (!step_product_glu(out[fused][1], &in2, dw, M, C, OC, rt)) { printf("     (GLU refused)\n"); }
+    }
+    rt->decode_step = 0;
+    cudaCheck(cudaStreamSynchronize(rt->stream));
+    bool same = true;
+    const size_t so = (size_t)M * OC * sizeof(floatX);
+    const void *pairs[4][2] = {{out[0][0], out[1][0]}, {out[0][1], out[1][1]}, {xo[0], xo[1]}, {rs[0], rs[1]}};
+    const size_t sizes[4] = {so, so, with_branch ? nx * sizeof(floatX) : 0, (size_t)M * sizeof(float)};
+    for (int k = 0; k < 4; k++) {
+        if (sizes[k] == 0) { continue; }
+        char *a = (char *)mallocCheck(sizes[k]), *b = (char *)mallocCheck(sizes[k]);
+        cudaCheck(cudaMemcpy(a, pairs[k][0], sizes[k], cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(b, pairs[k][1], sizes[k], cudaMemcpyDeviceToHost));
+        same = same && memcmp(a, b, sizes[k]) == 0;
+        free(a); free(b);
+    }
+    snprintf(name, sizeof(name), "norm in the product M=%d C=%d OC=%d%s", M, C, OC, with_branch ? " +branch" : "");
+    test_result(same, name, "= RMSNorm kernel + GEMV (and SwiGLU form), x + branch, 1/rms: %s",
+                same ? "bit for bit" : "DIFFER");
+    free(hx); free(hb); free(hw); free(hn);
+    cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(db)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dn));
+    cudaCheck(cudaFree(rows));
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 2; k++) { cudaCheck(cudaFree(out[i][k])); }
+        cudaCheck(cudaFree(xo[i])); cudaCheck(cudaFree(rs[i]));
+    }
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -120,6 +253,13 @@ int main(void) {
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         run_case(&rt, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     }
+    const int glu[][3] = {{1, 1024, 2816}, {3, 64, 77}, {8, 256, 1000}};
+    for (size_t i = 0; i < sizeof(glu) / sizeof(glu[0]); i++) { run_glu_case(&rt, glu[i][0], glu[i][1], glu[i][2]); }
+    run_norm_case(&rt, 1, 1024, 3076, 1);
+    run_norm_case(&rt, 8, 1024, 1000, 1);
+    run_norm_case(&rt, 3, 1344, 77, 0);
+    run_prep_case(&rt, 1, 1472, 84, 4);
+    run_prep_case(&rt, 5, 200, 7, 2);
     runtime_free(&rt);
     return test_summary(SUITE);
 }
