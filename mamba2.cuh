@@ -41,7 +41,9 @@ sequence run alone, test_mamba2_gpu):
     dt, ddt (tok, H) fp32 (dt after the softplus; ddt written); A_log, D (H) fp32; dA_log, dD (H) fp32 (+=);
     h0, h_final, dh0, dh_final: (H, P, N) fp32 per sequence at b·state_stride floats, each optional (NULL).
 Limits: any T ≥ 1, G dividing H, P ≤ 128, N ≤ 256 and the backward's shared memory (it grows with P and N: P=64,
-N=128 take 179 KB; P=19, N=216 take 174 KB) within the device's opt-in limit; mamba2_check_dims says which.
+N=128 take 179 KB; P=19, N=216 take 174 KB) within the device's opt-in limit; mamba2_check_dims says which (with
+backward = 0 only the forward's limits: the fp32 test build runs the forward and the inference at P=64, N=128, whose
+backward's fp32 tiles would not fit).
 */
 #ifndef M2RNN_MAMBA2_CUH
 #define M2RNN_MAMBA2_CUH
@@ -107,18 +109,21 @@ static inline size_t mamba2_bwd_smem(int P, int N) {
            + (size_t)12 * MAMBA2_L * 4;                // per-token vectors (a head's four, twice; four sums)
 }
 
-static const char *mamba2_check_dims(const Mamba2Dims *d) {
+static const char *mamba2_check_dims(const Mamba2Dims *d, int backward = 1) {
     if (d->B < 1 || d->T < 1 || d->H < 1 || d->P < 1 || d->N < 1 || d->G < 1) { return "B, T, H, P, N, G must be >= 1"; }
     if (d->H % d->G != 0) { return "G must divide H"; }
     if (d->P > 128) { return "P must be <= 128"; }
     if (d->N > 256) { return "N must be <= 256"; }
     if (d->stride < d->H * d->P + 2 * d->G * d->N) { return "the token stride is smaller than x | B | C"; }
-    if (mamba2_bwd_smem(d->P, d->N) > 227 * 1024) { return "P and N too large for the backward's shared memory"; }
+    if (mamba2_scan_smem(d->P, d->N) > 227 * 1024 || mamba2_pass_smem(d->P, d->N) > 227 * 1024) {
+        return "P and N too large for the forward's shared memory";
+    }
+    if (backward && mamba2_bwd_smem(d->P, d->N) > 227 * 1024) { return "P and N too large for the backward's shared memory"; }
     return NULL;
 }
 
-static void mamba2_validate_dims(const Mamba2Dims *d) {
-    const char *why = mamba2_check_dims(d);
+static void mamba2_validate_dims(const Mamba2Dims *d, int backward = 1) {
+    const char *why = mamba2_check_dims(d, backward);
     if (why != NULL) {
         fail_with_hint("see the limits in mamba2.cuh", "mamba2: unsupported shape B=%d T=%d H=%d P=%d N=%d G=%d: %s",
                        d->B, d->T, d->H, d->P, d->N, d->G, why);
@@ -667,7 +672,7 @@ static void mamba2_state_pass(floatX *Sst, float *fin, const float *init, long s
 static void mamba2_forward(floatX *y, float *h_final, const floatX *x, const floatX *Bm, const floatX *Cm,
                            const float *dt, const float *A_log, const float *D, const float *h0, long state_stride,
                            const Mamba2Dims *d, void *work, cudaStream_t stream) {
-    mamba2_validate_dims(d);
+    mamba2_validate_dims(d, 0);
     floatX *Sst = (floatX *)work;
     mamba2_state_pass(Sst, h_final, h0, state_stride, x, d->stride, Bm, d->stride, dt, A_log, d, 0, stream);
     const size_t smem = mamba2_scan_smem(d->P, d->N);
@@ -684,7 +689,7 @@ static void mamba2_backward(floatX *dx, floatX *dB, floatX *dC, float *ddt, floa
                             const floatX *dy, const float *dh_final, const floatX *x, const floatX *Bm,
                             const floatX *Cm, const float *dt, const float *A_log, const float *D, const float *h0,
                             long state_stride, const Mamba2Dims *d, void *work, cudaStream_t stream) {
-    mamba2_validate_dims(d);
+    mamba2_validate_dims(d, 1);
     const long NS = mamba2_slots(d);
     const size_t states = (size_t)NS * d->H * d->P * d->N;
     DeviceArena a = {(char *)work, 0};

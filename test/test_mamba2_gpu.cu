@@ -643,9 +643,10 @@ int main(void) {
         if (FLOATX_IS_FP32) { // P=64, N=128 and P=19, N=216 exceed the shared memory with fp32 tiles: refused there
             d.P = 32; d.N = 24; d.G = 2; d.stride = 4 * 32 + 2 * 2 * 24;
             ok = ok && mamba2_check_dims(&d) == NULL;
-            d.P = 64; d.N = 128; d.G = 1;
-            ok = ok && mamba2_check_dims(&d) != NULL;
-            test_result(ok, "shape checks", "accepts P=32 N=24, refuses P=64 N=128 (fp32 tiles), G not dividing H, P=200");
+            d.P = 64; d.N = 128; d.G = 1; d.stride = 4 * 64 + 2 * 128;
+            ok = ok && mamba2_check_dims(&d) != NULL && mamba2_check_dims(&d, 0) == NULL;
+            test_result(ok, "shape checks", "accepts P=32 N=24, refuses P=64 N=128's backward (fp32 tiles) but not its "
+                        "forward, refuses G not dividing H, P=200");
         } else {
             test_result(ok, "shape checks", "accepts P=64 N=128 and P=19 N=216, refuses G not dividing H, P=200");
         }
