@@ -360,6 +360,11 @@ build/bench_infer: dev/bench/bench_infer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
 
+# the decode step's products at 16-64 rows under every cuBLASLt heuristic candidate (dev/bench/infer_results.md)
+build/bench_decode_matmul: dev/bench/bench_decode_matmul.cu dev/bench/bench_common.cuh $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+
 test/test_gpu_nccl.sh: train_m2rnn build/train_m2rnn_fp32 build/test_train
 test/test_gpu_tp.sh: train_m2rnn build/train_m2rnn_fp32 build/test_train
 
@@ -368,7 +373,7 @@ build/bench_tp: dev/bench/bench_tp.cu dev/bench/bench_common.cuh train_m2rnn.cu 
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) $(TRAINER_PARALLEL) -o $@ $< $(NVCC_LDLIBS) $(TRAINER_PARALLEL_LIBS)
 
-CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_memory_kernels build/bench_infer build/bench_moe build/bench_gdn build/bench_tp
+CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_memory_kernels build/bench_infer build/bench_decode_matmul build/bench_moe build/bench_gdn build/bench_tp
 CUDA_TESTS += $(TRAINER_TESTS)
 
 # ---------------------------------------------------------------------------------------------------------------
