@@ -270,6 +270,15 @@ __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floa
     }
 }
 
+// the output gate of one element: *y = x + v·d (rounded; x without D), returns y ⊙ SiLU(g) rounded (gate.cuh's
+// output_gate_forward_kernel and a decode step's fused product both go through it: the same bits)
+__device__ __forceinline__ floatX output_gate_value(floatX *y, floatX x, floatX v, floatX g, floatX d, bool has_d) {
+    floatX yv = x;
+    if (has_d) { yv = (floatX)(to_float(yv) + to_float(v) * to_float(d)); }
+    *y = yv;
+    return (floatX)(to_float(yv) * silu_f(to_float(g)));
+}
+
 // A decode step's products have a handful of rows (M = the sequences decoding) and are a read of the weight: cuBLASLt
 // sends them to split-K tile kernels plus a reduction kernel (or a dot and a reduce kernel), two launches each. For
 // M ≤ GEMV_MAX_M one kernel instead: a warp per GEMV_ROWS output rows, each lane 16-byte pieces of those weight rows
@@ -283,13 +292,44 @@ __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floa
 // and the 1/rms: the same bits as rmsnorm_forward and then the product, one launch instead of two.
 #define GEMV_MAX_M 8
 #define GEMV_ROWS 4 // output rows a warp
+// GATE (gate_g not NULL): the rows are RMSNorm(gated) · w, gated = (x + v ⊙ D) ⊙ SiLU(g) by output_gate_value
+// (M²RNN's output gate and mixer norm: output_gate_forward and rmsnorm_forward's bits, y itself not updated), made
+// into shared memory and normalized there; no branch then.
 typedef struct {
-    const floatX *x;      // (M, IC) the residual stream
+    const floatX *x;      // (M, IC) the residual stream (GATE: the recurrence's y)
     const floatX *branch; // (M, IC) added first, or NULL
     const floatX *w;      // (IC) the norm's weight
     floatX *x_out;        // (M, IC) x + branch (with branch; not x: the other blocks still read it)
     float *rstd;          // (M)
+    const floatX *gate_v, *gate_g, *gate_D; // GATE: v (M, IC) and g (M, IC) views, rows v_stride, g_stride apart; D (IC)
+    int v_stride, g_stride;
 } GemvNorm;
+// rows (count, IC) in shared memory = the gated rows m0 .. m0 + count − 1 of n (output_gate_value), by the whole
+// block, GATE_U loads of each operand in flight a thread
+__device__ __forceinline__ void gate_rows_block(floatX *rows, const GemvNorm *n, int m0, int count, int IC) {
+    constexpr int GATE_U = 4;
+    const int total = count * IC;
+    const bool has_d = n->gate_D != NULL;
+    for (int i0 = threadIdx.x; i0 < total; i0 += GATE_U * blockDim.x) {
+        floatX xv[GATE_U], vv[GATE_U], gv[GATE_U], dv[GATE_U];
+#pragma unroll
+        for (int u = 0; u < GATE_U; u++) {
+            const int i = min(i0 + u * (int)blockDim.x, total - 1), r = i / IC, j = i - r * IC;
+            const size_t m = (size_t)(m0 + r);
+            xv[u] = n->x[m * IC + j];
+            gv[u] = n->gate_g[m * n->g_stride + j];
+            vv[u] = has_d ? n->gate_v[m * n->v_stride + j] : (floatX)0.0f;
+            dv[u] = has_d ? n->gate_D[j] : (floatX)0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < GATE_U; u++) {
+            const int i = i0 + u * (int)blockDim.x;
+            floatX y;
+            if (i < total) { rows[i] = output_gate_value(&y, xv[u], vv[u], gv[u], dv[u], has_d); }
+        }
+    }
+}
+
 template <int M, bool GLU, bool NORM>
 __global__ void __launch_bounds__(256)
     matmul_gemv_kernel(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC,
@@ -319,12 +359,17 @@ __global__ void __launch_bounds__(256)
     pdl_trigger();
     if constexpr (NORM) {
         floatX *rows = (floatX *)gemv_rows;
-        if (warp < M) {
+        const bool gate = nrm.gate_g != NULL;
+        if (gate) { // the gated rows first, by the whole block
+            gate_rows_block(rows, &nrm, 0, M, IC);
+            __syncthreads();
+        }
+        if (warp < M) { // then normalized in place (rmsnorm_row_packs reads a lane's packs before it writes them)
             const bool first = blockIdx.x == 0;
             const size_t r0 = (size_t)warp * IC;
             rmsnorm_row_packs(rows + r0, first ? nrm.rstd + warp : NULL,
-                              first && nrm.branch != NULL ? nrm.x_out + r0 : NULL, nrm.x + r0,
-                              nrm.branch != NULL ? nrm.branch + r0 : NULL, nrm.w, IC, lane);
+                              first && !gate && nrm.branch != NULL ? nrm.x_out + r0 : NULL, gate ? rows + r0 : nrm.x + r0,
+                              !gate && nrm.branch != NULL ? nrm.branch + r0 : NULL, nrm.w, IC, lane);
         }
         __syncthreads();
         inp = rows;
@@ -385,7 +430,7 @@ static bool matmul_gemv_launch(floatX *out, int out_stride, const floatX *inp, c
                         ((uintptr_t)nrm->x | (uintptr_t)nrm->branch | (uintptr_t)nrm->x_out | (uintptr_t)nrm->w) % 16 != 0)) {
         return false;
     }
-    const GemvNorm none = {NULL, NULL, NULL, NULL, NULL}, n = nrm != NULL ? *nrm : none;
+    const GemvNorm none = {}, n = nrm != NULL ? *nrm : none;
     const unsigned grid = (unsigned)CEIL_DIV(OC, 8 * GEMV_ROWS);
 #define GEMV_CASE(MM)                                                                                                  \
     case MM:                                                                                                           \

@@ -81,12 +81,10 @@ __global__ void output_gate_forward_kernel(floatX *y, floatX *gated, const float
     const long m = blockIdx.x;
     for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < NV; j += gridDim.y * blockDim.x) {
         const long i = m * NV + j;
-        floatX yv = y[i];
-        if (D != NULL) {
-            yv = (floatX)(to_float(yv) + to_float(v[m * v_stride + j]) * to_float(D[j]));
-            y[i] = yv;
-        }
-        gated[i] = (floatX)(to_float(yv) * silu_f(to_float(g[m * g_stride + j])));
+        floatX yv;
+        gated[i] = output_gate_value(&yv, y[i], D != NULL ? v[m * v_stride + j] : (floatX)0.0f, g[m * g_stride + j],
+                                     D != NULL ? D[j] : (floatX)0.0f, D != NULL);
+        if (D != NULL) { y[i] = yv; }
     }
 }
 

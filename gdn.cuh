@@ -1304,6 +1304,13 @@ static void l2norm_backward(floatX *dx, const floatX *dout, const floatX *x, con
 
 // beta, g (M,H) fp32 from the b and a rows of proj (token stride `stride`): β = (neg ? 2 : 1) sigmoid(b),
 // g = log α = −exp(A_log) softplus(a + dt_bias)
+// β = sigmoid(b) (2·sigmoid with neg: GDN[−1,1]) and g = −exp(A_log)·softplus(a + dt_bias) of one (token, head): the
+// gate kernel's arithmetic and the step's fused prep kernel's
+__device__ __forceinline__ void gdn_gate_values(float *beta, float *g, floatX b_raw, floatX a_raw, float A_log,
+                                                float dt_bias, int neg) {
+    *beta = (neg ? 2.0f : 1.0f) / (1.0f + expf(-(float)b_raw));
+    *g = -expf(A_log) * softplus_f((float)a_raw + dt_bias);
+}
 __global__ void gdn_gates_forward_kernel(float *beta, float *g, const floatX *b_raw, const floatX *a_raw, int stride,
                                          const float *A_log, const float *dt_bias, long M, int H, int neg) {
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
@@ -1312,8 +1319,7 @@ __global__ void gdn_gates_forward_kernel(float *beta, float *g, const floatX *b_
     if (i >= M * H) { return; }
     const long m = i / H;
     const int h = (int)(i % H);
-    beta[i] = (neg ? 2.0f : 1.0f) / (1.0f + expf(-(float)b_raw[m * stride + h]));
-    g[i] = -expf(A_log[h]) * softplus_f((float)a_raw[m * stride + h] + dt_bias[h]);
+    gdn_gate_values(beta + i, g + i, b_raw[m * stride + h], a_raw[m * stride + h], A_log[h], dt_bias[h], neg);
 }
 // db_raw, da_raw (views) written; partial (2, chunks, H): dA_log and ddt_bias per token chunk
 __global__ void gdn_gates_backward_kernel(floatX *db_raw, floatX *da_raw, float *partial, const float *dbeta,
@@ -1507,6 +1513,72 @@ static void gdn_mixer_backward(floatX *dinp, void *scratch, const floatX *dout, 
 // a sequence's decode state: the conv window (W−1, CD) then S (H,K,V), fp32 (the CPU's order)
 static size_t gdn_mixer_state_bytes(const ModelConfig *c, int context) { return gdn_decode_state(c, context) * sizeof(float); }
 
+// The step's conv (CD channels, the window updated), the q/k L2 norms and the gates in one launch: a block of
+// GDN_PREP_THREADS a unit, grid (B, units), a thread a channel (one round of loads, as conv1d_silu_step); units: the
+// 2H q and k head rows (their K channels, then warp 0 runs l2norm_forward_kernel's VEC arithmetic on the rounded
+// outputs: the same bits), the v channels GDN_PREP_THREADS a unit, then one unit for the H gates (gdn_gate_values).
+// The same bits as conv1d_silu_step, l2norm_forward twice and gdn_gates_forward_kernel. Needs K ≤ GDN_PREP_THREADS,
+// a multiple of E = 16/sizeof(floatX), and ≤ 32·E (l2norm_vec).
+#define GDN_PREP_THREADS 256
+__global__ void __launch_bounds__(GDN_PREP_THREADS)
+    gdn_step_prep_kernel(floatX *act, float *window, long state_stride, floatX *qn, floatX *kn, float *rq, float *rk,
+                         float *beta, float *g, const floatX *proj, const floatX *conv_w, const float *A_log,
+                         const float *dt_bias, int CD, int W, int Rs, int H, int K, int boff, int neg) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
+    constexpr int E = GDN_L2_PIECE;
+    const int b = blockIdx.x, unit = blockIdx.y, t = threadIdx.x, HK = H * K;
+    const int vunits = CEIL_DIV(CD - 2 * HK, GDN_PREP_THREADS);
+    float *s = window + (long)b * state_stride;
+    if (unit < 2 * H) { // a q (unit < H) or k head row: channels unit·K onwards
+        if (t < K) { conv1d_silu_step_channel(act, s, proj, conv_w, NULL, b, unit * K + t, CD, W, Rs); }
+        __syncthreads(); // (the row's outputs, written by the block, read back by warp 0)
+        if (t < WARP_SIZE) {
+            const bool on = t * E < K;
+            uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+            if (on) { raw = *(const uint4 *)(act + (long)b * CD + unit * K + t * E); }
+            const float r = l2norm_rinv(warp_reduce_sum(l2norm_piece_ss(raw)));
+            const long row = (long)b * H + unit % H;
+            if (t == 0) { (unit < H ? rq : rk)[row] = r; }
+            if (on) { *(uint4 *)((unit < H ? qn : kn) + row * K + t * E) = l2norm_piece_scale(raw, r); }
+        }
+    } else if (unit < 2 * H + vunits) {
+        const int c = 2 * HK + (unit - 2 * H) * GDN_PREP_THREADS + t;
+        if (c < CD) { conv1d_silu_step_channel(act, s, proj, conv_w, NULL, b, c, CD, W, Rs); }
+    } else if (t < H) {
+        const long i = (long)b * H + t;
+        gdn_gate_values(beta + i, g + i, proj[(long)b * Rs + boff + t], proj[(long)b * Rs + boff + H + t], A_log[t],
+                        dt_bias[t], neg);
+    }
+}
+
+// act (B, CD) the conv's outputs and the windows (stride floats apart) advanced; qn, kn (B·H, K) and rq, rk (B·H) the
+// q/k L2 norms; beta, g (B, H) the gates; from proj (B, Rs): the conv's CD inputs, and at boff the H b and H a inputs.
+// One kernel (gdn_step_prep_kernel); false (nothing launched) where the shape does not fit it
+static bool gdn_step_prep(floatX *act, float *window, long stride, floatX *qn, floatX *kn, float *rq, float *rk,
+                          float *beta, float *g, const floatX *proj, const floatX *conv_w, const float *A_log,
+                          const float *dt_bias, int B, int CD, int W, int Rs, int H, int K, int boff, int neg,
+                          cudaStream_t stream) {
+    const int HK = H * K;
+    if (K > GDN_PREP_THREADS || !l2norm_vec(act, qn, K, CD) || !l2norm_vec(act + HK, kn, K, CD)) { return false; }
+    const int units = 2 * H + CEIL_DIV(CD - 2 * HK, GDN_PREP_THREADS) + 1;
+    launch_k(gdn_step_prep_kernel, dim3(B, units), GDN_PREP_THREADS, 0, stream, act, window, stride, qn, kn, rq, rk,
+             beta, g, proj, conv_w, A_log, dt_bias, CD, W, Rs, H, K, boff, neg);
+    return true;
+}
+// the same by the four kernels: conv step, L2 norms of q and k, gates
+static void gdn_step_prep_unfused(floatX *act, float *window, long stride, floatX *qn, floatX *kn, float *rq, float *rk,
+                                  float *beta, float *g, const floatX *proj, const floatX *conv_w, const float *A_log,
+                                  const float *dt_bias, int B, int CD, int W, int Rs, int H, int K, int boff, int neg,
+                                  cudaStream_t stream) {
+    const int HK = H * K;
+    conv1d_silu_step(act, window, stride, proj, conv_w, NULL, B, CD, W, Rs, stream);
+    l2norm_forward(qn, rq, act, B, H, K, CD, stream);
+    l2norm_forward(kn, rk, act + HK, B, H, K, CD, stream);
+    launch_k(gdn_gates_forward_kernel, CEIL_DIV((long)B * H, 256), 256, 0, stream, beta, g, proj + boff,
+             proj + boff + H, Rs, A_log, dt_bias, (long)B, H, neg);
+}
+
 static void gdn_mixer_step(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t,
                            const ModelConfig *c, int B, const int *pos, int context, const Runtime *rt) {
     const GDNParams *w = (const GDNParams *)t->w;
@@ -1520,11 +1592,13 @@ static void gdn_mixer_step(floatX *out, void *state, void *work, StepInput *in, 
     cudaStream_t stream = rt->stream;
     gdn_check_dims(K, V);
     step_product(a.proj, Rs, in, w->in_w, B, C, R, rt);
-    conv1d_silu_step(a.conv_act, window, stride, a.proj, w->conv_w, NULL, B, CD, c->gdn.conv, Rs, stream);
-    l2norm_forward(a.qn, a.rq, a.conv_act, B, H, K, CD, stream);
-    l2norm_forward(a.kn, a.rk, a.conv_act + HK, B, H, K, CD, stream);
-    launch_k(gdn_gates_forward_kernel, CEIL_DIV((long)B * H, 256), 256, 0, stream, a.beta, a.g, a.proj + boff,
-             a.proj + boff + H, Rs, (const float *)w32->A_log, (const float *)w32->dt_bias, (long)B, H, c->gdn.neg);
+    if (!gdn_step_prep(a.conv_act, window, stride, a.qn, a.kn, a.rq, a.rk, a.beta, a.g, a.proj, w->conv_w,
+                       (const float *)w32->A_log, (const float *)w32->dt_bias, B, CD, c->gdn.conv, Rs, H, K, boff,
+                       c->gdn.neg, stream)) {
+        gdn_step_prep_unfused(a.conv_act, window, stride, a.qn, a.kn, a.rq, a.rk, a.beta, a.g, a.proj, w->conv_w,
+                              (const float *)w32->A_log, (const float *)w32->dt_bias, B, CD, c->gdn.conv, Rs, H, K,
+                              boff, c->gdn.neg, stream);
+    }
     gdn_step(a.o, S, stride, a.qn, a.kn, a.conv_act + 2 * HK, CD, a.beta, a.g, B, H, K, V, stream);
     gdn_outputs(out, &a, w, c, B, rt);
 }

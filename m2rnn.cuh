@@ -485,7 +485,14 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in
     {
         m2rnn_plain_forward(a.y, NULL, H, H, stride, q, k, v, CD, a.f, w->W, B, 1, N, Nq, K, V, stream);
     }
-    output_gate_forward(a.y, a.gated, a.conv_act + 2 * Nq * K, a.proj + CD + N, w->D, B, NV, CD, Rs, stream);
+    const floatX *v_view = a.conv_act + 2 * Nq * K, *g_view = a.proj + CD + N;
+    if (rt->decode_step && m2rnn_norm_groups(c) == 1 && c->m2rnn.tp_norm <= 1) {
+        // the output gate and the norm in the out-projection's prologue (up to GEMV_MAX_M sequences): the same bits as
+        // the three kernels below, two launches fewer (y is not updated)
+        GemvNorm n = {a.y, NULL, w->norm_w, NULL, a.rstd, v_view, g_view, w->D, CD, Rs};
+        if (matmul_gemv_launch<false>(out, C, NULL, w->out_w, B, NV, C, &n, stream)) { return; }
+    }
+    output_gate_forward(a.y, a.gated, v_view, g_view, w->D, B, NV, CD, Rs, stream);
     m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, B, NULL, stream);
     matmul_forward(out, a.normed, w->out_w, B, NV, C, rt);
 }

@@ -1,13 +1,17 @@
 /*
 test_decode_gpu.cu: the decode step's weight-streaming product (common.cuh: matmul_gemv, for at most GEMV_MAX_M rows)
 against a float64 product of the same bf16 (or fp32) inputs, as normwise relative errors, on shapes that cover every
-row count, output counts that are not a multiple of a block's rows, and strided outputs. Each case
+row count, output counts that are not a multiple of a block's rows, and strided outputs; with more rows, the decode
+dispatch (cuBLASLt, and the outputs past a multiple of 8 as a second product) the same way. Each case
 also runs through matmul_forward_strided with rt.decode_step set (the dispatch the decode step takes), launched
 programmatically (launch_pdl, cuda_common.h) as a chain of products that feed each other, against the same chain
 launched the ordinary way: bit for bit, and twice the same bits (no atomics). The SwiGLU form (matmul_gemv_glu) is
 held to the plain product of the 2F rows followed by the pointwise kernel, bit for bit, and the M²RNN step's fused conv
 + decay gate (m2rnn_step_prep) to the conv step and the gate kernels: activations, gates and windows bit for bit; and
-a product with the residual RMSNorm in its prologue (step_product, step_product_glu) to rmsnorm_forward + the GEMV.
+a product with the residual RMSNorm in its prologue (step_product, step_product_glu) to rmsnorm_forward + the GEMV,
+and the M²RNN step's output gate and mixer norm in the out-projection's prologue (GemvNorm's gate) to
+output_gate_forward + rmsnorm_forward + the GEMV; the GDN step's conv, q/k L2 norms and gates in one kernel
+(gdn_step_prep) to the four kernels.
 Without a GPU it prints a SKIP line and exits 0.
 */
 #include <math.h>
@@ -20,6 +24,8 @@ Without a GPU it prints a SKIP line and exits 0.
 #include "common.cuh"
 #include "swiglu.cuh"
 #include "m2rnn.cuh"
+#include "gate.cuh"
+#include "gdn.cuh"
 #include "test/test_common.h"
 
 #if FLOATX_IS_FP32
@@ -58,8 +64,17 @@ static void run_case(Runtime *rt, int M, int IC, int OC, int S) {
     floatX *dx = upload(hx, nx), *dw = upload(hw, nw), *dw2 = upload(hw2, nw), *dy;
     cudaCheck(cudaMalloc(&dy, ny * sizeof(floatX)));
     cudaCheck(cudaMemset(dy, 0xff, ny * sizeof(floatX))); // NaN: a missed element shows
-    const bool ok_launch = matmul_gemv(dy, S, dx, dw, M, IC, OC, rt->stream);
-    const char *kind = "gemv";
+    // up to GEMV_MAX_M rows the GEMV itself; more: the decode dispatch (cuBLASLt: the outputs up to a multiple of 8,
+    // then the few left)
+    bool ok_launch = true;
+    const char *kind = M <= GEMV_MAX_M ? "gemv" : "decode product";
+    if (M <= GEMV_MAX_M) {
+        ok_launch = matmul_gemv(dy, S, dx, dw, M, IC, OC, rt->stream);
+    } else {
+        rt->decode_step = 1;
+        matmul_forward_strided(dy, S, dx, dw, M, IC, OC, rt);
+        rt->decode_step = 0;
+    }
     snprintf(name, sizeof(name), "%s M=%d IC=%d OC=%d stride %d", kind, M, IC, OC, S);
     if (!ok_launch) {
         test_result(0, name, "the kernel refused the shape");
@@ -237,6 +252,113 @@ static void run_norm_case(Runtime *rt, int M, int C, int OC, int with_branch) {
     }
 }
 
+// the M²RNN step's output gate and mixer norm in the out-projection's prologue (GemvNorm's gate) = output_gate_forward,
+// rmsnorm_forward, then the GEMV: the output and the 1/rms bit for bit (v and g strided views, as in the step)
+static void run_gate_norm_case(Runtime *rt, int M, int NV, int OC, int vs, int gs) {
+    char name[96];
+    snprintf(name, sizeof(name), "gate + norm in the product M=%d NV=%d OC=%d", M, NV, OC);
+    if (!rmsnorm_row_packs_ok(NV)) { // (fp32 rows of 1344: more packs than a lane keeps; the step runs unfused)
+        test_skip(name, "rows too long for the one-warp norm at this precision: the unfused kernels run");
+        return;
+    }
+    uint64_t seed = 0x6a7e ^ ((uint64_t)M << 24) ^ ((uint64_t)NV << 8) ^ (uint64_t)OC;
+    const size_t ny = (size_t)M * NV, nv = (size_t)M * vs, ng = (size_t)M * gs, nw = (size_t)OC * NV;
+    floatX *hy = (floatX *)mallocCheck(ny * sizeof(floatX)), *hv = (floatX *)mallocCheck(nv * sizeof(floatX));
+    floatX *hg = (floatX *)mallocCheck(ng * sizeof(floatX)), *hw = (floatX *)mallocCheck(nw * sizeof(floatX));
+    floatX *hD = (floatX *)mallocCheck((size_t)NV * sizeof(floatX)), *hn = (floatX *)mallocCheck((size_t)NV * sizeof(floatX));
+    for (size_t i = 0; i < ny; i++) { hy[i] = (floatX)(2.0f * frand(&seed)); }
+    for (size_t i = 0; i < nv; i++) { hv[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < ng; i++) { hg[i] = (floatX)(3.0f * frand(&seed)); }
+    for (size_t i = 0; i < nw; i++) { hw[i] = (floatX)(frand(&seed) / sqrtf((float)NV)); }
+    for (int i = 0; i < NV; i++) { hD[i] = (floatX)(1.0f + 0.5f * frand(&seed)); hn[i] = (floatX)(1.0f + 0.5f * frand(&seed)); }
+    floatX *dy = upload(hy, ny), *dy2 = upload(hy, ny), *dv = upload(hv, nv), *dg = upload(hg, ng), *dw = upload(hw, nw);
+    floatX *dD = upload(hD, (size_t)NV), *dn = upload(hn, (size_t)NV), *gated, *normed, *out[2];
+    float *rs[2];
+    cudaCheck(cudaMalloc(&gated, ny * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&normed, ny * sizeof(floatX)));
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaMalloc(&out[i], (size_t)M * OC * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&rs[i], (size_t)M * sizeof(float)));
+    }
+    output_gate_forward(dy2, gated, dv, dg, dD, M, NV, vs, gs, rt->stream);
+    rmsnorm_forward(normed, rs[0], NULL, gated, NULL, dn, M, NV, rt->stream);
+    bool ok = matmul_gemv(out[0], OC, normed, dw, M, NV, OC, rt->stream);
+    const GemvNorm n = {dy, NULL, dn, NULL, rs[1], dv, dg, dD, vs, gs};
+    ok = ok && matmul_gemv_launch<false>(out[1], OC, NULL, dw, M, NV, OC, &n, rt->stream);
+    cudaCheck(cudaStreamSynchronize(rt->stream));
+    bool same = ok;
+    const size_t sizes[2] = {(size_t)M * OC * sizeof(floatX), (size_t)M * sizeof(float)};
+    const void *bufs[2][2] = {{out[0], out[1]}, {rs[0], rs[1]}};
+    for (int k = 0; k < 2 && ok; k++) {
+        char *x = (char *)mallocCheck(sizes[k]), *z = (char *)mallocCheck(sizes[k]);
+        cudaCheck(cudaMemcpy(x, bufs[k][0], sizes[k], cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(z, bufs[k][1], sizes[k], cudaMemcpyDeviceToHost));
+        same = same && memcmp(x, z, sizes[k]) == 0;
+        free(x); free(z);
+    }
+    test_result(same, name, "= output gate + RMSNorm kernels + GEMV, 1/rms: %s",
+                !ok ? "REFUSED" : same ? "bit for bit" : "DIFFER");
+    free(hy); free(hv); free(hg); free(hw); free(hD); free(hn);
+    for (floatX *p : {dy, dy2, dv, dg, dw, dD, dn, gated, normed, out[0], out[1]}) { cudaCheck(cudaFree(p)); }
+    cudaCheck(cudaFree(rs[0])); cudaCheck(cudaFree(rs[1]));
+}
+
+// the GDN step's conv + q/k L2 norms + gates in one kernel (gdn_step_prep) = the four kernels (gdn_step_prep_unfused):
+// the conv outputs, the windows, qn, kn, their 1/norms and both gates bit for bit
+static void run_gdn_prep_case(Runtime *rt, int B, int H, int K, int V, int W, int neg) {
+    char name[96];
+    snprintf(name, sizeof(name), "GDN step prep B=%d H=%d K=%d V=%d W=%d%s", B, H, K, V, W, neg ? " neg" : "");
+    uint64_t seed = 0x9d0 ^ ((uint64_t)B << 32) ^ ((uint64_t)H << 16) ^ ((uint64_t)K << 4) ^ (uint64_t)V;
+    const int HK = H * K, CD = 2 * HK + H * V, boff = 2 * HK + 2 * H * V, Rs = boff + 2 * H + 6;
+    const long stride = (long)(W - 1) * CD + 40;
+    const size_t np = (size_t)B * Rs, nw = (size_t)CD * W, ns = (size_t)B * stride;
+    floatX *hp = (floatX *)mallocCheck(np * sizeof(floatX)), *hw = (floatX *)mallocCheck(nw * sizeof(floatX));
+    float *hs = (float *)mallocCheck(ns * sizeof(float)), *ha = (float *)mallocCheck(2 * (size_t)H * sizeof(float));
+    for (size_t i = 0; i < np; i++) { hp[i] = (floatX)(3.0f * frand(&seed)); }
+    for (size_t i = 0; i < nw; i++) { hw[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < ns; i++) { hs[i] = (float)(floatX)frand(&seed); }
+    for (int i = 0; i < 2 * H; i++) { ha[i] = frand(&seed); }
+    floatX *dp = upload(hp, np), *dw = upload(hw, nw), *act[2], *qn[2], *kn[2];
+    float *win[2], *rq[2], *rk[2], *beta[2], *g[2], *dA;
+    cudaCheck(cudaMalloc(&dA, 2 * (size_t)H * sizeof(float)));
+    cudaCheck(cudaMemcpy(dA, ha, 2 * (size_t)H * sizeof(float), cudaMemcpyHostToDevice));
+    const size_t BH = (size_t)B * H;
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaMalloc(&act[i], (size_t)B * CD * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&qn[i], BH * K * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&kn[i], BH * K * sizeof(floatX)));
+        for (float **p : {&rq[i], &rk[i], &beta[i], &g[i]}) { cudaCheck(cudaMalloc(p, BH * sizeof(float))); }
+        cudaCheck(cudaMalloc(&win[i], ns * sizeof(float)));
+        cudaCheck(cudaMemcpy(win[i], hs, ns * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    gdn_step_prep_unfused(act[0], win[0], stride, qn[0], kn[0], rq[0], rk[0], beta[0], g[0], dp, dw, dA, dA + H, B, CD,
+                          W, Rs, H, K, boff, neg, rt->stream);
+    const bool ok = gdn_step_prep(act[1], win[1], stride, qn[1], kn[1], rq[1], rk[1], beta[1], g[1], dp, dw, dA, dA + H,
+                                  B, CD, W, Rs, H, K, boff, neg, rt->stream);
+    cudaCheck(cudaStreamSynchronize(rt->stream));
+    bool same = ok;
+    const size_t fb = BH * sizeof(float), qb = BH * K * sizeof(floatX);
+    const size_t sizes[8] = {(size_t)B * CD * sizeof(floatX), ns * sizeof(float), qb, qb, fb, fb, fb, fb};
+    const void *bufs[8][2] = {{act[0], act[1]}, {win[0], win[1]}, {qn[0], qn[1]}, {kn[0], kn[1]},
+                              {rq[0], rq[1]},   {rk[0], rk[1]},   {beta[0], beta[1]}, {g[0], g[1]}};
+    for (int k = 0; k < 8 && ok; k++) {
+        char *x = (char *)mallocCheck(sizes[k]), *y = (char *)mallocCheck(sizes[k]);
+        cudaCheck(cudaMemcpy(x, bufs[k][0], sizes[k], cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(y, bufs[k][1], sizes[k], cudaMemcpyDeviceToHost));
+        same = same && memcmp(x, y, sizes[k]) == 0;
+        free(x); free(y);
+    }
+    test_result(same, name, "= conv step + 2 L2 norms + gates kernels: %s", !ok ? "REFUSED" : same ? "bit for bit" : "DIFFER");
+    free(hp); free(hw); free(hs); free(ha);
+    cudaCheck(cudaFree(dp)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dA));
+    for (int i = 0; i < 2; i++) {
+        for (void *p : {(void *)act[i], (void *)qn[i], (void *)kn[i], (void *)rq[i], (void *)rk[i], (void *)beta[i],
+                        (void *)g[i], (void *)win[i]}) {
+            cudaCheck(cudaFree(p));
+        }
+    }
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -249,6 +371,8 @@ int main(void) {
         // M, IC, OC, out stride
         {1, 1024, 3076, 3080}, {1, 1024, 100352, 100352}, {2, 64, 77, 77}, {3, 96, 33, 40}, {5, 1344, 1024, 1024},
         {7, 160, 129, 136},    {8, 2816, 1000, 1000},
+        // more rows than the GEMV takes, OC not a multiple of 8 (the M²RNN and GDN in-projections at batch 64)
+        {64, 1024, 2900, 2904}, {64, 1024, 3076, 3080}, {13, 96, 33, 40},
     };
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         run_case(&rt, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
@@ -260,6 +384,14 @@ int main(void) {
     run_norm_case(&rt, 3, 1344, 77, 0);
     run_prep_case(&rt, 1, 1472, 84, 4);
     run_prep_case(&rt, 5, 200, 7, 2);
+    run_gate_norm_case(&rt, 1, 1344, 1024, 1472, 2904); // the 410M Hybrid M²RNN's out-projection
+    run_gate_norm_case(&rt, 8, 1344, 1024, 1472, 2904);
+    run_gate_norm_case(&rt, 3, 256, 77, 300, 517);
+    if (!FLOATX_IS_FP32) { // (fp32: K=256 is more than one 16-byte piece a lane; the unfused kernels run)
+        run_gdn_prep_case(&rt, 1, 2, 256, 512, 4, 0); // the 410M GDN layer
+        run_gdn_prep_case(&rt, 5, 16, 128, 128, 4, 1);
+    }
+    run_gdn_prep_case(&rt, 3, 3, 64, 40, 3, 0);
     runtime_free(&rt);
     return test_summary(SUITE);
 }

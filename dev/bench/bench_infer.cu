@@ -6,9 +6,12 @@ decode tokens/s of B sequences stepping together at a context of ~1K (the step a
 programmatic launches (M2RNN_NO_PDL=1), and eagerly), and the
 decode state a sequence carries against the context (recurrent layers: constant; attention: the KV cache, linear).
 Timing: the host clock around synchronized work, after a warm-up: a prefill's best of 3, a decode step's mean over 64.
-usage: build/bench_infer DESCRIPTOR [vocab] [-prof B]   (vocab 50257 unless given, e.g. 100352)
+usage: build/bench_infer DESCRIPTOR [vocab] [-prof B | -graph B | -decode]   (vocab 50257 unless given, e.g. 100352)
+-decode: only the graph decode lines (batch 1 and 64), for A/B runs of a step's kernels
 -prof B: only B sequences, a 16-token prefill and two eager steps, then one more eager step inside
 cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each kernel of one step, no graph)
+-graph B: only B sequences, a 16-token prefill, then 32 graph steps (for a timeline: `nsys profile
+--cuda-graph-trace=node`; with M2RNN_NO_PDL=1 the kernels do not overlap, so their durations are their own)
 */
 #include <cuda_profiler_api.h>
 #define TESTING
@@ -33,33 +36,36 @@ int main(int argc, char **argv) {
     Rng rng = {5};
     int *tokens = (int *)mallocCheck((size_t)65536 * sizeof(int));
     for (int i = 0; i < 65536; i++) { tokens[i] = (int)(rng_next_u64(&rng) % V); }
-    if (argc > 4 && strcmp(argv[3], "-prof") == 0) {
-        const int B = atoi(argv[4]);
-        setenv("M2RNN_NO_GRAPH", "1", 1);
+    if (argc > 4 && (strcmp(argv[3], "-prof") == 0 || strcmp(argv[3], "-graph") == 0)) {
+        const int B = atoi(argv[4]), graph = strcmp(argv[3], "-graph") == 0, steps = graph ? 34 : 3;
+        if (!graph) { setenv("M2RNN_NO_GRAPH", "1", 1); }
         model_decode_begin(model, B, 64);
         int *pos = (int *)mallocCheck((size_t)B * sizeof(int)), *tok = (int *)mallocCheck((size_t)B * sizeof(int));
         for (int b = 0; b < B; b++) { pos[b] = 0; }
         model_decode_advance(model, 0, B, tokens, 16, pos);
         for (int b = 0; b < B; b++) { pos[b] = 16; tok[b] = tokens[16 + b]; }
-        for (int s = 0; s < 3; s++) {
-            if (s == 2) { executor_sync(model); cudaCheck(cudaProfilerStart()); }
+        double t0 = 0.0;
+        for (int s = 0; s < steps; s++) {
+            if (s == 2) { executor_sync(model); cudaCheck(cudaProfilerStart()); t0 = wall(); }
             model_decode_step(model, tok, pos);
             for (int b = 0; b < B; b++) { pos[b]++; }
         }
         executor_sync(model);
+        const double dt = (wall() - t0) / (steps - 2);
         cudaCheck(cudaProfilerStop());
-        printf("profiled one eager step of %d sequences\n", B);
+        printf("profiled %d %s step(s) of %d sequences: %.3f ms a step\n", steps - 2, graph ? "graph" : "eager", B, dt * 1e3);
         free(pos); free(tok); free(tokens);
         model_free(model);
         return 0;
     }
+    const int decode_only = argc > 3 && strcmp(argv[3], "-decode") == 0; // the graph decode lines only
     const size_t param_bytes = param_table_count(&model->table) * sizeof(floatX);
     printf("%s | %s | %zu parameters (%.2f GB of weights read a step: batch 1 bound %.0f tokens/s at 4.8 TB/s)\n",
            model->rt.prop.name, argv[1], param_table_count(&model->table), param_bytes / 1e9, 4.8e12 / param_bytes);
     // prefill: one prompt of P tokens, its chunks alternating between two streams (the default) or on one
     // (M2RNN_ONE_LANE=1), chunks of 2048 tokens (the default) or fewer (M2RNN_PREFILL_ROWS)
     for (int P : {1024, 8192})
-    for (int cfg = 0; cfg < 4; cfg++) {
+    for (int cfg = 0; cfg < 4 && !decode_only; cfg++) {
         const char *rows = cfg == 3 ? "512" : cfg == 2 ? "1024" : "2048";
         setenv("M2RNN_PREFILL_ROWS", rows, 1);
         if (cfg == 1) { setenv("M2RNN_ONE_LANE", "1", 1); } else { unsetenv("M2RNN_ONE_LANE"); }
@@ -82,7 +88,7 @@ int main(int argc, char **argv) {
     unsetenv("M2RNN_ONE_LANE");
     // decode: B sequences at a context of 1024 (prefilled), 64 steps, graph and eager
     for (int B : {1, 64}) {
-        for (int mode = 0; mode < 3; mode++) { // graph, graph without programmatic launches, eager
+        for (int mode = 0; mode < (decode_only ? 1 : 3); mode++) { // graph, graph without programmatic launches, eager
             const int eager = mode == 2;
             if (eager) { setenv("M2RNN_NO_GRAPH", "1", 1); } else { unsetenv("M2RNN_NO_GRAPH"); }
             if (mode == 1) { setenv("M2RNN_NO_PDL", "1", 1); } else { unsetenv("M2RNN_NO_PDL"); }
@@ -110,6 +116,7 @@ int main(int argc, char **argv) {
     unsetenv("M2RNN_NO_PDL");
     // the decode state of one sequence against the context
     for (int ctx : {1024, 4096, 16384, 65536}) {
+        if (decode_only) { break; }
         model_decode_begin(model, 1, ctx);
         printf("state    context %6d  %9.2f MB a sequence\n", ctx, model_decode_state_size(model) / 1e6);
     }
