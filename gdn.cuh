@@ -1302,8 +1302,6 @@ static void l2norm_backward(floatX *dx, const floatX *dout, const floatX *x, con
     cudaCheck(cudaGetLastError());
 }
 
-// beta, g (M,H) fp32 from the b and a rows of proj (token stride `stride`): β = (neg ? 2 : 1) sigmoid(b),
-// g = log α = −exp(A_log) softplus(a + dt_bias)
 // β = sigmoid(b) (2·sigmoid with neg: GDN[−1,1]) and g = −exp(A_log)·softplus(a + dt_bias) of one (token, head): the
 // gate kernel's arithmetic and the step's fused prep kernel's
 __device__ __forceinline__ void gdn_gate_values(float *beta, float *g, floatX b_raw, floatX a_raw, float A_log,
@@ -1311,6 +1309,8 @@ __device__ __forceinline__ void gdn_gate_values(float *beta, float *g, floatX b_
     *beta = (neg ? 2.0f : 1.0f) / (1.0f + expf(-(float)b_raw));
     *g = -expf(A_log) * softplus_f((float)a_raw + dt_bias);
 }
+// beta, g (M,H) fp32 from the b and a rows of proj (token stride `stride`): β = (neg ? 2 : 1) sigmoid(b),
+// g = log α = −exp(A_log) softplus(a + dt_bias)
 __global__ void gdn_gates_forward_kernel(float *beta, float *g, const floatX *b_raw, const floatX *a_raw, int stride,
                                          const float *A_log, const float *dt_bias, long M, int H, int neg) {
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
@@ -1517,8 +1517,8 @@ static size_t gdn_mixer_state_bytes(const ModelConfig *c, int context) { return 
 // GDN_PREP_THREADS a unit, grid (B, units), a thread a channel (one round of loads, as conv1d_silu_step); units: the
 // 2H q and k head rows (their K channels, then warp 0 runs l2norm_forward_kernel's VEC arithmetic on the rounded
 // outputs: the same bits), the v channels GDN_PREP_THREADS a unit, then one unit for the H gates (gdn_gate_values).
-// The same bits as conv1d_silu_step, l2norm_forward twice and gdn_gates_forward_kernel. Needs K ≤ GDN_PREP_THREADS,
-// a multiple of E = 16/sizeof(floatX), and ≤ 32·E (l2norm_vec).
+// The same bits as conv1d_silu_step, l2norm_forward twice and gdn_gates_forward_kernel. Needs K and H ≤
+// GDN_PREP_THREADS (the gate unit is one block), K a multiple of E = 16/sizeof(floatX) and ≤ 32·E (l2norm_vec).
 #define GDN_PREP_THREADS 256
 __global__ void __launch_bounds__(GDN_PREP_THREADS)
     gdn_step_prep_kernel(floatX *act, float *window, long state_stride, floatX *qn, floatX *kn, float *rq, float *rk,
@@ -1560,7 +1560,9 @@ static bool gdn_step_prep(floatX *act, float *window, long stride, floatX *qn, f
                           const float *dt_bias, int B, int CD, int W, int Rs, int H, int K, int boff, int neg,
                           cudaStream_t stream) {
     const int HK = H * K;
-    if (K > GDN_PREP_THREADS || !l2norm_vec(act, qn, K, CD) || !l2norm_vec(act + HK, kn, K, CD)) { return false; }
+    if (K > GDN_PREP_THREADS || H > GDN_PREP_THREADS || !l2norm_vec(act, qn, K, CD) || !l2norm_vec(act + HK, kn, K, CD)) {
+        return false;
+    }
     const int units = 2 * H + CEIL_DIV(CD - 2 * HK, GDN_PREP_THREADS) + 1;
     launch_k(gdn_step_prep_kernel, dim3(B, units), GDN_PREP_THREADS, 0, stream, act, window, stride, qn, kn, rq, rk,
              beta, g, proj, conv_w, A_log, dt_bias, CD, W, Rs, H, K, boff, neg);
