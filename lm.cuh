@@ -858,6 +858,25 @@ static void model_decode_begin(Model *model, int B, int context) {
     model->dec_context = context;
 }
 
+// layer l as a decode step or advance sees it: its weights, the kinds' tensors and ops, and the state of sequence b0
+typedef struct {
+    const ModelParamsLayer *w;
+    KindTensors tm, tf; // the mixer's and the feed-forward's
+    const KindOps *mx, *ff;
+    void *state; // the mixer's decode state of sequence b0
+} DecodeLayer;
+static DecodeLayer decode_layer(const Model *model, int l, int b0) {
+    DecodeLayer d;
+    d.w = &model->params.layers[l];
+    const ModelParams32Layer *w32 = &model->master.layers[l];
+    d.tm = kind_tensors(d.w->mixer, w32->mixer, NULL);
+    d.tf = kind_tensors(d.w->ffn, w32->ffn, NULL);
+    d.mx = model->mixer_ops[l];
+    d.ff = model->ffn_ops[l];
+    d.state = (char *)model->dec_state[l] + (size_t)b0 * d.mx->state_bytes(&model->config, model->dec_context);
+    return d;
+}
+
 // sequences b0 .. b0+nb−1 run T tokens each through the layers on one lane (T = 1: the kinds' step kernels, lane 0;
 // T > 1: their advance, the forward's kernels from the states); the lane's tokens (nb·T) and pos (nb) are on the
 // device. The residual stream is added and normed as the training forward does (rmsnorm with the residual fused), then
@@ -879,15 +898,11 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
         int cur = 0; // the residual stream is xs[cur]
         StepInput in = {L->norm, xs[0], NULL, model->params.layers[0].ln1_w, NULL, L->rstd, 0};
         for (int l = 0; l < c->n_layer; l++) {
-            const ModelParamsLayer *w = &model->params.layers[l];
-            const ModelParams32Layer *w32 = &model->master.layers[l];
-            const KindTensors tm = kind_tensors(w->mixer, w32->mixer, NULL), tf = kind_tensors(w->ffn, w32->ffn, NULL);
-            const KindOps *mx = model->mixer_ops[l], *ff = model->ffn_ops[l];
-            void *state = (char *)model->dec_state[l] + (size_t)b0 * mx->state_bytes(c, model->dec_context);
-            mx->step(L->branch, state, L->work, &in, &tm, c, nb, L->pos, model->dec_context, rt);
-            in = (StepInput){L->norm, xs[cur], L->branch, w->ln2_w, xs[1 - cur], L->rstd, 0};
+            const DecodeLayer d = decode_layer(model, l, b0);
+            d.mx->step(L->branch, d.state, L->work, &in, &d.tm, c, nb, L->pos, model->dec_context, rt);
+            in = (StepInput){L->norm, xs[cur], L->branch, d.w->ln2_w, xs[1 - cur], L->rstd, 0};
             cur = 1 - cur;
-            ff->step(L->branch, NULL, L->work, &in, &tf, c, nb, L->pos, model->dec_context, rt);
+            d.ff->step(L->branch, NULL, L->work, &in, &d.tf, c, nb, L->pos, model->dec_context, rt);
             const floatX *next_w = l + 1 < c->n_layer ? model->params.layers[l + 1].ln1_w : model->params.lnf_w;
             in = (StepInput){L->norm, xs[cur], L->branch, next_w, xs[1 - cur], L->rstd, 0};
             cur = 1 - cur;
@@ -899,17 +914,13 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
     }
     rmsnorm_forward(L->norm, L->rstd, NULL, L->x, NULL, model->params.layers[0].ln1_w, n, C, stream);
     for (int l = 0; l < c->n_layer; l++) {
-        const ModelParamsLayer *w = &model->params.layers[l];
-        const ModelParams32Layer *w32 = &model->master.layers[l];
-        const KindTensors tm = kind_tensors(w->mixer, w32->mixer, NULL), tf = kind_tensors(w->ffn, w32->ffn, NULL);
-        const KindOps *mx = model->mixer_ops[l], *ff = model->ffn_ops[l];
-        void *state = (char *)model->dec_state[l] + (size_t)b0 * mx->state_bytes(c, model->dec_context);
+        const DecodeLayer d = decode_layer(model, l, b0);
         if (chain) { cudaCheck(cudaStreamWaitEvent(stream, model->dec_ev[l][1 - lane], 0)); }
-        mx->advance(L->branch, state, L->work, L->norm, &tm, c, nb, T, L->pos, model->dec_context, rt);
+        d.mx->advance(L->branch, d.state, L->work, L->norm, &d.tm, c, nb, T, L->pos, model->dec_context, rt);
         if (chain) { cudaCheck(cudaEventRecord(model->dec_ev[l][lane], stream)); }
-        rmsnorm_forward(L->norm, L->rstd, L->x, L->x, L->branch, w->ln2_w, n, C, stream);
-        const size_t acts = ff->acts_bytes(c, nb, T, rt);
-        ff->forward(L->branch, L->work, (char *)L->work + acts, L->norm, &tf, c, nb, T, rt);
+        rmsnorm_forward(L->norm, L->rstd, L->x, L->x, L->branch, d.w->ln2_w, n, C, stream);
+        const size_t acts = d.ff->acts_bytes(c, nb, T, rt);
+        d.ff->forward(L->branch, L->work, (char *)L->work + acts, L->norm, &d.tf, c, nb, T, rt);
         const floatX *next_w = l + 1 < c->n_layer ? model->params.layers[l + 1].ln1_w : model->params.lnf_w;
         rmsnorm_forward(L->norm, L->rstd, L->x, L->x, L->branch, next_w, n, C, stream);
     }

@@ -49,6 +49,19 @@ static floatX *upload(const floatX *h, size_t n) {
 static void download(floatX *h, const floatX *d, size_t n) {
     cudaCheck(cudaMemcpy(h, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
 }
+// the bytes of each pair of device buffers (a, b) equal, sizes[k] bytes each (0: skipped)
+static bool same_device_bytes(const void *const (*pairs)[2], const size_t *sizes, int count) {
+    bool same = true;
+    for (int k = 0; k < count && same; k++) {
+        if (sizes[k] == 0) { continue; }
+        char *a = (char *)mallocCheck(sizes[k]), *b = (char *)mallocCheck(sizes[k]);
+        cudaCheck(cudaMemcpy(a, pairs[k][0], sizes[k], cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(b, pairs[k][1], sizes[k], cudaMemcpyDeviceToHost));
+        same = memcmp(a, b, sizes[k]) == 0;
+        free(a); free(b);
+    }
+    return same;
+}
 
 // out (M, OC) with row stride S from a direct kernel call, against float64; then a chain of three products through
 // the decode dispatch (x → y = x Wᵀ (OC) → z = y W2ᵀ (IC) → y again), programmatic and not, bit for bit
@@ -180,16 +193,9 @@ static void run_prep_case(Runtime *rt, int B, int CD, int N, int W) {
     decay_gate_forward(f[0], dp + CD, dA, dA + N, B, N, Rs, rt->stream);
     m2rnn_step_prep(act[1], win[1], stride, f[1], dp, dw, dA, dA + N, B, CD, W, N, Rs, rt->stream);
     cudaCheck(cudaStreamSynchronize(rt->stream));
-    bool same = true;
     const size_t sizes[3] = {(size_t)B * CD * sizeof(floatX), (size_t)B * N * sizeof(float), (size_t)B * stride * sizeof(float)};
-    const void *bufs[3][2] = {{act[0], act[1]}, {f[0], f[1]}, {win[0], win[1]}};
-    for (int k = 0; k < 3; k++) {
-        char *x = (char *)mallocCheck(sizes[k]), *y = (char *)mallocCheck(sizes[k]);
-        cudaCheck(cudaMemcpy(x, bufs[k][0], sizes[k], cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(y, bufs[k][1], sizes[k], cudaMemcpyDeviceToHost));
-        same = same && memcmp(x, y, sizes[k]) == 0;
-        free(x); free(y);
-    }
+    const void *const bufs[3][2] = {{act[0], act[1]}, {f[0], f[1]}, {win[0], win[1]}};
+    const bool same = same_device_bytes(bufs, sizes, 3);
     snprintf(name, sizeof(name), "M2RNN step prep B=%d CD=%d N=%d W=%d", B, CD, N, W);
     test_result(same, name, "= conv step + decay gate kernels: %s", same ? "bit for bit" : "DIFFER");
     free(hp); free(hw); free(hs); free(ha);
@@ -228,18 +234,10 @@ static void run_norm_case(Runtime *rt, int M, int C, int OC, int with_branch) {
     }
     rt->decode_step = 0;
     cudaCheck(cudaStreamSynchronize(rt->stream));
-    bool same = true;
     const size_t so = (size_t)M * OC * sizeof(floatX);
-    const void *pairs[4][2] = {{out[0][0], out[1][0]}, {out[0][1], out[1][1]}, {xo[0], xo[1]}, {rs[0], rs[1]}};
+    const void *const pairs[4][2] = {{out[0][0], out[1][0]}, {out[0][1], out[1][1]}, {xo[0], xo[1]}, {rs[0], rs[1]}};
     const size_t sizes[4] = {so, so, with_branch ? nx * sizeof(floatX) : 0, (size_t)M * sizeof(float)};
-    for (int k = 0; k < 4; k++) {
-        if (sizes[k] == 0) { continue; }
-        char *a = (char *)mallocCheck(sizes[k]), *b = (char *)mallocCheck(sizes[k]);
-        cudaCheck(cudaMemcpy(a, pairs[k][0], sizes[k], cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(b, pairs[k][1], sizes[k], cudaMemcpyDeviceToHost));
-        same = same && memcmp(a, b, sizes[k]) == 0;
-        free(a); free(b);
-    }
+    const bool same = same_device_bytes(pairs, sizes, 4);
     snprintf(name, sizeof(name), "norm in the product M=%d C=%d OC=%d%s", M, C, OC, with_branch ? " +branch" : "");
     test_result(same, name, "= RMSNorm kernel + GEMV (and SwiGLU form), x + branch, 1/rms: %s",
                 same ? "bit for bit" : "DIFFER");
@@ -286,16 +284,9 @@ static void run_gate_norm_case(Runtime *rt, int M, int NV, int OC, int vs, int g
     const GemvNorm n = {dy, NULL, dn, NULL, rs[1], dv, dg, dD, vs, gs};
     ok = ok && matmul_gemv_launch<false>(out[1], OC, NULL, dw, M, NV, OC, &n, rt->stream);
     cudaCheck(cudaStreamSynchronize(rt->stream));
-    bool same = ok;
     const size_t sizes[2] = {(size_t)M * OC * sizeof(floatX), (size_t)M * sizeof(float)};
-    const void *bufs[2][2] = {{out[0], out[1]}, {rs[0], rs[1]}};
-    for (int k = 0; k < 2 && ok; k++) {
-        char *x = (char *)mallocCheck(sizes[k]), *z = (char *)mallocCheck(sizes[k]);
-        cudaCheck(cudaMemcpy(x, bufs[k][0], sizes[k], cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(z, bufs[k][1], sizes[k], cudaMemcpyDeviceToHost));
-        same = same && memcmp(x, z, sizes[k]) == 0;
-        free(x); free(z);
-    }
+    const void *const bufs[2][2] = {{out[0], out[1]}, {rs[0], rs[1]}};
+    const bool same = ok && same_device_bytes(bufs, sizes, 2);
     test_result(same, name, "= output gate + RMSNorm kernels + GEMV, 1/rms: %s",
                 !ok ? "REFUSED" : same ? "bit for bit" : "DIFFER");
     free(hy); free(hv); free(hg); free(hw); free(hD); free(hn);
@@ -336,18 +327,11 @@ static void run_gdn_prep_case(Runtime *rt, int B, int H, int K, int V, int W, in
     const bool ok = gdn_step_prep(act[1], win[1], stride, qn[1], kn[1], rq[1], rk[1], beta[1], g[1], dp, dw, dA, dA + H,
                                   B, CD, W, Rs, H, K, boff, neg, rt->stream);
     cudaCheck(cudaStreamSynchronize(rt->stream));
-    bool same = ok;
     const size_t fb = BH * sizeof(float), qb = BH * K * sizeof(floatX);
     const size_t sizes[8] = {(size_t)B * CD * sizeof(floatX), ns * sizeof(float), qb, qb, fb, fb, fb, fb};
-    const void *bufs[8][2] = {{act[0], act[1]}, {win[0], win[1]}, {qn[0], qn[1]}, {kn[0], kn[1]},
-                              {rq[0], rq[1]},   {rk[0], rk[1]},   {beta[0], beta[1]}, {g[0], g[1]}};
-    for (int k = 0; k < 8 && ok; k++) {
-        char *x = (char *)mallocCheck(sizes[k]), *y = (char *)mallocCheck(sizes[k]);
-        cudaCheck(cudaMemcpy(x, bufs[k][0], sizes[k], cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(y, bufs[k][1], sizes[k], cudaMemcpyDeviceToHost));
-        same = same && memcmp(x, y, sizes[k]) == 0;
-        free(x); free(y);
-    }
+    const void *const bufs[8][2] = {{act[0], act[1]}, {win[0], win[1]}, {qn[0], qn[1]}, {kn[0], kn[1]},
+                                    {rq[0], rq[1]},   {rk[0], rk[1]},   {beta[0], beta[1]}, {g[0], g[1]}};
+    const bool same = ok && same_device_bytes(bufs, sizes, 8);
     test_result(same, name, "= conv step + 2 L2 norms + gates kernels: %s", !ok ? "REFUSED" : same ? "bit for bit" : "DIFFER");
     free(hp); free(hw); free(hs); free(ha);
     cudaCheck(cudaFree(dp)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dA));
