@@ -4,7 +4,8 @@ under every algorithm cuBLASLt's heuristic offers, to see what its first pick co
 the split-K ones (a tile kernel plus a reduction kernel) pay at these sizes. Each product is timed as the decode step
 runs it: 20 launches back to back in a CUDA graph (each waits for the one before on the stream), medians of 15.
 For each candidate: its time, the split-K count, the tile id and stages from its config, and whether its output equals
-the first pick's bit for bit (the same row sums in the same order).
+the first pick's bit for bit (the same row sums in the same order). First, the same timing for our GEMV (matmul_gemv,
+the decode step's products at 1-8 rows).
 
 usage: build/bench_decode_matmul [M ...]   (default 16 32 64; shapes: the 410M Hybrid M²RNN and GDN hybrid)
 */
@@ -29,6 +30,20 @@ static int algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigA
     return v;
 }
 
+// µs a launch of f: 20 launches captured in a graph, its replay's median of 15 (bench_common.cuh) over 20
+template <class F> static double graph_us(F f, cudaStream_t stream) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaCheck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int r = 0; r < 20; r++) { f(); }
+    cudaCheck(cudaStreamEndCapture(stream, &graph));
+    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
+    const float ms = median_ms([&]() { cudaCheck(cudaGraphLaunch(exec, stream)); }, 15, stream);
+    cudaCheck(cudaGraphExecDestroy(exec));
+    cudaCheck(cudaGraphDestroy(graph));
+    return ms * 1e3 / 20;
+}
+
 int main(int argc, char **argv) {
     std::vector<int> Ms;
     for (int i = 1; i < argc; i++) { Ms.push_back(atoi(argv[i])); }
@@ -45,6 +60,13 @@ int main(int argc, char **argv) {
     bench_fill(W, wmax, 1, 0.03f);
     bench_fill(X, xmax, 2, 1.0f);
     std::vector<floatX> h0, h1;
+    // the GEMV (matmul_gemv: a decode step's products at up to GEMV_MAX_M rows), the same graph timing
+    for (int M : {1, 2, 4, 8})
+    for (const Shape &s : shapes) {
+        const double us = graph_us([&]() { matmul_gemv(Y, s.OC, X, W, M, s.IC, s.OC, rt.stream); }, rt.stream);
+        const double bytes = (double)s.OC * s.IC * sizeof(floatX);
+        printf("gemv M=%d %-26s %7.2f us  %6.0f GB/s of weight\n", M, s.name, us, bytes / us / 1e3);
+    }
     for (int M : Ms)
     for (const Shape &s : shapes) {
         const int OC = s.OC, IC = s.IC;
@@ -82,17 +104,8 @@ int main(int argc, char **argv) {
             cudaCheck(cudaMemcpy(h1.data(), Y, ny * sizeof(floatX), cudaMemcpyDeviceToHost));
             if (i == 0) { h0 = h1; }
             const bool same = memcmp(h0.data(), h1.data(), ny * sizeof(floatX)) == 0;
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            cudaCheck(cudaStreamBeginCapture(rt.stream, cudaStreamCaptureModeGlobal));
-            for (int r = 0; r < 20; r++) { one_launch(); }
-            cudaCheck(cudaStreamEndCapture(rt.stream, &graph));
-            cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
-            const float ms = median_ms([&]() { cudaCheck(cudaGraphLaunch(exec, rt.stream)); }, 15, rt.stream);
-            cudaCheck(cudaGraphExecDestroy(exec));
-            cudaCheck(cudaGraphDestroy(graph));
             printf("  #%-2d %7.2f us  splitK %2d  reduction %d  tile %3d  stages %3d  cta-swizzle %d  workspace %7zu  %s\n",
-                   i, ms * 1e3 / 20, algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                   i, graph_us(one_launch, rt.stream), algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
                    algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
                    algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
                    algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
