@@ -31,6 +31,10 @@ Design (numbers behind it in dev/bench/NOTES.md):
 - The backward has a second build for V=16, the Z stash: the sub-chunk recompute also keeps Z_t as fp16 in shared
   memory, so the reverse step skips its MMA + tanh; 2 CTAs/SM instead of 3, 128 registers instead of 80 (no spills),
   10-17% faster per wave. The launcher takes it unless it would add a wave (B=8, N=84 on 132 SMs); see NOTES.md.
+- One numeric contract for every build: the reverse step's Z is the forward's Z rounded to fp16 (the stash's
+  precision; the plain build rounds its recomputed Z the same way), so the gradients do not depend on which build
+  the launcher picks for the batch size or the GPU: in deterministic mode the two are equal bit for bit
+  (test_m2rnn_gpu).
 - f is fp32: bf16 spacing just below 1 is 2^-9, which would quantize (1 - f) for slow-forgetting heads; fp32 costs
   B*T*N*4 bytes, nothing next to the rest of the layer.
 
@@ -793,6 +797,16 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                         compute_z8(Z, aP, bW, kvs, token_mask8(i, t4)); // bit-identical to the forward's Z_t
                     } else {
                         compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
+                    }
+                    // one numeric contract for every build: the reverse step's Z is the forward's, rounded to fp16
+                    // as the Z stash keeps it (pack_f16x2 / unpack_f16x2, round to nearest), so the plain and the
+                    // stash builds give the same gradients bit for bit (deterministic mode) whichever the launcher
+                    // picks for the batch size or the GPU
+#pragma unroll
+                    for (int h = 0; h < NT; h++) {
+                        const float2 lo = unpack_f16x2(pack_f16x2(Z[h][0], Z[h][1]));
+                        const float2 hi = unpack_f16x2(pack_f16x2(Z[h][2], Z[h][3]));
+                        Z[h][0] = lo.x; Z[h][1] = lo.y; Z[h][2] = hi.x; Z[h][3] = hi.y;
                     }
                 }
                 const float q0 = bf2f(qp[lt * KS]), q1 = bf2f(qp[lt * KS + 8]);

@@ -380,6 +380,33 @@ static void run_case(const Case &c, uint64_t seed) {
         test_result(det && rel_det < 1e-4, name, "two runs %s; dq/dk against the atomic run %.1e (tol 1e-4)",
                     det ? "bitwise equal" : "DIFFER", rel_det);
     }
+    if (c.V == 16 && m2rnn_zstash_override < 0) { // one numeric contract: the plain and the Z-stash builds agree
+        std::vector<floatX> cv[2];
+        std::vector<float> fv[2], wv[2], hv[2];
+        m2rnn_deterministic = 1;
+        for (int z = 0; z < 2; z++) {
+            m2rnn_zstash_override = z;
+            floatX *d_dconv2 = device_poisoned<floatX>((size_t)ntok * p.conv_dim);
+            float *d_df2 = device_poisoned<float>((size_t)ntok * N), *d_dW2 = device_poisoned<float>((size_t)N * V * V);
+            float *d_dh02 = device_poisoned<float>(state);
+            m2rnn_backward(d_dconv2, d_dconv2 + Nq * K, d_dconv2 + 2 * Nq * K, d_df2, d_dW2, d_dh02, ws, d_dy,
+                           c.use_dhT ? d_dhT : nullptr, q, k, v, d_f, d_W, c.clip, &d, 0);
+            cudaCheck(cudaDeviceSynchronize());
+            cv[z] = to_host(d_dconv2, (size_t)ntok * p.conv_dim);
+            fv[z] = to_host(d_df2, (size_t)ntok * N);
+            wv[z] = to_host(d_dW2, (size_t)N * V * V);
+            hv[z] = to_host(d_dh02, state);
+            for (void *ptr : {(void *)d_dconv2, (void *)d_df2, (void *)d_dW2, (void *)d_dh02}) { cudaCheck(cudaFree(ptr)); }
+        }
+        m2rnn_zstash_override = -1;
+        m2rnn_deterministic = 0;
+        const bool same = memcmp(cv[0].data(), cv[1].data(), cv[0].size() * sizeof(floatX)) == 0 &&
+                          memcmp(fv[0].data(), fv[1].data(), fv[0].size() * sizeof(float)) == 0 &&
+                          memcmp(wv[0].data(), wv[1].data(), wv[0].size() * sizeof(float)) == 0 &&
+                          memcmp(hv[0].data(), hv[1].data(), hv[0].size() * sizeof(float)) == 0;
+        snprintf(name, sizeof(name), "%s plain = Z-stash backward", c.name);
+        test_result(same, name, "dq, dk, dv, df, dW, dh0 %s (deterministic mode)", same ? "bit for bit" : "DIFFER");
+    }
     if (c.clip > 0 && c.use_dhT) { // a NaN in the carried gradient passes the clamp (and reaches the trainer's guard)
         std::vector<float> dhT_nan = p.dhT;
         dhT_nan[0] = NAN; // sequence 0, head 0, row 0, column 0
