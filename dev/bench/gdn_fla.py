@@ -3,6 +3,8 @@
 kernel (use_qk_l2norm_in_kernel=True), g the log-decay and beta given, as bench_gdn.cu times ours. Forward and
 forward+backward (o.backward with a random gradient), CUDA events, 3 warm-ups, the median of 20.
 usage: PYTHONPATH=.peers/fla python3 dev/bench/gdn_fla.py [H K V]   (both shapes unless one is given)
+FLA_KERNELS=1 adds fla's per-kernel split of one forward+backward (torch.profiler, the mean of 5), to set beside
+bench_gdn's per-kernel medians.
 fla comes from a copy kept out of the repository (.peers/fla, from github:fla-org/flash-linear-attention; PYTHONPATH
 points at it). Its guard against Triton < 3.7.1 on Hopper (a miscompile of the gated dqkwg backward at block width 64;
 at these shapes it takes 128) is lifted, as the issue asks; the gradients are checked against a float32 recurrence on
@@ -85,3 +87,14 @@ for (H, K, V) in shapes:
         o.backward(do)
     fwdbwd = median_ms(fb)
     print(f"| {B} | {T} | {H} | {K} | {V} | {fwd:.3f} | {fwdbwd:.3f} |", flush=True)
+    if os.environ.get('FLA_KERNELS'):
+        from torch.profiler import profile, ProfilerActivity
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fb()
+            torch.cuda.synchronize()
+        dt = lambda e: getattr(e, 'device_time_total', None) or getattr(e, 'cuda_time_total', 0)  # (torch versions)
+        rows = sorted(((e.key, dt(e) / 5 / 1000, e.count // 5) for e in prof.key_averages() if dt(e) > 0),
+                      key=lambda r: -r[1])
+        for name, ms, n in rows[:16]:
+            print(f"  fla kernel {ms:7.3f} ms  x{n}  {name[:90]}")
