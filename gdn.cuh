@@ -22,7 +22,7 @@ Kernels (one CTA each, the first index fastest; a chunk slot is a chunk of some 
   gdn_chunk_output_kernel  (V tile, head, chunk slot)       o                       4 warps
   gdn_chunk_dstate_kernel  (V tile, head, sequence)         dh_c (end), dVn, dS0    8 warps, reverse over chunks
   gdn_chunk_dqk_kernel     (K tile, head, chunk slot)       dq, dk (part), dW, dγ    8 warps, loop over V tiles
-  gdn_chunk_wy_kernel      (head, chunk slot)               dk, dv, dβ, d(log α)    4 warps (T from prep)
+  gdn_chunk_wy_kernel      (head, chunk slot)               dk, dv, dβ, d(log α)    8 warps (T from prep)
   gdn_step_kernel          (V tile, head, sequence)         one decode token from the fp32 state, 8 warps
 Products are tiles::warp_gemm on tiles staged in shared memory (chunk_common.cuh: cp.async for plain copies); the
 state kernel loads the next chunk's W, k, U while it computes this one's; prep writes T (fp32) for the wy kernel and
@@ -241,13 +241,15 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
     const int Kp = gdn_kp(K), ldk = Kp + 8, w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
     const long row0 = (seq.tok0 + t0) * H + h; // the (b, t0, h) token-head row
     const long crow = ((seq.cslot + c) * H + h) * GDN_L * GDN_L; // this chunk's 64×64 in Pm, Tm
-    // shared memory (gdn_prep_smem): k | q, later v's tile and the inverse's scratch | A, later T's scaled copy | T |
-    // β, G, row scales. (q is read by P alone and A by the inversion alone, both before their areas are reused: three
-    // CTAs an SM at K = 128 instead of two.)
+    // shared memory (gdn_prep_smem): k, later v's odd tiles | q, later the inverse's scratch and v's even tiles | A,
+    // later T diag(β e^G) | T (fp32; the recompute: T diag(β)) | β, G, row scales. (q is read by P alone, A by the
+    // inversion alone and k by P, A and W, each before its area is reused: three CTAs an SM at K = 128.)
     floatX *sk = (floatX *)gdn_smem, *sq = sk + GDN_L * ldk, *sv = sq;
     float *sA = (float *)(sq + GDN_L * ldk);
     floatX *sTx = (floatX *)sA;
-    float *sT = (float *)((char *)sA + gdn_prep_area_a()), *sb = sT + GDN_L * 65, *sG = sb + GDN_L;
+    float *sT = (float *)((char *)sA + gdn_prep_area_a()), *sb = (float *)((char *)sT + gdn_prep_area_a());
+    float *sG = sb + GDN_L;
+    floatX *sTu = from_t ? (floatX *)sT : sTx; // U's factor T diag(β): its own area in the recompute, over W's after W
     float *srs = sG + GDN_L;
     const bool norm = nm.qn != NULL;
     const long qk_row = norm ? (seq.tok0 + t0) * nm.stride + (long)h * K : row0 * K;
@@ -259,11 +261,28 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
         sb[r] = r < nv ? beta[row0 + (long)r * H] : 0.0f;
         srs[r] = !from_t && r < nv ? g[row0 + (long)r * H] : 0.0f;
     }
+    float4 tr[GDN_L * GDN_L / 4 / 256]; // the recompute: this thread's pieces of the kept T (4 floats at 4·(x + 256u))
     if (from_t) {
         gdn_load_G(sG, Gc, row0, H, nv);
-        for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { sT[(i >> 6) * 65 + (i & 63)] = Tm[crow + i]; }
+#pragma unroll
+        for (int u = 0; u < GDN_L * GDN_L / 4 / 256; u++) {
+            const int e = 4 * ((int)threadIdx.x + 256 * u);
+            tr[u] = e < GDN_L * GDN_L ? __ldg((const float4 *)(Tm + crow + e)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
     }
     chunk_sync();
+    if (from_t) { // W's and U's factors straight from the kept T, with the forward's arithmetic (srs = β e^G below)
+#pragma unroll
+        for (int u = 0; u < GDN_L * GDN_L / 4 / 256; u++) {
+            const int e = 4 * ((int)threadIdx.x + 256 * u), r = e >> 6, c = e & 63;
+            const float t[4] = {tr[u].x, tr[u].y, tr[u].z, tr[u].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                sTx[r * GDN_LD + c + j] = (floatX)(t[j] * (sb[c + j] * expf(sG[c + j])));
+                sTu[r * GDN_LD + c + j] = (floatX)(t[j] * sb[c + j]);
+            }
+        }
+    }
     if (!from_t && threadIdx.x < GDN_L) { // the in-chunk cumsum: a scan in each of two warps, the second offset next
         const int r = threadIdx.x, lane = r & 31;
         float G = srs[r];
@@ -298,15 +317,25 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
         gdn_chunk_kkg(sA, NULL, sk, ldk, Kp, sb, sG);
         chunk_sync();
         gdn_unit_lower_inverse(sT, sA, (float *)sv); // sv (over q: P is done): free until U
+        if (threadIdx.x < GDN_L) { srs[threadIdx.x] = sb[threadIdx.x] * expf(sG[threadIdx.x]); }
+        chunk_sync();
+        for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T out; T diag(β e^G): W's factor
+            const float t = sT[(i >> 6) * 65 + (i & 63)];
+            Tm[crow + i] = t;
+            sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)(t * srs[i & 63]);
+        }
     }
-    if (threadIdx.x < GDN_L) { srs[threadIdx.x] = sb[threadIdx.x] * expf(sG[threadIdx.x]); }
-    chunk_sync();
-    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T out; T diag(β e^G): W's factor
-        const float t = sT[(i >> 6) * 65 + (i & 63)];
-        if (!from_t) { Tm[crow + i] = t; }
-        sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)(t * srs[i & 63]);
-    }
-    chunk_sync();
+    // v's 64-wide tiles through two areas, q's (free once P and the inversion are done) and k's (once W is): tile i
+    // in area i & 1, tile i + 2 issued when U's product of tile i is done, so the copies land under the products
+    auto va = [&](int i) { return (i & 1) ? sk : sv; };
+    const int VT = CEIL_DIV(V, GDN_T);
+    auto stage_v = [&](int i) {
+        chunk_stage(va(i), GDN_LD, v + (seq.tok0 + t0) * v_stride + (long)h * V + i * GDN_T, v_stride, nv,
+                    V - i * GDN_T, GDN_L, GDN_T, (const float *)NULL);
+        tiles::cp_async_commit();
+    };
+    __syncthreads(); // P's and the inversion's readers of q's area are done; W's factor is whole
+    stage_v(0);
     for (int kb = 0; kb < Kp; kb += GDN_T) { // W = T (β e^G ∘ k) = (T diag(β e^G)) k
         float acc[4][4] = {};
         tiles::warp_gemm<4, false, false>(acc, sTx + 16 * mt * GDN_LD, GDN_LD, sk + kb + 32 * half, ldk, GDN_L);
@@ -320,16 +349,19 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
             }
         }
     }
-    chunk_sync();
-    for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T diag(β): U's factor
-        sTx[(i >> 6) * GDN_LD + (i & 63)] = (floatX)(sT[(i >> 6) * 65 + (i & 63)] * sb[i & 63]);
+    __syncthreads(); // W's readers of k and of its factor are done
+    if (!from_t) {
+        for (int i = threadIdx.x; i < GDN_L * GDN_L; i += blockDim.x) { // T diag(β): U's factor, over W's
+            sTu[(i >> 6) * GDN_LD + (i & 63)] = (floatX)(sT[(i >> 6) * 65 + (i & 63)] * sb[i & 63]);
+        }
     }
-    for (int vb = 0; vb < V; vb += GDN_T) { // U = T (β ∘ v) = (T diag(β)) v
-        chunk_stage(sv, GDN_LD, v + (seq.tok0 + t0) * v_stride + (long)h * V + vb, v_stride, nv, V - vb, GDN_L,
-                  GDN_T, (const float *)NULL);
-        chunk_sync();
+    if (VT > 1) { stage_v(1); }
+    for (int i = 0; i < VT; i++) { // U = T (β ∘ v) = (T diag(β)) v
+        const int vb = i * GDN_T;
+        if (i + 1 < VT) { tiles::cp_async_wait<1>(); } else { tiles::cp_async_wait<0>(); }
+        __syncthreads(); // tile i landed (and U's factor is whole)
         float acc[4][4] = {};
-        tiles::warp_gemm<4, false, false>(acc, sTx + 16 * mt * GDN_LD, GDN_LD, sv + 32 * half, GDN_LD, GDN_L);
+        tiles::warp_gemm<4, false, false>(acc, sTu + 16 * mt * GDN_LD, GDN_LD, va(i) + 32 * half, GDN_LD, GDN_L);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
 #pragma unroll
@@ -339,12 +371,15 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
                          r < nv && col + 1 < V);
             }
         }
-        chunk_sync();
+        if (i + 2 < VT) {
+            __syncthreads(); // tile i's readers are done: its area takes tile i + 2
+            stage_v(i + 2);
+        }
     }
 }
 static size_t gdn_prep_smem(int K) { // (the q area, GDN_L × ldk, also holds v's 64-wide tile: ldk ≥ GDN_LD)
     const int ldk = gdn_kp(K) + 8;
-    return 2 * (size_t)GDN_L * ldk * sizeof(floatX) + gdn_prep_area_a() + (GDN_L * 65 + 3 * GDN_L) * sizeof(float);
+    return 2 * (size_t)GDN_L * ldk * sizeof(floatX) + 2 * gdn_prep_area_a() + 3 * GDN_L * sizeof(float);
 }
 
 // the state tile sS (Kp × 64, staged) into dst rows (K × V, row stride V) at column vb: 16-byte stores where whole
@@ -437,13 +472,8 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
                     const int r = 16 * mt + tiles::acc_row(i), col = 32 * half + tiles::acc_col(j, i);
                     const floatX x0 = (floatX)((float)sU[r * GDN_LD + col] - acc[j][i]);
                     const floatX x1 = (floatX)((float)sU[r * GDN_LD + col + 1] - acc[j][i + 1]);
-                    floatX *dst = vn + (row0 + (long)r * H) * V + vb + col;
-                    if (r < nv && vb + col + 1 < V) {
-                        dst[0] = x0;
-                        dst[1] = x1;
-                    } else if (r < nv && vb + col < V) {
-                        dst[0] = x0;
-                    }
+                    chunk_put2(vn + (row0 + (long)r * H) * V + vb + col, (float)x0, (float)x1, r < nv && vb + col < V,
+                               r < nv && vb + col + 1 < V);
                     const float dec = expf(GL - sG[r]);
                     sVn[r * GDN_LD + col] = (floatX)((float)x0 * dec);
                     sVn[r * GDN_LD + col + 1] = (floatX)((float)x1 * dec);
@@ -542,7 +572,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
     floatX *sdS = (floatX *)gdn_smem, *sk = sdS + Kp * GDN_LD, *sq = sk + GDN_L * ldk, *sW = sq + GDN_L * ldk;
     floatX *sP = sW + GDN_L * ldk, *sdo = sP + GDN_L * GDN_LD, *sdvn = sdo + GDN_L * GDN_LD;
     floatX *sdos = sdvn + GDN_L * GDN_LD; // do ∘ scale e^G (rows)
-    float *sG = (float *)(sdos + GDN_L * GDN_LD), *skdec = sG + GDN_L;
+    float *sGb = (float *)(sdos + GDN_L * GDN_LD), *skdec = sGb + 2 * GDN_L; // sGb: (2, 64), chunk c's G in slot c & 1
     float dS[MR][8][4]; // rows 16·(w + 8m) of dh's K, the tile's 64 columns (MR = 1 covers K ≤ 128)
 #pragma unroll
     for (int m = 0; m < MR; m++) {
@@ -556,16 +586,38 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
             }
         }
     }
+    // each chunk's tiles come in two cp.async groups, each issued as soon as the previous chunk's readers of its
+    // buffers are done, so that it lands under the other phase's products (no second set of buffers: two CTAs an
+    // SM): A = k, P, do (the dVn product's operands) and G, issued after the dVn product; B = q, W (the dh update's),
+    // issued after the update. At chunk c the groups in flight are, oldest first, A(c), B(c).
+    auto issue_a = [&](int c) {
+        const int nv = min(GDN_L, seq.len - c * GDN_L);
+        const long row0 = (seq.tok0 + c * GDN_L) * H + h, cs = (seq.cslot + c) * H + h;
+        chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        chunk_stage(sP, GDN_LD, Pm + cs * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L, (const float *)NULL);
+        chunk_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        if (threadIdx.x < GDN_L) { // G into the chunk's slot of sGb (the other slot is the current chunk's)
+            tiles::cp_async4(tiles::smem_addr(sGb + (c & 1) * GDN_L + threadIdx.x),
+                             Gc + row0 + (long)min((int)threadIdx.x, nv - 1) * H);
+        }
+        tiles::cp_async_commit();
+    };
+    auto issue_b = [&](int c) {
+        const int nv = min(GDN_L, seq.len - c * GDN_L);
+        const long row0 = (seq.tok0 + c * GDN_L) * H + h;
+        chunk_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        chunk_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+        tiles::cp_async_commit();
+    };
+    if (NC > 0) {
+        issue_a(NC - 1);
+        issue_b(NC - 1);
+    }
     for (int c = NC - 1; c >= 0; c--) {
         const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
         const long row0 = (seq.tok0 + t0) * H + h, cs = (seq.cslot + c) * H + h;
         floatX *dhc = dhst + cs * K * V;
-        gdn_load_G(sG, Gc, row0, H, nv);
-        chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        chunk_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        chunk_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
-        chunk_stage(sP, GDN_LD, Pm + cs * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L, (const float *)NULL);
-        chunk_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        const float *sG = sGb + (c & 1) * GDN_L;
 #pragma unroll
         for (int m = 0; m < MR; m++) {
             if (w + 8 * m >= MT) { continue; }
@@ -577,14 +629,15 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
                 }
             }
         }
-        chunk_sync();
+        tiles::cp_async_wait<1>(); // A(c) landed (B(c) may still be in flight)
+        __syncthreads();
         gdn_store_state(dhc, sdS, K, V, vb);
         if (threadIdx.x < GDN_L) { skdec[threadIdx.x] = expf(sG[GDN_L - 1] - sG[threadIdx.x]); }
         for (int i = threadIdx.x; i < GDN_L * GDN_T; i += blockDim.x) {
             const int r = i >> 6, cc = i & 63;
             sdos[r * GDN_LD + cc] = (floatX)((float)sdo[r * GDN_LD + cc] * scale * expf(sG[r]));
         }
-        chunk_sync();
+        __syncthreads();
         { // dVn = scale Pᵀ do + (e^{G_L − G} ∘ k) dh
             const int mt = w & 3, half = w >> 2;
             float a1[4][4] = {}, a2[4][4] = {};
@@ -593,15 +646,25 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
 #pragma unroll
             for (int j = 0; j < 4; j++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
+                for (int i = 0; i < 4; i += 2) {
                     const int r = 16 * mt + tiles::acc_row(i), col = 32 * half + tiles::acc_col(j, i);
-                    const floatX x = (floatX)(scale * a1[j][i] + skdec[r] * a2[j][i]);
-                    if (r < nv && vb + col < V) { dvn[(row0 + (long)r * H) * V + vb + col] = x; }
-                    sdvn[r * GDN_LD + col] = (floatX)(-(float)x);
+                    const floatX x0 = (floatX)(scale * a1[j][i] + skdec[r] * a2[j][i]);
+                    const floatX x1 = (floatX)(scale * a1[j][i + 1] + skdec[r] * a2[j][i + 1]);
+                    chunk_put2(dvn + (row0 + (long)r * H) * V + vb + col, (float)x0, (float)x1, r < nv && vb + col < V,
+                               r < nv && vb + col + 1 < V);
+                    sdvn[r * GDN_LD + col] = (floatX)(-(float)x0);
+                    sdvn[r * GDN_LD + col + 1] = (floatX)(-(float)x1);
                 }
             }
         }
-        chunk_sync();
+        __syncthreads(); // sk, sP, sdo are read: the next chunk's A group may land in them
+        if (c > 0) {
+            issue_a(c - 1);
+            tiles::cp_async_wait<1>(); // B(c) landed (A(c − 1) in flight)
+        } else {
+            tiles::cp_async_wait<0>();
+        }
+        __syncthreads();
         const float decay = expf(sG[GDN_L - 1]); // dh ← e^{G_L} dh + (scale e^G ∘ q)ᵀ do − Wᵀ dVn
 #pragma unroll
         for (int m = 0; m < MR; m++) {
@@ -614,7 +677,8 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
             tiles::warp_gemm<8, true, false>(dS[m], sq + 16 * (w + 8 * m), ldk, sdos, GDN_LD, GDN_L);
             tiles::warp_gemm<8, true, false>(dS[m], sW + 16 * (w + 8 * m), ldk, sdvn, GDN_LD, GDN_L);
         }
-        chunk_sync();
+        __syncthreads(); // sq, sW, sdos, sdvn are read
+        if (c > 0) { issue_b(c - 1); }
     }
     if (dS0 != NULL) {
 #pragma unroll
@@ -633,7 +697,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
 static size_t gdn_dstate_smem(int K) {
     const int Kp = gdn_kp(K), ldk = Kp + 8;
     return ((size_t)Kp * GDN_LD + 3 * (size_t)GDN_L * ldk + 4 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
-           2 * GDN_L * sizeof(float);
+           3 * GDN_L * sizeof(float);
 }
 
 // grid (slots·H·KT), 256 threads (x = (slot·H + h)·KT + K tile; a chunk's K tiles side by side, sharing do, Vn,
@@ -756,15 +820,24 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
 }
 static size_t gdn_dqk_smem() { return 8 * (size_t)GDN_L * GDN_LD * sizeof(floatX) + (3 * GDN_L + 16) * sizeof(float); }
 
-// grid (slots·H), 128 threads (x = slot·H + h): the UT transform's backward. dk (tok,H,K) = dk_part + β (Dm k) +
-// Dmᵀ (β k) + β e^G dKt; dv (view, token stride dv_stride) = β Tᵀ dVn; dbeta (tok,H); dg (tok,H) = dL/d(log α)
-// (reverse cumsum of dL/dG)
-__global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *dv, int dv_stride, float *dbeta,
-                                                           float *dg, const floatX *k, const floatX *v, int v_stride,
-                                                           const float *beta, const float *Gc, const floatX *dW,
-                                                           const floatX *dvn, const float *dk_part,
-                                                           const float *dgam_part, const float *Tm,
-                                                           const int *cu_seqlens, int B, int T, int H, int K, int V) {
+// grid (slots·H), GDN_WY_THREADS threads (x = slot·H + h): the UT transform's backward. dk (tok,H,K) = dk_part +
+// β (Dm k) + Dmᵀ (β k) + β e^G dKt; dv (view, token stride dv_stride) = β Tᵀ dVn; dbeta (tok,H); dg (tok,H) =
+// dL/d(log α) (reverse cumsum of dL/dG). Warp w: rows 16·(w & 3) of every 64-wide output, the columns 32·(w >> 2) ..
+// + 31 (8 warps: each 64×64 product split over twice the warps of the first version, whose 4 warps a CTA left the SM
+// with 12 warps to hide the staging's round trips; the elements' sums are unchanged, only dβ's and dG's per-row
+// partials now add the two column halves). The first V tile of dVn and v is staged with k and T.
+#define GDN_WY_THREADS 256
+#ifndef GDN_WY_MINB
+#define GDN_WY_MINB 3 // CTAs an SM: 80 registers (16 bytes spilled) for 24 warps an SM; 2 (128 registers) measured 0.83 ms at H=16, 3 0.71
+#endif
+__global__ void __launch_bounds__(GDN_WY_THREADS, GDN_WY_MINB) gdn_chunk_wy_kernel(floatX *dk, floatX *dv, int dv_stride,
+                                                                      float *dbeta, float *dg, const floatX *k,
+                                                                      const floatX *v, int v_stride,
+                                                                      const float *beta, const float *Gc,
+                                                                      const floatX *dW, const floatX *dvn,
+                                                                      const float *dk_part, const float *dgam_part,
+                                                                      const float *Tm, const int *cu_seqlens, int B,
+                                                                      int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
     int b, c;
     ChunkSeq seq;
@@ -772,41 +845,46 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
     if (!chunk_at_slot<GDN_L>(cu_seqlens, B, T, blockIdx.x / H, &b, &c, &seq)) { return; }
     const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
     const int Kp = gdn_kp(K), ldk = Kp + 8, KT = Kp / GDN_T, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int mt = w & 3, ch = w >> 2, c0 = 32 * ch; // the warp's 16 rows 16·mt and its 32 columns c0 .. c0 + 31
     const long tok = seq.tok0 + t0, row0 = tok * H + h;
     const long vrow0 = tok * v_stride + (long)h * V, dvrow0 = tok * dv_stride + (long)h * V;
     const int TILE = GDN_L * GDN_LD;
     floatX *sk = (floatX *)gdn_smem, *sTx = sk + GDN_L * ldk, *t1 = sTx + TILE, *t2 = t1 + TILE, *sDm = t2 + TILE;
     float *sKKG = (float *)(sDm + TILE), *sb = sKKG + GDN_L * GDN_LDP; // sKKG: (64, 65), later dk_part (64, 68)
-    float *sG = sb + GDN_L, *srs = sG + GDN_L, *sdb = srs + GDN_L, *sdgm = sdb + GDN_L, *swy = sdgm + GDN_L;
-    float *seG = swy + GDN_L; // e^{G_r}
+    float *sG = sb + GDN_L, *srs = sG + GDN_L, *swy = srs + GDN_L, *seG = swy + GDN_L; // seG: e^{G_r}
+    float *sdb = seG + GDN_L, *sdgm = sdb + 2 * GDN_L; // (2, 64) each: a column half's per-row partials
     chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
     gdn_load_G(sG, Gc, row0, H, nv);
     if (threadIdx.x < GDN_L) { sb[threadIdx.x] = threadIdx.x < nv ? beta[row0 + (long)threadIdx.x * H] : 0.0f; }
     chunk_stage(sTx, GDN_LD, Tm + ((seq.cslot + c) * H + h) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
-              (const float *)NULL); // T = (I + A)⁻¹ as the prep kernel left it
+                (const float *)NULL); // T = (I + A)⁻¹ as the prep kernel left it
+    auto stage_v = [&](int vb) { // dVn's and v's 64-wide tile at column vb into t1, t2
+        chunk_stage(t1, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage(t2, GDN_LD, v + vrow0 + vb, (long)v_stride, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+    };
+    stage_v(0);
     chunk_sync();
     if (threadIdx.x < GDN_L) { seG[threadIdx.x] = expf(sG[threadIdx.x]); }
     gdn_chunk_kkg(NULL, sKKG, sk, ldk, Kp, sb, sG);
-    chunk_sync();
-    float db[2] = {0.0f, 0.0f}, dgm[2] = {0.0f, 0.0f}; // this lane's rows 16w + g and 16w + g + 8
+    float db[2] = {0.0f, 0.0f}, dgm[2] = {0.0f, 0.0f}; // this lane's rows 16·mt + g and 16·mt + g + 8
     // dTm = dW Ktᵀ + dVn Vtᵀ = (dW kᵀ diag(e^G) + dVn vᵀ) diag(β): the two products apart, the column scales after
-    float aTv[8][4] = {}, aTk[8][4] = {};
+    float aTv[4][4] = {}, aTk[4][4] = {};
     for (int vb = 0; vb < V; vb += GDN_T) {
-        chunk_stage(t1, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        chunk_stage(t2, GDN_LD, v + vrow0 + vb, (long)v_stride, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        chunk_sync();
-        tiles::warp_gemm<8, false, true>(aTv, t1 + 16 * w * GDN_LD, GDN_LD, t2, GDN_LD, GDN_T);
-        float aV[8][4] = {}; // dVt = Tᵀ dVn
-        tiles::warp_gemm<8, true, false>(aV, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);
+        if (vb > 0) {
+            stage_v(vb);
+            chunk_sync();
+        }
+        tiles::warp_gemm<4, false, true>(aTv, t1 + 16 * mt * GDN_LD, GDN_LD, t2 + c0 * GDN_LD, GDN_LD, GDN_T);
+        float aV[4][4] = {}; // dVt = Tᵀ dVn
+        tiles::warp_gemm<4, true, false>(aV, sTx + 16 * mt, GDN_LD, t1 + c0, GDN_LD, GDN_L);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 4; j++) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = 16 * w + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
-                if (r < nv && col < V) {
-                    dv[dvrow0 + (long)r * dv_stride + col] = (floatX)(sb[r] * aV[j][i]);
-                    db[i >> 1] += aV[j][i] * (float)t2[r * GDN_LD + tiles::acc_col(j, i)]; // v, staged
-                }
+            for (int i = 0; i < 4; i += 2) {
+                const int r = 16 * mt + tiles::acc_row(i), cc = c0 + tiles::acc_col(j, i), col = vb + cc;
+                chunk_put2(dv + dvrow0 + (long)r * dv_stride + col, sb[r] * aV[j][i], sb[r] * aV[j][i + 1],
+                           r < nv && col < V, r < nv && col + 1 < V);
+                db[i >> 1] += aV[j][i] * (float)t2[r * GDN_LD + cc] + aV[j][i + 1] * (float)t2[r * GDN_LD + cc + 1];
             }
         }
         chunk_sync();
@@ -814,39 +892,39 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
     for (int kb = 0; kb < Kp; kb += GDN_T) {
         chunk_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
         chunk_sync();
-        tiles::warp_gemm<8, false, true>(aTk, t1 + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_T);
+        tiles::warp_gemm<4, false, true>(aTk, t1 + 16 * mt * GDN_LD, GDN_LD, sk + c0 * ldk + kb, ldk, GDN_T);
         chunk_sync();
     }
     // dA = −(Tᵀ dTm Tᵀ) on the strict lower triangle
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < 4; j++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int s = tiles::acc_col(j, i);
-            t1[(16 * w + tiles::acc_row(i)) * GDN_LD + s] = (floatX)(sb[s] * (aTv[j][i] + seG[s] * aTk[j][i]));
+            const int s = c0 + tiles::acc_col(j, i);
+            t1[(16 * mt + tiles::acc_row(i)) * GDN_LD + s] = (floatX)(sb[s] * (aTv[j][i] + seG[s] * aTk[j][i]));
         }
     }
     chunk_sync();
     {
-        float aX[8][4] = {};
-        tiles::warp_gemm<8, true, false>(aX, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);
+        float aX[4][4] = {};
+        tiles::warp_gemm<4, true, false>(aX, sTx + 16 * mt, GDN_LD, t1 + c0, GDN_LD, GDN_L);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 4; j++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                t2[(16 * w + tiles::acc_row(i)) * GDN_LD + tiles::acc_col(j, i)] = (floatX)aX[j][i];
+                t2[(16 * mt + tiles::acc_row(i)) * GDN_LD + c0 + tiles::acc_col(j, i)] = (floatX)aX[j][i];
             }
         }
     }
     chunk_sync();
     {
-        float aA[8][4] = {};
-        tiles::warp_gemm<8, false, true>(aA, t2 + 16 * w * GDN_LD, GDN_LD, sTx, GDN_LD, GDN_L);
+        float aA[4][4] = {};
+        tiles::warp_gemm<4, false, true>(aA, t2 + 16 * mt * GDN_LD, GDN_LD, sTx + c0 * GDN_LD, GDN_LD, GDN_L);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 4; j++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int r = 16 * w + tiles::acc_row(i), s = tiles::acc_col(j, i);
+                const int r = 16 * mt + tiles::acc_row(i), s = c0 + tiles::acc_col(j, i);
                 const float dA = s < r ? -aA[j][i] : 0.0f;
                 const float kkg = sKKG[r * 65 + s];
                 sDm[r * GDN_LD + s] = (floatX)(s < r ? dA * expf(sG[r] - sG[s]) : 0.0f);
@@ -856,7 +934,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         }
     }
     chunk_sync();
-    { // thread r < 64: row r's sum; thread 64 + r: column r's (into srs, free until dL/dG)
+    if (threadIdx.x < 2 * GDN_L) { // thread r < 64: row r's sum; thread 64 + r: column r's (into srs, free until dL/dG)
         const int r = threadIdx.x & (GDN_L - 1), col = threadIdx.x >> 6;
         float x = 0.0f;
         for (int s = 0; s < GDN_L; s++) { x += sKKG[col ? s * 65 + r : r * 65 + s]; }
@@ -872,23 +950,25 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         chunk_stage(sKKG, GDN_LDP, dk_part + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T,
                     (const float *)NULL); // fp32
         chunk_sync();
-        float a1[8][4] = {}, a2[8][4] = {}, a3[8][4] = {};
-        tiles::warp_gemm<8, false, false>(a1, sDm + 16 * w * GDN_LD, GDN_LD, sk + kb, ldk, GDN_L); // Dm k
-        tiles::warp_gemm<8, true, false>(a2, t2 + 16 * w, GDN_LD, sk + kb, ldk, GDN_L);            // Dmᵀ (β k)
-        tiles::warp_gemm<8, true, false>(a3, sTx + 16 * w, GDN_LD, t1, GDN_LD, GDN_L);             // dKt = Tᵀ dW
+        float a1[4][4] = {}, a2[4][4] = {}, a3[4][4] = {};
+        tiles::warp_gemm<4, false, false>(a1, sDm + 16 * mt * GDN_LD, GDN_LD, sk + kb + c0, ldk, GDN_L); // Dm k
+        tiles::warp_gemm<4, true, false>(a2, t2 + 16 * mt, GDN_LD, sk + kb + c0, ldk, GDN_L);            // Dmᵀ (β k)
+        tiles::warp_gemm<4, true, false>(a3, sTx + 16 * mt, GDN_LD, t1 + c0, GDN_LD, GDN_L);             // dKt = Tᵀ dW
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 4; j++) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = 16 * w + tiles::acc_row(i), col = kb + tiles::acc_col(j, i);
-                const float kv = (float)sk[r * ldk + col], eG = seG[r];
-                if (r < nv && col < K) {
-                    const long o = (row0 + (long)r * H) * K + col;
-                    const float part = sKKG[r * GDN_LDP + tiles::acc_col(j, i)];
-                    dk[o] = (floatX)(part + sb[r] * a1[j][i] + a2[j][i] + sb[r] * eG * a3[j][i]);
+            for (int i = 0; i < 4; i += 2) {
+                const int r = 16 * mt + tiles::acc_row(i), cc = c0 + tiles::acc_col(j, i), col = kb + cc;
+                const float eG = seG[r], sbr = sb[r];
+                float y[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float kv = (float)sk[r * ldk + col + e], x3 = a3[j][i + e];
+                    y[e] = sKKG[r * GDN_LDP + cc + e] + sbr * a1[j][i + e] + a2[j][i + e] + sbr * eG * x3;
+                    db[i >> 1] += eG * kv * x3;
+                    dgm[i >> 1] += sbr * eG * kv * x3;
                 }
-                db[i >> 1] += eG * kv * a3[j][i];
-                dgm[i >> 1] += sb[r] * eG * kv * a3[j][i];
+                chunk_put2(dk + (row0 + (long)r * H) * K + col, y[0], y[1], r < nv && col < K, r < nv && col + 1 < K);
             }
         }
         chunk_sync();
@@ -901,19 +981,19 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
         dgm[x] += __shfl_xor_sync(0xffffffffu, dgm[x], 2);
     }
     if ((lane & 3) == 0) {
-        const int r = 16 * w + (lane >> 2);
-        sdb[r] = db[0];
-        sdb[r + 8] = db[1];
-        sdgm[r] = dgm[0];
-        sdgm[r + 8] = dgm[1];
+        const int r = 16 * mt + (lane >> 2);
+        sdb[ch * GDN_L + r] = db[0];
+        sdb[ch * GDN_L + r + 8] = db[1];
+        sdgm[ch * GDN_L + r] = dgm[0];
+        sdgm[ch * GDN_L + r + 8] = dgm[1];
     }
     chunk_sync();
     float dG = 0.0f; // thread r < 64: dL/dG_r in full (0 past the sequence)
     if (threadIdx.x < nv) {
         const int r = threadIdx.x;
-        dG = sdgm[r] + (swy[r] - srs[r]);
+        dG = (sdgm[r] + sdgm[GDN_L + r]) + (swy[r] - srs[r]);
         for (int i = 0; i < KT; i++) { dG += dgam_part[(row0 + (long)r * H) * KT + i]; }
-        dbeta[row0 + (long)r * H] = sdb[r];
+        dbeta[row0 + (long)r * H] = sdb[r] + sdb[GDN_L + r];
     }
     // G_r = Σ_{s ≤ r} g_s: dg_s = Σ_{r ≥ s} dG_r, a suffix scan in each of two warps, the first adding the second's
     if (threadIdx.x < GDN_L) {
@@ -930,7 +1010,7 @@ __global__ void __launch_bounds__(128) gdn_chunk_wy_kernel(floatX *dk, floatX *d
 static size_t gdn_wy_smem(int K) {
     const int ldk = gdn_kp(K) + 8;
     return ((size_t)GDN_L * ldk + 4 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
-           (GDN_L * GDN_LDP + 7 * GDN_L) * sizeof(float);
+           (GDN_L * GDN_LDP + 9 * GDN_L) * sizeof(float);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -1083,7 +1163,7 @@ static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbe
         gr->dq, gr->dk_part, gr->dW, gr->dgam_part, q, k, f->vn, gr->dvn, dout, f->hst, gr->dhst, f->Gc, scale,
         cu_seqlens, B, T, H, K, V);
     cudaCheck(cudaGetLastError());
-    gdn_chunk_wy_kernel<<<(unsigned)(NS * H), 128, s3, stream>>>(dk, dv, dv_stride, dbeta, dg, k, v, v_stride, beta,
+    gdn_chunk_wy_kernel<<<(unsigned)(NS * H), GDN_WY_THREADS, s3, stream>>>(dk, dv, dv_stride, dbeta, dg, k, v, v_stride, beta,
                                                                       f->Gc, gr->dW, gr->dvn, gr->dk_part,
                                                                       gr->dgam_part, f->Tm, cu_seqlens, B, T, H, K, V);
     cudaCheck(cudaGetLastError());
