@@ -704,7 +704,10 @@ static size_t gdn_dstate_smem(int K) {
 // dVn in L2): the K columns kb..kb+63 of a chunk. dq (tok,H,K); dk_part (tok,H,K) fp32, dW: dk before the WY terms,
 // dL/dW; dgam_part (tok,H,KT) fp32: this K tile's share of dL/dG_r (the decay terms of q, k and the state; the
 // chunk's last row also takes e^{G_L}⟨h_c, dh⟩ and Σ (dk_state ∘ k))
-__global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *dk_part, floatX *dW, float *dgam_part,
+#ifndef GDN_DQK_MINB
+#define GDN_DQK_MINB 2 // CTAs an SM the registers allow
+#endif
+__global__ void __launch_bounds__(256, GDN_DQK_MINB) gdn_chunk_dqk_kernel(floatX *dq, float *dk_part, floatX *dW, float *dgam_part,
                                                             const floatX *q, const floatX *k, const floatX *vn,
                                                             const floatX *dvn, const floatX *dout, const floatX *hst,
                                                             const floatX *dhst, const float *Gc, float scale,
@@ -723,6 +726,9 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
     floatX *sdSc = sdSp + TILE, *sq = sdSc + TILE, *sk = sq + TILE;
     float *sG = (float *)(sk + TILE), *sred = sG + GDN_L; // sred: (2, 64) row sums, then 8 + 8 warp partials
     gdn_load_G(sG, Gc, row0, H, nv);
+    // q's and k's tiles (read after the V loop) come with the first V tile's copies: no round trip of their own
+    chunk_stage(sq, GDN_LD, q + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+    chunk_stage(sk, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
     float a_dq[4][4] = {}, a_dks[4][4] = {}, a_dW[4][4] = {}, a_sc[4][4] = {};
     float sdot = 0.0f; // ⟨h_c, dh⟩ over this K tile: this thread's share
     for (int vb = 0; vb < V; vb += GDN_T) {
@@ -760,8 +766,6 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
             sdSc[r * GDN_LD + s] = (floatX)(s <= r ? scale * a_sc[j][i] * expf(sG[r] - sG[s]) : 0.0f);
         }
     }
-    chunk_stage(sq, GDN_LD, q + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-    chunk_stage(sk, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
     chunk_sync();
     float a_dq2[4][4] = {}, a_dk2[4][4] = {};
     tiles::warp_gemm<4, false, false>(a_dq2, sdSc + 16 * mt * GDN_LD, GDN_LD, sk + 32 * half, GDN_LD, GDN_L);
@@ -771,20 +775,28 @@ __global__ void __launch_bounds__(256) gdn_chunk_dqk_kernel(floatX *dq, float *d
 #pragma unroll
     for (int j = 0; j < 4; j++) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 4; i += 2) { // the two adjacent columns of a fragment row, stored as pairs
             const int r = 16 * mt + tiles::acc_row(i), cl = 32 * half + tiles::acc_col(j, i), col = kb + cl;
-            const float dqv = scale * expf(sG[r]) * a_dq[j][i] + a_dq2[j][i];
-            const float dks = expf(GL - sG[r]) * a_dks[j][i];
-            const float dkc = dks + a_dk2[j][i];
-            const float qv = (float)sq[r * GDN_LD + cl], kv = (float)sk[r * GDN_LD + cl];
-            if (r < nv && col < K) {
-                const long o = (row0 + (long)r * H) * K + col;
-                dq[o] = (floatX)dqv;
-                dk_part[o] = dkc;
-                dW[o] = (floatX)(-a_dW[j][i]);
+            float dqv[2], dkc[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                dqv[e] = scale * expf(sG[r]) * a_dq[j][i + e] + a_dq2[j][i + e];
+                const float dks = expf(GL - sG[r]) * a_dks[j][i + e];
+                dkc[e] = dks + a_dk2[j][i + e];
+                const float qv = (float)sq[r * GDN_LD + cl + e], kv = (float)sk[r * GDN_LD + cl + e];
+                gam[i >> 1] += dqv[e] * qv - dkc[e] * kv;
+                ext += dks * kv;
             }
-            gam[i >> 1] += dqv * qv - dkc * kv;
-            ext += dks * kv;
+            const long o = (row0 + (long)r * H) * K + col;
+            const bool ok0 = r < nv && col < K, ok1 = r < nv && col + 1 < K;
+            chunk_put2(dq + o, dqv[0], dqv[1], ok0, ok1);
+            chunk_put2(dW + o, -a_dW[j][i], -a_dW[j][i + 1], ok0, ok1);
+            if (ok1 && (o & 1) == 0) {
+                *(float2 *)(dk_part + o) = make_float2(dkc[0], dkc[1]);
+            } else {
+                if (ok0) { dk_part[o] = dkc[0]; }
+                if (ok1) { dk_part[o + 1] = dkc[1]; }
+            }
         }
     }
     // row sums: the quad's four lanes, then the two column halves; ext and sdot over the CTA, in fixed orders
