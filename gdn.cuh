@@ -874,7 +874,17 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, GDN_WY_MINB) gdn_chunk_wy_kern
         chunk_stage(t1, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
         chunk_stage(t2, GDN_LD, v + vrow0 + vb, (long)v_stride, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
     };
+    // dW's K tiles for dTm's second product, tile i in slot i mod 3 (sDm, free until dA; t1 and t2, free after the V
+    // loop): tile 0 comes with the first copies, tiles 1 and 2 are issued after the V loop, tile i + 3 when tile i is
+    // read, so that each lands under the products before it
+    auto dw_slot = [&](int i) { return i % 3 == 0 ? sDm : i % 3 == 1 ? t1 : t2; };
+    auto stage_dw = [&](int i) {
+        chunk_stage(dw_slot(i), GDN_LD, dW + row0 * K + i * GDN_T, (long)H * K, nv, K - i * GDN_T, GDN_L, GDN_T,
+                    (const float *)NULL);
+        tiles::cp_async_commit();
+    };
     stage_v(0);
+    stage_dw(0);
     chunk_sync();
     if (threadIdx.x < GDN_L) { seG[threadIdx.x] = expf(sG[threadIdx.x]); }
     gdn_chunk_kkg(NULL, sKKG, sk, ldk, Kp, sb, sG);
@@ -901,12 +911,20 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, GDN_WY_MINB) gdn_chunk_wy_kern
         }
         chunk_sync();
     }
-    for (int kb = 0; kb < Kp; kb += GDN_T) {
-        chunk_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-        chunk_sync();
-        tiles::warp_gemm<4, false, true>(aTk, t1 + 16 * mt * GDN_LD, GDN_LD, sk + c0 * ldk + kb, ldk, GDN_T);
-        chunk_sync();
+    for (int i = 1; i < KT && i < 3; i++) { stage_dw(i); } // (the V loop ended on a barrier: t1, t2 are free)
+    for (int i = 0; i < KT; i++) {
+        const int ahead = min(2, KT - 1 - i); // tiles issued after tile i
+        if (ahead == 2) { tiles::cp_async_wait<2>(); } else if (ahead == 1) { tiles::cp_async_wait<1>(); }
+        else { tiles::cp_async_wait<0>(); }
+        __syncthreads(); // tile i landed
+        tiles::warp_gemm<4, false, true>(aTk, dw_slot(i) + 16 * mt * GDN_LD, GDN_LD, sk + c0 * ldk + i * GDN_T, ldk,
+                                         GDN_T);
+        if (i + 3 < KT) {
+            __syncthreads(); // tile i is read: its slot takes tile i + 3
+            stage_dw(i + 3);
+        }
     }
+    __syncthreads(); // every dW tile is read: sDm, t1, t2 are free for dA
     // dA = −(Tᵀ dTm Tᵀ) on the strict lower triangle
 #pragma unroll
     for (int j = 0; j < 4; j++) {
