@@ -74,10 +74,60 @@ __device__ __forceinline__ void gdn_load_G(float *sG, const float *Gc, long row0
 
 #define GDN_LDP 68 // leading dimension of a staged fp32 64-wide tile (16-byte rows, 2-way bank conflicts at most)
 
-// sT (64×65 fp32) = (I + A)⁻¹ for A (64×65 fp32) strictly lower triangular, by 16×16 blocks (≥ 128 threads): the
+// 3xTF32 tensor-core products for the inversion below (fp32 in, fp32 out, error ≈ fp32 rounding): x = hi + lo with
+// hi = tf32(x), lo = tf32(x − hi); a·b ≈ lo_a·hi_b + hi_a·lo_b + hi_a·hi_b (lo·lo, ≈ 2⁻²² relative, dropped)
+__device__ __forceinline__ uint32_t gdn_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void gdn_mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// a warp's d (16×8, the m16n8 accumulator layout: rows g, g + 8, columns 2t, 2t + 1) += A (16×K) B (K×8), both fp32
+// row-major in shared memory (leading dimensions lda, ldb), K a multiple of 8
+__device__ __forceinline__ void gdn_warp_mma_f32(float (&d)[4], const float *A, int lda, const float *B, int ldb,
+                                                 int K) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        const float a[4] = {A[g * lda + k0 + t], A[(g + 8) * lda + k0 + t], A[g * lda + k0 + t + 4],
+                            A[(g + 8) * lda + k0 + t + 4]};
+        const float b[2] = {B[(k0 + t) * ldb + g], B[(k0 + t + 4) * ldb + g]};
+        uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            ah[i] = gdn_tf32(a[i]);
+            al[i] = gdn_tf32(a[i] - __uint_as_float(ah[i]));
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            bh[i] = gdn_tf32(b[i]);
+            bl[i] = gdn_tf32(b[i] - __uint_as_float(bh[i]));
+        }
+        gdn_mma_tf32(d, al, bh[0], bh[1]);
+        gdn_mma_tf32(d, ah, bl[0], bl[1]);
+        gdn_mma_tf32(d, ah, bh[0], bh[1]);
+    }
+}
+// dst (16×8 at row stride ld) = s·d, d in the m16n8 accumulator layout
+__device__ __forceinline__ void gdn_put_acc(float *dst, int ld, const float (&d)[4], float s) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    dst[g * ld + 2 * t] = s * d[0];
+    dst[g * ld + 2 * t + 1] = s * d[1];
+    dst[(g + 8) * ld + 2 * t] = s * d[2];
+    dst[(g + 8) * ld + 2 * t + 1] = s * d[3];
+}
+
+// sT (64×65 fp32) = (I + A)⁻¹ for A (64×65 fp32) strictly lower triangular, by 16×16 blocks (8 warps): the
 // diagonal blocks by forward substitution, a lane a column held in registers (T[i][c] = δ_ic − Σ_{j < i} A[i][j]
-// T[j][c], the A row read as a broadcast), then block row bi = 1..3 in turn: X = Σ_{bj ≤ k < bi} A_{bi,k} T_{k,bj}, T_{bi,bj} = −T_{bi,bi} X.
-// scratch: 16×48 fp32. Ends synchronized.
+// T[j][c], the A row read as a broadcast); then, as fla's solve_tril merges blocks, the two 32×32 diagonal blocks
+// (T_10 = −T_11 A_10 T_00 for the block pairs (0, 1) and (2, 3)) and the 32×32 block below them
+// (T_hi,lo = −T_hi (A_hi,lo T_lo)), each product on the tensor cores in 3xTF32 (≈ fp32: fla uses plain TF32 here).
+// The first version (the block rows by scalar loops, 7 barriers) cost 0.23 of the 0.74 ms prep kernel at H=16.
+// scratch: 32×33 fp32. Ends synchronized.
 __device__ __forceinline__ void gdn_unit_lower_inverse(float *sT, const float *sA, float *scratch) {
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (w < 2) { // warp w, half lane >> 4: diagonal block 2w + (lane >> 4), column lane & 15, the column in registers
@@ -98,23 +148,35 @@ __device__ __forceinline__ void gdn_unit_lower_inverse(float *sT, const float *s
         if ((c >> 4) > (r >> 4)) { sT[r * 65 + c] = 0.0f; }
     }
     __syncthreads();
-    for (int bi = 1; bi < 4; bi++) {
-        const int n = 16 * bi; // columns 0..n−1 of block row bi
-        for (int e = threadIdx.x; e < 16 * n; e += blockDim.x) {
-            const int r = e / n, cc = e - r * n;
-            float x = 0.0f;
-            for (int k = (cc >> 4) << 4; k < n; k++) { x += sA[(n + r) * 65 + k] * sT[k * 65 + cc]; }
-            scratch[r * 48 + cc] = x;
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < 16 * n; e += blockDim.x) {
-            const int r = e / n, cc = e - r * n;
-            float x = 0.0f;
-            for (int m = 0; m < 16; m++) { x += sT[(n + r) * 65 + n + m] * scratch[m * 48 + cc]; }
-            sT[(n + r) * 65 + cc] = -x;
-        }
-        __syncthreads();
+    constexpr int LX = 33;
+    if (w < 4) { // the pairs p = 0, 1 (blocks 2p, 2p + 1): Y = A_{2p+1,2p} T_{2p,2p}, warp w its n8 tile w & 1
+        const int p = w >> 1, o = 32 * p, n = 8 * (w & 1);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        gdn_warp_mma_f32(d, sA + (o + 16) * 65 + o, 65, sT + o * 65 + o + n, 65, 16);
+        gdn_put_acc(scratch + 16 * p * LX + n, LX, d, 1.0f);
     }
+    __syncthreads();
+    if (w < 4) { // T_{2p+1,2p} = −T_{2p+1,2p+1} Y
+        const int p = w >> 1, o = 32 * p, n = 8 * (w & 1);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        gdn_warp_mma_f32(d, sT + (o + 16) * 65 + o + 16, 65, scratch + 16 * p * LX + n, LX, 16);
+        gdn_put_acc(sT + (o + 16) * 65 + o + n, 65, d, -1.0f);
+    }
+    __syncthreads();
+    { // X = A[32:64, 0:32] T[0:32, 0:32]: warp w the rows 16·(w >> 2), the n8 tile w & 3
+        const int m = 16 * (w >> 2), n = 8 * (w & 3);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        gdn_warp_mma_f32(d, sA + (32 + m) * 65, 65, sT + n, 65, 32);
+        gdn_put_acc(scratch + m * LX + n, LX, d, 1.0f);
+    }
+    __syncthreads();
+    { // T[32:64, 0:32] = −T[32:64, 32:64] X
+        const int m = 16 * (w >> 2), n = 8 * (w & 3);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        gdn_warp_mma_f32(d, sT + (32 + m) * 65 + 32, 65, scratch + n, LX, 32);
+        gdn_put_acc(sT + (32 + m) * 65 + n, 65, d, -1.0f);
+    }
+    __syncthreads();
 }
 
 // the raw k·kᵀ ∘ Γ of a chunk (strictly lower, fp32) into sKKG and, when sA != NULL, A = β_r (k·kᵀ ∘ Γ) into sA, from
