@@ -365,6 +365,12 @@ build/bench_decode_matmul: dev/bench/bench_decode_matmul.cu dev/bench/bench_comm
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
 
+# a prototype of the persistent decode step: a chain of the layer products as GEMV kernels in a graph vs one
+# cooperative kernel streaming each CTA's weight rows into a shared-memory ring (dev/bench/NOTES.md)
+build/bench_persistent: dev/bench/bench_persistent.cu dev/bench/bench_common.cuh $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+
 test/test_gpu_nccl.sh: train_m2rnn build/train_m2rnn_fp32 build/test_train
 test/test_gpu_tp.sh: train_m2rnn build/train_m2rnn_fp32 build/test_train
 
@@ -373,7 +379,7 @@ build/bench_tp: dev/bench/bench_tp.cu dev/bench/bench_common.cuh train_m2rnn.cu 
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) $(TRAINER_PARALLEL) -o $@ $< $(NVCC_LDLIBS) $(TRAINER_PARALLEL_LIBS)
 
-CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_memory_kernels build/bench_infer build/bench_decode_matmul build/bench_moe build/bench_gdn build/bench_tp
+CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_memory_kernels build/bench_infer build/bench_decode_matmul build/bench_persistent build/bench_moe build/bench_gdn build/bench_tp
 CUDA_TESTS += $(TRAINER_TESTS)
 
 # ---------------------------------------------------------------------------------------------------------------
