@@ -322,6 +322,22 @@ static void run_case(const Case &c, uint64_t seed) {
     bool same = memcmp(y.data(), y2.data(), y.size() * sizeof(floatX)) == 0;
     snprintf(name, sizeof(name), "%s inference forward == training", c.name);
     test_result(same, name, "%s", same ? "bitwise equal y" : "y differs");
+    // one more backward of the same inputs into fresh poisoned buffers, brought to the host: dq|dk|dv (the conv
+    // layout), df, dW, dh0
+    auto backward_again = [&](std::vector<floatX> &conv, std::vector<float> &df_h, std::vector<float> &dW_h,
+                              std::vector<float> &dh0_h) {
+        floatX *d_dconv2 = device_poisoned<floatX>((size_t)ntok * p.conv_dim);
+        float *d_df2 = device_poisoned<float>((size_t)ntok * N), *d_dW2 = device_poisoned<float>((size_t)N * V * V);
+        float *d_dh02 = device_poisoned<float>(state);
+        m2rnn_backward(d_dconv2, d_dconv2 + Nq * K, d_dconv2 + 2 * Nq * K, d_df2, d_dW2, d_dh02, ws, d_dy,
+                       c.use_dhT ? d_dhT : nullptr, q, k, v, d_f, d_W, c.clip, &d, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        conv = to_host(d_dconv2, (size_t)ntok * p.conv_dim);
+        df_h = to_host(d_df2, (size_t)ntok * N);
+        dW_h = to_host(d_dW2, (size_t)N * V * V);
+        dh0_h = to_host(d_dh02, state);
+        for (void *ptr : {(void *)d_dconv2, (void *)d_df2, (void *)d_dW2, (void *)d_dh02}) { cudaCheck(cudaFree(ptr)); }
+    };
     { // repeatability. Default (fp32 atomics for dq/dk over head groups): a second backward repeats dv, df, dW, dh0 bit
       // for bit and dq/dk up to the order of their fp32 adds (a bf16 result may round to a neighbouring value): held
       // normwise to 1e-4 (2.1e-5 the most measured). Deterministic mode (m2rnn_deterministic: the CTAs add in turn):
@@ -330,20 +346,7 @@ static void run_case(const Case &c, uint64_t seed) {
         std::vector<float> df_r[3], dW_r[3], dh0_r[3];
         for (int run = 0; run < 3; run++) {
             m2rnn_deterministic = run > 0;
-            floatX *d_dconv2 = device_poisoned<floatX>((size_t)ntok * p.conv_dim);
-            float *d_df2 = device_poisoned<float>((size_t)ntok * N), *d_dW2 = device_poisoned<float>((size_t)N * V * V);
-            float *d_dh02 = device_poisoned<float>(state);
-            m2rnn_backward(d_dconv2, d_dconv2 + Nq * K, d_dconv2 + 2 * Nq * K, d_df2, d_dW2, d_dh02, ws, d_dy,
-                           c.use_dhT ? d_dhT : nullptr, q, k, v, d_f, d_W, c.clip, &d, 0);
-            cudaCheck(cudaDeviceSynchronize());
-            runs[run] = to_host(d_dconv2, (size_t)ntok * p.conv_dim);
-            df_r[run] = to_host(d_df2, (size_t)ntok * N);
-            dW_r[run] = to_host(d_dW2, (size_t)N * V * V);
-            dh0_r[run] = to_host(d_dh02, state);
-            cudaCheck(cudaFree(d_dconv2));
-            cudaCheck(cudaFree(d_df2));
-            cudaCheck(cudaFree(d_dW2));
-            cudaCheck(cudaFree(d_dh02));
+            backward_again(runs[run], df_r[run], dW_r[run], dh0_r[run]);
         }
         m2rnn_deterministic = 0;
         auto same_fixed = [&](int a, const std::vector<floatX> &ca, const std::vector<float> &fa,
@@ -386,17 +389,7 @@ static void run_case(const Case &c, uint64_t seed) {
         m2rnn_deterministic = 1;
         for (int z = 0; z < 2; z++) {
             m2rnn_zstash_override = z;
-            floatX *d_dconv2 = device_poisoned<floatX>((size_t)ntok * p.conv_dim);
-            float *d_df2 = device_poisoned<float>((size_t)ntok * N), *d_dW2 = device_poisoned<float>((size_t)N * V * V);
-            float *d_dh02 = device_poisoned<float>(state);
-            m2rnn_backward(d_dconv2, d_dconv2 + Nq * K, d_dconv2 + 2 * Nq * K, d_df2, d_dW2, d_dh02, ws, d_dy,
-                           c.use_dhT ? d_dhT : nullptr, q, k, v, d_f, d_W, c.clip, &d, 0);
-            cudaCheck(cudaDeviceSynchronize());
-            cv[z] = to_host(d_dconv2, (size_t)ntok * p.conv_dim);
-            fv[z] = to_host(d_df2, (size_t)ntok * N);
-            wv[z] = to_host(d_dW2, (size_t)N * V * V);
-            hv[z] = to_host(d_dh02, state);
-            for (void *ptr : {(void *)d_dconv2, (void *)d_df2, (void *)d_dW2, (void *)d_dh02}) { cudaCheck(cudaFree(ptr)); }
+            backward_again(cv[z], fv[z], wv[z], hv[z]);
         }
         m2rnn_zstash_override = -1;
         m2rnn_deterministic = 0;
