@@ -32,11 +32,12 @@ Numeric contract (bf16 build): every product takes bf16 operands and accumulates
 staged): the inputs q, k, v and do; the normalized q and k; T where the wy kernel multiplies by it, and the factors
 T·diag(β e^G) and T·diag(β) that make W and U; W, U, P, the chunk-start states h_c, Vn and e^{G_L − G}∘Vn; in the
 backward dh_c, dVn, dW, do ∘ scale e^G, dSc, dTm, Tᵀ dTm, dA ∘ Γ and β ∘ (dA ∘ Γ) (fla rounds the same kinds of
-operands). fp32: the cumulative decays, T's inversion and the kept T, the carried state and its gradient inside the
-serial kernels, every row sum, dk's parts, dβ, d(log α) and the final state. The fp32 build (make PRECISION=FP32)
-stages fp32 and multiplies on the FMA pipe (tiles.cuh's fp32 warp_gemm). Deterministic: no atomics, every sum in a
-fixed order. The training path starts from zero state; the decode advance starts from and writes back each
-sequence's fp32 state.
+operands). fp32: the cumulative decays, T's inversion (its diagonal 16×16 blocks by fp32 substitution, the block
+merges in 3xTF32 on the tensor cores, ≈ fp32, in both builds) and the kept T, the carried state and its gradient
+inside the serial kernels, every row sum, dk's parts, dβ, d(log α) and the final state. The fp32 build (make
+PRECISION=FP32) stages fp32 and multiplies on the FMA pipe (tiles.cuh's fp32 warp_gemm). Deterministic: no atomics,
+every sum in a fixed order. The training path starts from zero state; the decode advance starts from and writes back
+each sequence's fp32 state.
 Sizes: K ≤ 256 (padded to a multiple of 64 in shared memory), any V (tiles of 64), any T (the last chunk masked).
 Sequences: B of T tokens each, or packed variable-length sequences (cu_seqlens, T tokens in all), each restarting
 from its own initial state (or zero) and ending in its own final state; a packed sequence's outputs and gradients are
