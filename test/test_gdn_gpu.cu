@@ -602,6 +602,13 @@ int main(void) {
 #else
     run_case("GDN T=100 K=160 V=64", (Shape){1, 100, 2, 160, 64}, 1, 0.3, 0); // three K tiles, the last one padded
 #endif
+    // four V tiles, the last one partial: the prep kernel's v tiles go through both of its staging areas twice
+    run_case("GDN T=150 K=64 V=232 state", (Shape){1, 150, 2, 64, 232}, 1, 0.3, 0);
+#if FLOATX_IS_FP32
+    test_skip("GDN T=130 K=256 V=512", "K=256 needs more shared memory than fp32 tiles allow (bf16 build only)");
+#else
+    run_case("GDN T=130 K=256 V=512", (Shape){1, 130, 2, 256, 512}, 0, 0.3, 0); // the paper's 410M layer's shape
+#endif
     run_packed("GDN K=64 V=96", 2, 64, 96, {100, 64, 0, 1, 129, 37});
     run_packed("GDN K=48 V=40", 3, 48, 40, {5, 200, 63, 65});
     return test_summary(SUITE);
