@@ -770,11 +770,10 @@ static size_t gdn_dstate_smem(int K) {
 #ifndef GDN_DQK_MINB
 #define GDN_DQK_MINB 2 // CTAs an SM the registers allow
 #endif
-__global__ void __launch_bounds__(256, GDN_DQK_MINB) gdn_chunk_dqk_kernel(floatX *dq, float *dk_part, floatX *dW, float *dgam_part,
-                                                            const floatX *q, const floatX *k, const floatX *vn,
-                                                            const floatX *dvn, const floatX *dout, const floatX *hst,
-                                                            const floatX *dhst, const float *Gc, float scale,
-                                                            const int *cu_seqlens, int B, int T, int H, int K, int V) {
+__global__ void __launch_bounds__(256, GDN_DQK_MINB)
+    gdn_chunk_dqk_kernel(floatX *dq, float *dk_part, floatX *dW, float *dgam_part, const floatX *q, const floatX *k,
+                         const floatX *vn, const floatX *dvn, const floatX *dout, const floatX *hst, const floatX *dhst,
+                         const float *Gc, float scale, const int *cu_seqlens, int B, int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
     int b, c;
     ChunkSeq seq;
@@ -903,16 +902,13 @@ static size_t gdn_dqk_smem() { return 8 * (size_t)GDN_L * GDN_LD * sizeof(floatX
 // partials now add the two column halves). The first V tile of dVn and v is staged with k and T.
 #define GDN_WY_THREADS 256
 #ifndef GDN_WY_MINB
-#define GDN_WY_MINB 3 // CTAs an SM: 80 registers (16 bytes spilled) for 24 warps an SM; 2 (128 registers) measured 0.83 ms at H=16, 3 0.71
+#define GDN_WY_MINB 3 // CTAs an SM: 80 registers, 24 warps an SM (2: 128 registers, 0.83 ms at H=16 on an H100; 3: 0.71)
 #endif
-__global__ void __launch_bounds__(GDN_WY_THREADS, GDN_WY_MINB) gdn_chunk_wy_kernel(floatX *dk, floatX *dv, int dv_stride,
-                                                                      float *dbeta, float *dg, const floatX *k,
-                                                                      const floatX *v, int v_stride,
-                                                                      const float *beta, const float *Gc,
-                                                                      const floatX *dW, const floatX *dvn,
-                                                                      const float *dk_part, const float *dgam_part,
-                                                                      const float *Tm, const int *cu_seqlens, int B,
-                                                                      int T, int H, int K, int V) {
+__global__ void __launch_bounds__(GDN_WY_THREADS, GDN_WY_MINB)
+    gdn_chunk_wy_kernel(floatX *dk, floatX *dv, int dv_stride, float *dbeta, float *dg, const floatX *k, const floatX *v,
+                        int v_stride, const float *beta, const float *Gc, const floatX *dW, const floatX *dvn,
+                        const float *dk_part, const float *dgam_part, const float *Tm, const int *cu_seqlens, int B,
+                        int T, int H, int K, int V) {
     extern __shared__ __align__(16) char gdn_smem[];
     int b, c;
     ChunkSeq seq;
@@ -1256,9 +1252,9 @@ static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbe
         gr->dq, gr->dk_part, gr->dW, gr->dgam_part, q, k, f->vn, gr->dvn, dout, f->hst, gr->dhst, f->Gc, scale,
         cu_seqlens, B, T, H, K, V);
     cudaCheck(cudaGetLastError());
-    gdn_chunk_wy_kernel<<<(unsigned)(NS * H), GDN_WY_THREADS, s3, stream>>>(dk, dv, dv_stride, dbeta, dg, k, v, v_stride, beta,
-                                                                      f->Gc, gr->dW, gr->dvn, gr->dk_part,
-                                                                      gr->dgam_part, f->Tm, cu_seqlens, B, T, H, K, V);
+    gdn_chunk_wy_kernel<<<(unsigned)(NS * H), GDN_WY_THREADS, s3, stream>>>(
+        dk, dv, dv_stride, dbeta, dg, k, v, v_stride, beta, f->Gc, gr->dW, gr->dvn, gr->dk_part, gr->dgam_part, f->Tm,
+        cu_seqlens, B, T, H, K, V);
     cudaCheck(cudaGetLastError());
 }
 

@@ -185,8 +185,9 @@ int main(int argc, char **argv) {
     auto persistent = [&]() {
         epoch++;
         void *args[] = {(void *)&d_ops, (void *)&nops, (void *)&done, (void *)&epoch, (void *)&slot};
-        const void *kf = mode == 0 ? (const void *)persistent_chain_kernel<0>
-                         : mode == 1 ? (const void *)persistent_chain_kernel<1> : (const void *)persistent_chain_kernel<2>;
+        const void *kf = mode == 0   ? (const void *)persistent_chain_kernel<0>
+                         : mode == 1 ? (const void *)persistent_chain_kernel<1>
+                                     : (const void *)persistent_chain_kernel<2>;
         cudaCheck(cudaLaunchCooperativeKernel(kf, dim3(sms), dim3(256), args, smem, rt.stream));
     };
     cudaCheck(cudaMemcpy(x, start.data(), 1024 * sizeof(floatX), cudaMemcpyHostToDevice));
