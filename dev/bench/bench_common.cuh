@@ -45,4 +45,19 @@ template <class F> static float median_ms(F f, int repeats, cudaStream_t stream)
     return ms[ms.size() / 2];
 }
 
+// ms a call of f as a decode step runs it: `calls` calls captured in one CUDA graph, the median of `repeats` replays
+// (median_ms) divided by `calls`
+template <class F> static float graph_median_ms(F f, int calls, int repeats, cudaStream_t stream) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaCheck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int r = 0; r < calls; r++) { f(); }
+    cudaCheck(cudaStreamEndCapture(stream, &graph));
+    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
+    const float ms = median_ms([&]() { cudaCheck(cudaGraphLaunch(exec, stream)); }, repeats, stream);
+    cudaCheck(cudaGraphExecDestroy(exec));
+    cudaCheck(cudaGraphDestroy(graph));
+    return ms / calls;
+}
+
 #endif // M2RNN_BENCH_COMMON_CUH

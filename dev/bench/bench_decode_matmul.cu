@@ -30,19 +30,8 @@ static int algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigA
     return v;
 }
 
-// µs a launch of f: 20 launches captured in a graph, its replay's median of 15 (bench_common.cuh) over 20
-template <class F> static double graph_us(F f, cudaStream_t stream) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    cudaCheck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int r = 0; r < 20; r++) { f(); }
-    cudaCheck(cudaStreamEndCapture(stream, &graph));
-    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
-    const float ms = median_ms([&]() { cudaCheck(cudaGraphLaunch(exec, stream)); }, 15, stream);
-    cudaCheck(cudaGraphExecDestroy(exec));
-    cudaCheck(cudaGraphDestroy(graph));
-    return ms * 1e3 / 20;
-}
+// µs a launch of f: 20 launches in a graph, the median of 15 replays (bench_common.cuh's graph_median_ms)
+template <class F> static double graph_us(F f, cudaStream_t stream) { return graph_median_ms(f, 20, 15, stream) * 1e3; }
 
 int main(int argc, char **argv) {
     std::vector<int> Ms;
