@@ -4,7 +4,7 @@ chunk_common.cuh: what the chunked recurrences (gdn.cuh, mamba2.cuh) share aroun
   rows and columns, optionally scaled per row: cp.async for plain aligned copies (waited for by chunk_sync),
   otherwise 16-byte vector loads, several in flight per thread before any store, element by element at ragged edges;
 - chunk_sync: the CTA barrier of these kernels, which first waits for the thread's cp.async copies;
-- chunk_put2: the paired store of two adjacent accumulator outputs;
+- chunk_put2: the paired store of two adjacent accumulator outputs (chunk_sput2 into shared memory);
 - ChunkSeq / chunk_seq / chunk_at_slot / chunk_slots: where a sequence's tokens and chunks lie, in the fixed layout
   (B sequences of T tokens) or packed (cu_seqlens, as m2rnn_kernels.cuh and the attention kernels take it).
 */
@@ -21,8 +21,12 @@ chunk_common.cuh: what the chunked recurrences (gdn.cuh, mamba2.cuh) share aroun
 // waited for by chunk_sync; otherwise 16-byte pieces: one vector load (two for fp32 into bf16) where the piece is
 // whole and aligned, element by element at the edges; a thread issues the loads of CHUNK_STAGE_BATCH pieces before it
 // converts and stores any (the staging is latency-bound otherwise).
+// ONE_DIV (the default): where the CTA's threads divide into whole rows of pieces, a thread keeps its column for the
+// whole tile (one division a tile instead of one a piece). chunk_stage<false>(...) keeps a division a piece: for the
+// kernels at their register caps (the GDN prep, dqk and wy kernels), where the compiler hoists the per-thread column
+// out of their loops and spills, or runs them slower (measured: dev/bench/NOTES.md, GDN log 15).
 #define CHUNK_STAGE_BATCH 4
-template <typename Src, typename Dst>
+template <bool ONE_DIV = true, typename Src, typename Dst>
 __device__ __forceinline__ void chunk_stage(Dst *dst, int ld, const Src *__restrict__ src, long tok_stride, int rv,
                                             int cv, int rows, int cols, const float *row_scale) {
     constexpr int VEC = 16 / sizeof(Dst), WORDS = VEC * sizeof(Src) / 16;
@@ -31,6 +35,21 @@ __device__ __forceinline__ void chunk_stage(Dst *dst, int ld, const Src *__restr
     const bool aligned = ((uintptr_t)src & 15) == 0 && ((tok_stride * (long)sizeof(Src)) & 15) == 0;
     if constexpr (std::is_same<Src, Dst>::value) {
         if (row_scale == NULL && aligned) { // a plain copy: cp.async, waited for by chunk_sync()
+            if (ONE_DIV && blockDim.x % cpr == 0) { // a thread's column is the same in every row it copies
+                const int c = ((int)threadIdx.x % cpr) * VEC, rs = blockDim.x / cpr;
+                const bool whole = c + VEC <= cv;
+                for (int r = threadIdx.x / cpr; r < rows; r += rs) {
+                    Dst *d = dst + r * ld + c;
+                    const Src *s = src + (long)r * tok_stride + c;
+                    if (r < rv && whole) {
+                        tiles::cp_async16(tiles::smem_addr(d), s);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < VEC; e++) { d[e] = (r < rv && c + e < cv) ? s[e] : (Dst)0.0f; }
+                    }
+                }
+                return;
+            }
             for (int i = threadIdx.x; i < n; i += blockDim.x) {
                 const int r = i / cpr, c = (i - r * cpr) * VEC;
                 Dst *d = dst + r * ld + c;
@@ -91,6 +110,15 @@ __device__ __forceinline__ void chunk_put2(floatX *dst, float x0, float x1, bool
 #endif
     if (ok0) { dst[0] = (floatX)x0; }
     if (ok1) { dst[1] = (floatX)x1; }
+}
+
+// two adjacent accumulator outputs (columns c, c + 1, c even) into a staged tile: one 4-byte store (8 in fp32)
+__device__ __forceinline__ void chunk_sput2(floatX *dst, float x0, float x1) {
+#if FLOATX_IS_FP32
+    *(float2 *)dst = make_float2(x0, x1);
+#else
+    *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(x0, x1);
+#endif
 }
 
 // the CTA barrier of the chunk kernels: first this thread's cp.async copies from chunk_stage land

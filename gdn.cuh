@@ -317,8 +317,8 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
     const bool norm = nm.qn != NULL;
     const long qk_row = norm ? (seq.tok0 + t0) * nm.stride + (long)h * K : row0 * K;
     const long qk_stride = norm ? nm.stride : (long)H * K;
-    chunk_stage(sk, ldk, k + qk_row, qk_stride, nv, K, GDN_L, Kp, (const float *)NULL);
-    chunk_stage(sq, ldk, q + qk_row, qk_stride, nv, K, GDN_L, Kp, (const float *)NULL);
+    chunk_stage<false>(sk, ldk, k + qk_row, qk_stride, nv, K, GDN_L, Kp, (const float *)NULL);
+    chunk_stage<false>(sq, ldk, q + qk_row, qk_stride, nv, K, GDN_L, Kp, (const float *)NULL);
     if (threadIdx.x < GDN_L) {
         const int r = threadIdx.x;
         sb[r] = r < nv ? beta[row0 + (long)r * H] : 0.0f;
@@ -393,8 +393,8 @@ __global__ void __launch_bounds__(256) gdn_chunk_prep_kernel(floatX *W, floatX *
     auto va = [&](int i) { return (i & 1) ? sk : sv; };
     const int VT = CEIL_DIV(V, GDN_T);
     auto stage_v = [&](int i) {
-        chunk_stage(va(i), GDN_LD, v + (seq.tok0 + t0) * v_stride + (long)h * V + i * GDN_T, v_stride, nv,
-                    V - i * GDN_T, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage<false>(va(i), GDN_LD, v + (seq.tok0 + t0) * v_stride + (long)h * V + i * GDN_T, v_stride, nv,
+                           V - i * GDN_T, GDN_L, GDN_T, (const float *)NULL);
         tiles::cp_async_commit();
     };
     __syncthreads(); // P's and the inversion's readers of q's area are done; W's factor is whole
@@ -496,7 +496,10 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
         const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
         const long row0 = (seq.tok0 + t0) * H + h;
         floatX *sW = sbuf + buf * BUF, *sk = sW + GDN_L * ldk, *sU = sk + GDN_L * ldk;
-        gdn_load_G(sGb + buf * GDN_L, Gc, row0, H, nv);
+        if (threadIdx.x < GDN_L) { // G by cp.async too: a plain load's round trip would hold warps 0-1 here
+            tiles::cp_async4(tiles::smem_addr(sGb + buf * GDN_L + threadIdx.x),
+                             Gc + row0 + (long)min((int)threadIdx.x, nv - 1) * H);
+        }
         chunk_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         chunk_stage(sU, GDN_LD, U + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
@@ -515,8 +518,9 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
 #pragma unroll
             for (int j = 0; j < 8; j++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    sS[(16 * (w + 8 * m) + tiles::acc_row(i)) * GDN_LD + tiles::acc_col(j, i)] = (floatX)S[m][j][i];
+                for (int i = 0; i < 4; i += 2) {
+                    chunk_sput2(sS + (16 * (w + 8 * m) + tiles::acc_row(i)) * GDN_LD + tiles::acc_col(j, i),
+                                S[m][j][i], S[m][j][i + 1]);
                 }
             }
         }
@@ -529,17 +533,17 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
             tiles::warp_gemm<4, false, false>(acc, sW + 16 * mt * ldk, ldk, sS + 32 * half, GDN_LD, Kp);
             const float GL = sG[GDN_L - 1];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int i = 0; i < 4; i += 2) { // a thread's two rows: their decays and output rows once
+                const int r = 16 * mt + tiles::acc_row(i);
+                const float dec = expf(GL - sG[r]);
+                floatX *vrow = vn + (row0 + (long)r * H) * V + vb;
 #pragma unroll
-                for (int i = 0; i < 4; i += 2) {
-                    const int r = 16 * mt + tiles::acc_row(i), col = 32 * half + tiles::acc_col(j, i);
+                for (int j = 0; j < 4; j++) {
+                    const int col = 32 * half + tiles::acc_col(j, i);
                     const floatX x0 = (floatX)((float)sU[r * GDN_LD + col] - acc[j][i]);
                     const floatX x1 = (floatX)((float)sU[r * GDN_LD + col + 1] - acc[j][i + 1]);
-                    chunk_put2(vn + (row0 + (long)r * H) * V + vb + col, (float)x0, (float)x1, r < nv && vb + col < V,
-                               r < nv && vb + col + 1 < V);
-                    const float dec = expf(GL - sG[r]);
-                    sVn[r * GDN_LD + col] = (floatX)((float)x0 * dec);
-                    sVn[r * GDN_LD + col + 1] = (floatX)((float)x1 * dec);
+                    chunk_put2(vrow + col, (float)x0, (float)x1, r < nv && vb + col < V, r < nv && vb + col + 1 < V);
+                    chunk_sput2(sVn + r * GDN_LD + col, (float)x0 * dec, (float)x1 * dec);
                 }
             }
         }
@@ -600,13 +604,15 @@ __global__ void gdn_chunk_output_kernel(floatX *o, const floatX *q, const floatX
     tiles::warp_gemm<8, false, false>(acc, sq + 16 * w * ldk, ldk, sS, GDN_LD, Kp);
     tiles::warp_gemm<8, false, false>(acc2, sP + 16 * w * GDN_LD, GDN_LD, svn, GDN_LD, GDN_L);
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
+    for (int i = 0; i < 4; i += 2) { // a thread's two rows: their decays and output rows once
+        const int r = 16 * w + tiles::acc_row(i);
+        const float eG = scale * expf(sG[r]);
+        floatX *orow = o + (row0 + (long)r * H) * V;
 #pragma unroll
-        for (int i = 0; i < 4; i += 2) {
-            const int r = 16 * w + tiles::acc_row(i), col = vb + tiles::acc_col(j, i);
-            const float eG = scale * expf(sG[r]);
-            chunk_put2(o + (row0 + (long)r * H) * V + col, eG * acc[j][i] + scale * acc2[j][i],
-                     eG * acc[j][i + 1] + scale * acc2[j][i + 1], r < nv && col < V, r < nv && col + 1 < V);
+        for (int j = 0; j < 8; j++) {
+            const int col = vb + tiles::acc_col(j, i);
+            chunk_put2(orow + col, eG * acc[j][i] + scale * acc2[j][i], eG * acc[j][i + 1] + scale * acc2[j][i + 1],
+                       r < nv && col < V, r < nv && col + 1 < V);
         }
     }
 }
@@ -687,8 +693,9 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
 #pragma unroll
             for (int j = 0; j < 8; j++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    sdS[(16 * (w + 8 * m) + tiles::acc_row(i)) * GDN_LD + tiles::acc_col(j, i)] = (floatX)dS[m][j][i];
+                for (int i = 0; i < 4; i += 2) {
+                    chunk_sput2(sdS + (16 * (w + 8 * m) + tiles::acc_row(i)) * GDN_LD + tiles::acc_col(j, i),
+                                dS[m][j][i], dS[m][j][i + 1]);
                 }
             }
         }
@@ -696,9 +703,18 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
         __syncthreads();
         gdn_store_state(dhc, sdS, K, V, vb);
         if (threadIdx.x < GDN_L) { skdec[threadIdx.x] = expf(sG[GDN_L - 1] - sG[threadIdx.x]); }
-        for (int i = threadIdx.x; i < GDN_L * GDN_T; i += blockDim.x) {
-            const int r = i >> 6, cc = i & 63;
-            sdos[r * GDN_LD + cc] = (floatX)((float)sdo[r * GDN_LD + cc] * scale * expf(sG[r]));
+        { // do ∘ scale e^G: a row a group of 4 threads (256), 16 columns each by 16-byte pieces
+            constexpr int E = 16 / sizeof(floatX);
+            const int r = threadIdx.x >> 2, c0 = (threadIdx.x & 3) * (GDN_T / 4);
+            const float eg = expf(sG[r]);
+#pragma unroll
+            for (int p = 0; p < GDN_T / 4; p += E) {
+                uint4 raw = *(const uint4 *)(sdo + r * GDN_LD + c0 + p);
+                floatX *x = (floatX *)&raw;
+#pragma unroll
+                for (int e = 0; e < E; e++) { x[e] = (floatX)((float)x[e] * scale * eg); }
+                *(uint4 *)(sdos + r * GDN_LD + c0 + p) = raw;
+            }
         }
         __syncthreads();
         { // dVn = scale Pᵀ do + (e^{G_L − G} ∘ k) dh
@@ -707,16 +723,17 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
             tiles::warp_gemm<4, true, false>(a1, sP + 16 * mt, GDN_LD, sdo + 32 * half, GDN_LD, GDN_L);
             tiles::warp_gemm<4, false, false>(a2, sk + 16 * mt * ldk, ldk, sdS + 32 * half, GDN_LD, Kp);
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int i = 0; i < 4; i += 2) { // a thread's two rows: their decays and output rows once
+                const int r = 16 * mt + tiles::acc_row(i);
+                const float kd = skdec[r];
+                floatX *drow = dvn + (row0 + (long)r * H) * V + vb;
 #pragma unroll
-                for (int i = 0; i < 4; i += 2) {
-                    const int r = 16 * mt + tiles::acc_row(i), col = 32 * half + tiles::acc_col(j, i);
-                    const floatX x0 = (floatX)(scale * a1[j][i] + skdec[r] * a2[j][i]);
-                    const floatX x1 = (floatX)(scale * a1[j][i + 1] + skdec[r] * a2[j][i + 1]);
-                    chunk_put2(dvn + (row0 + (long)r * H) * V + vb + col, (float)x0, (float)x1, r < nv && vb + col < V,
-                               r < nv && vb + col + 1 < V);
-                    sdvn[r * GDN_LD + col] = (floatX)(-(float)x0);
-                    sdvn[r * GDN_LD + col + 1] = (floatX)(-(float)x1);
+                for (int j = 0; j < 4; j++) {
+                    const int col = 32 * half + tiles::acc_col(j, i);
+                    const floatX x0 = (floatX)(scale * a1[j][i] + kd * a2[j][i]);
+                    const floatX x1 = (floatX)(scale * a1[j][i + 1] + kd * a2[j][i + 1]);
+                    chunk_put2(drow + col, (float)x0, (float)x1, r < nv && vb + col < V, r < nv && vb + col + 1 < V);
+                    chunk_sput2(sdvn + r * GDN_LD + col, -(float)x0, -(float)x1);
                 }
             }
         }
@@ -789,16 +806,18 @@ __global__ void __launch_bounds__(256, GDN_DQK_MINB)
     float *sG = (float *)(sk + TILE), *sred = sG + GDN_L; // sred: (2, 64) row sums, then 8 + 8 warp partials
     gdn_load_G(sG, Gc, row0, H, nv);
     // q's and k's tiles (read after the V loop) come with the first V tile's copies: no round trip of their own
-    chunk_stage(sq, GDN_LD, q + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-    chunk_stage(sk, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+    chunk_stage<false>(sq, GDN_LD, q + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+    chunk_stage<false>(sk, GDN_LD, k + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
     float a_dq[4][4] = {}, a_dks[4][4] = {}, a_dW[4][4] = {}, a_sc[4][4] = {};
     float sdot = 0.0f; // ⟨h_c, dh⟩ over this K tile: this thread's share
     for (int vb = 0; vb < V; vb += GDN_T) {
-        chunk_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        chunk_stage(svn, GDN_LD, vn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        chunk_stage(sdvn, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        chunk_stage(sS, GDN_LD, hst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
-        chunk_stage(sdSp, GDN_LD, dhst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
+        chunk_stage<false>(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T,
+                           (const float *)NULL);
+        chunk_stage<false>(svn, GDN_LD, vn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage<false>(sdvn, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T,
+                           (const float *)NULL);
+        chunk_stage<false>(sS, GDN_LD, hst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
+        chunk_stage<false>(sdSp, GDN_LD, dhst + hoff + vb, (long)V, K - kb, V - vb, GDN_T, GDN_T, (const float *)NULL);
         chunk_sync();
         tiles::warp_gemm<4, false, true>(a_dq, sdo + 16 * mt * GDN_LD, GDN_LD, sS + 32 * half * GDN_LD, GDN_LD, GDN_T);
         tiles::warp_gemm<4, false, true>(a_dks, svn + 16 * mt * GDN_LD, GDN_LD, sdSp + 32 * half * GDN_LD, GDN_LD,
@@ -924,22 +943,22 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, GDN_WY_MINB)
     float *sKKG = (float *)(sDm + TILE), *sb = sKKG + GDN_L * GDN_LDP; // sKKG: (64, 65), later dk_part (64, 68)
     float *sG = sb + GDN_L, *srs = sG + GDN_L, *swy = srs + GDN_L, *seG = swy + GDN_L; // seG: e^{G_r}
     float *sdb = seG + GDN_L, *sdgm = sdb + 2 * GDN_L; // (2, 64) each: a column half's per-row partials
-    chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
+    chunk_stage<false>(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
     gdn_load_G(sG, Gc, row0, H, nv);
     if (threadIdx.x < GDN_L) { sb[threadIdx.x] = threadIdx.x < nv ? beta[row0 + (long)threadIdx.x * H] : 0.0f; }
     chunk_stage(sTx, GDN_LD, Tm + ((seq.cslot + c) * H + h) * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L,
                 (const float *)NULL); // T = (I + A)⁻¹ as the prep kernel left it
     auto stage_v = [&](int vb) { // dVn's and v's 64-wide tile at column vb into t1, t2
-        chunk_stage(t1, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
-        chunk_stage(t2, GDN_LD, v + vrow0 + vb, (long)v_stride, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage<false>(t1, GDN_LD, dvn + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage<false>(t2, GDN_LD, v + vrow0 + vb, (long)v_stride, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
     };
     // dW's K tiles for dTm's second product, tile i in slot i mod 3 (sDm, free until dA; t1 and t2, free after the V
     // loop): tile 0 comes with the first copies, tiles 1 and 2 are issued after the V loop, tile i + 3 when tile i is
     // read, so that each lands under the products before it
     auto dw_slot = [&](int i) { return i % 3 == 0 ? sDm : i % 3 == 1 ? t1 : t2; };
     auto stage_dw = [&](int i) {
-        chunk_stage(dw_slot(i), GDN_LD, dW + row0 * K + i * GDN_T, (long)H * K, nv, K - i * GDN_T, GDN_L, GDN_T,
-                    (const float *)NULL);
+        chunk_stage<false>(dw_slot(i), GDN_LD, dW + row0 * K + i * GDN_T, (long)H * K, nv, K - i * GDN_T, GDN_L,
+                           GDN_T, (const float *)NULL);
         tiles::cp_async_commit();
     };
     stage_v(0);
@@ -1035,9 +1054,9 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, GDN_WY_MINB)
     }
     __syncthreads(); // every reader of sKKG is done: it takes dk_part's tiles next
     for (int kb = 0; kb < Kp; kb += GDN_T) {
-        chunk_stage(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
-        chunk_stage(sKKG, GDN_LDP, dk_part + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T,
-                    (const float *)NULL); // fp32
+        chunk_stage<false>(t1, GDN_LD, dW + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T, (const float *)NULL);
+        chunk_stage<false>(sKKG, GDN_LDP, dk_part + row0 * K + kb, (long)H * K, nv, K - kb, GDN_L, GDN_T,
+                           (const float *)NULL); // fp32
         chunk_sync();
         float a1[4][4] = {}, a2[4][4] = {}, a3[4][4] = {};
         tiles::warp_gemm<4, false, false>(a1, sDm + 16 * mt * GDN_LD, GDN_LD, sk + kb + c0, ldk, GDN_L); // Dm k
