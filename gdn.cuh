@@ -24,9 +24,11 @@ Kernels (one CTA each, the first index fastest; a chunk slot is a chunk of some 
   gdn_chunk_dqk_kernel     (K tile, head, chunk slot)       dq, dk (part), dW, dγ    8 warps, loop over V tiles
   gdn_chunk_wy_kernel      (head, chunk slot)               dk, dv, dβ, d(log α)    8 warps (T from prep)
   gdn_step_kernel          (V tile, head, sequence)         one decode token from the fp32 state, 8 warps
-Products are tiles::warp_gemm on tiles staged in shared memory (chunk_common.cuh: cp.async for plain copies); the
-state kernel loads the next chunk's W, k, U while it computes this one's; prep writes T (fp32) for the wy kernel and
-for the backward's recompute (gdn_chunk_recompute: the inversion is not redone, as fla keeps its A).
+Products are tiles::warp_gemm on tiles staged in shared memory (chunk_common.cuh: cp.async for plain copies; the
+serial state and dstate kernels by sm_90 bulk copies, a row an instruction, counted on mbarriers, and their chunk-start
+states out the same way, where every row is whole 16-byte pieces); the state kernel loads the next chunk's W, k, U
+while it computes this one's; prep writes T (fp32) for the wy kernel and for the backward's recompute
+(gdn_chunk_recompute: the inversion is not redone, as fla keeps its A).
 
 Numeric contract (bf16 build): every product takes bf16 operands and accumulates in fp32. Rounded to bf16 (stored or
 staged): the inputs q, k, v and do; the normalized q and k; T where the wy kernel multiplies by it, and the factors
@@ -459,6 +461,41 @@ __device__ __forceinline__ void gdn_store_state(floatX *dst, const floatX *sS, i
     }
 }
 
+// the serial kernels' bulk row copies (tiles.cuh), where every row they copy is whole 16-byte pieces (else cp.async):
+// a row of n elements into shared memory counted on the mbarrier mb, or zeros for a row past the sequence's end (a
+// last chunk); one arrival on mb either way
+__device__ __forceinline__ void gdn_bulk_row(floatX *dst, const floatX *src, int n, bool valid, uint32_t mb) {
+    if (valid) {
+        tiles::mbar_arrive_tx(mb, n * (uint32_t)sizeof(floatX));
+        tiles::bulk_g2s(tiles::smem_addr(dst), src, n * (uint32_t)sizeof(floatX), mb);
+    } else {
+        for (int e = 0; e < n; e++) { dst[e] = (floatX)0.0f; }
+        tiles::fence_proxy_async(); // (a later chunk's bulk copy lands in this row)
+        tiles::mbar_arrive(mb);
+    }
+}
+// (the launchers' choice of the kernels' BULK instantiation; V whole pieces makes every V tile's columns whole too)
+static inline bool gdn_rows_bulk(int K, int V, uintptr_t ptrs) {
+    constexpr int SZ = (int)sizeof(floatX);
+    return (K * SZ) % 16 == 0 && (V * SZ) % 16 == 0 && (ptrs & 15) == 0;
+}
+// columns c0..c1 − 1 of 64 rows (leading dimension ld), which no bulk row copy writes: zero once
+__device__ __forceinline__ void gdn_zero_cols(floatX *t, int ld, int c0, int c1) {
+    for (int i = threadIdx.x; i < GDN_L; i += blockDim.x) {
+        for (int e = c0; e < c1; e++) { t[i * ld + e] = (floatX)0.0f; }
+    }
+}
+// the state tile sS (Kp × 64, staged) into dst rows (K × V, row stride V) at column vb, cu columns: a bulk copy a row
+// (threads < K), after the fence_proxy_async and the barrier that follow sS's stores; bulk_wait_read before sS is
+// written again
+__device__ __forceinline__ void gdn_bulk_store_state(floatX *dst, const floatX *sS, int K, int V, int vb, int cu) {
+    if (threadIdx.x < K) {
+        tiles::bulk_s2g(dst + (long)threadIdx.x * V + vb, tiles::smem_addr(sS + threadIdx.x * GDN_LD),
+                        cu * (uint32_t)sizeof(floatX));
+        tiles::bulk_commit();
+    }
+}
+
 // the serial kernels' buffers: two sets in the bf16 build (the next chunk's tiles load while this one computes), one
 // in the fp32 build (its tiles are twice the size)
 #define GDN_NBUF (FLOATX_IS_FP32 ? 1 : 2)
@@ -466,7 +503,7 @@ __device__ __forceinline__ void gdn_store_state(floatX *dst, const floatX *sS, i
 // grid (VT, H, B), 256 threads: the state's V tile vb..vb+63 walks sequence b's chunks. hst (slots,H,K,V) the state
 // at each chunk's start; vn (tok,H,V) = U − W h_c. S0 / S_final: sequence b's (H,K,V) fp32 state at b·stride floats,
 // or NULL
-template <int MR>
+template <int MR, bool BULK>
 __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, floatX *vn, float *S_final, long sf_stride,
                                                               const float *S0, long s0_stride, const floatX *W,
                                                               const floatX *U, const floatX *k, const float *Gc,
@@ -479,6 +516,23 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
     const int BUF = 2 * GDN_L * ldk + GDN_L * GDN_LD; // one buffer: W, k, U
     floatX *sS = (floatX *)gdn_smem, *sbuf = sS + Kp * GDN_LD;
     float *sGb = (float *)(sbuf + GDN_NBUF * BUF); // (GDN_NBUF, 64)
+    // the tiles' rows by bulk copies, one instruction a row (the copies of a buffer counted on its mbarrier), and the
+    // chunk-start state out the same way, where every row is whole 16-byte pieces; otherwise chunk_stage's cp.async
+    const int cu = min(GDN_T, V - vb); // the V tile's columns
+    constexpr bool bulk = BULK;
+    const uint32_t mbar = tiles::smem_addr(sGb + GDN_NBUF * GDN_L); // GDN_NBUF mbarriers of 8 bytes
+    if (bulk) {
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < GDN_NBUF; i++) { tiles::mbar_init(mbar + 8 * i, blockDim.x); }
+            tiles::mbar_init_fence();
+        }
+        for (int i = 0; i < GDN_NBUF; i++) {
+            gdn_zero_cols(sbuf + i * BUF, ldk, K, Kp); // W
+            gdn_zero_cols(sbuf + i * BUF + GDN_L * ldk, ldk, K, Kp); // k
+            gdn_zero_cols(sbuf + i * BUF + 2 * GDN_L * ldk, GDN_LD, cu, GDN_T); // U
+        }
+        __syncthreads();
+    }
     float S[MR][8][4]; // rows 16·(w + 8m) of the state's K, the tile's 64 columns (MR = 1 covers K ≤ 128)
 #pragma unroll
     for (int m = 0; m < MR; m++) {
@@ -492,10 +546,26 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
             }
         }
     }
-    auto stage_chunk = [&](int c, int buf) { // issue the chunk's copies (cp.async) and its decays
+    auto stage_chunk = [&](int c, int buf) { // issue the chunk's copies (bulk or cp.async) and its decays
         const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
         const long row0 = (seq.tok0 + t0) * H + h;
         floatX *sW = sbuf + buf * BUF, *sk = sW + GDN_L * ldk, *sU = sk + GDN_L * ldk;
+        if (bulk) { // thread t: row t & 63 of W, k, U (t < 192), or that row's decay (t ≥ 192)
+            const int r = threadIdx.x & (GDN_L - 1), which = threadIdx.x >> 6;
+            const uint32_t mb = mbar + 8 * buf;
+            const long tok = row0 + (long)r * H;
+            if (which == 0) {
+                gdn_bulk_row(sW + r * ldk, W + tok * K, K, r < nv, mb);
+            } else if (which == 1) {
+                gdn_bulk_row(sk + r * ldk, k + tok * K, K, r < nv, mb);
+            } else if (which == 2) {
+                gdn_bulk_row(sU + r * GDN_LD, U + tok * V + vb, cu, r < nv, mb);
+            } else {
+                tiles::cp_async4(tiles::smem_addr(sGb + buf * GDN_L + r), Gc + row0 + (long)min(r, nv - 1) * H);
+                tiles::mbar_arrive(mb);
+            }
+            return;
+        }
         if (threadIdx.x < GDN_L) { // G by cp.async too: a plain load's round trip would hold warps 0-1 here
             tiles::cp_async4(tiles::smem_addr(sGb + buf * GDN_L + threadIdx.x),
                              Gc + row0 + (long)min((int)threadIdx.x, nv - 1) * H);
@@ -524,9 +594,16 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
                 }
             }
         }
+        if (bulk) { tiles::fence_proxy_async(); } // sS's stores before the bulk copy that reads it
         chunk_sync(); // chunk c's copies (issued last iteration) have landed, sS is whole
+        if (bulk) { tiles::mbar_wait(mbar + 8 * buf, (c / GDN_NBUF) & 1); }
         if (GDN_NBUF == 2 && c + 1 < NC) { stage_chunk(c + 1, buf ^ 1); } // lands during this chunk's products
-        gdn_store_state(hst + ((seq.cslot + c) * H + h) * K * V, sS, K, V, vb);
+        floatX *hc = hst + ((seq.cslot + c) * H + h) * K * V;
+        if (bulk) {
+            gdn_bulk_store_state(hc, sS, K, V, vb, cu);
+        } else {
+            gdn_store_state(hc, sS, K, V, vb);
+        }
         { // Vn = U − W h_c: warp w rows 16·(w & 3), columns 32·(w >> 2)
             const int mt = w & 3, half = w >> 2;
             float acc[4][4] = {};
@@ -559,8 +636,13 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
             }
             tiles::warp_gemm<8, true, false>(S[m], sk + 16 * (w + 8 * m), ldk, sVn, GDN_LD, GDN_L);
         }
+        if (bulk) { // sVn's stores before the bulk copy that overwrites them; sS read before it is rewritten
+            tiles::fence_proxy_async();
+            if (threadIdx.x < K) { tiles::bulk_wait_read(); }
+        }
         __syncthreads();
     }
+    if (bulk && threadIdx.x < K) { tiles::bulk_wait(); }
     if (S_final != NULL) {
 #pragma unroll
         for (int m = 0; m < MR; m++) {
@@ -578,7 +660,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
 static size_t gdn_state_smem(int K) { // (K = 128 in bf16: 104.5 KB, two CTAs an SM)
     const int Kp = gdn_kp(K), ldk = Kp + 8;
     return ((size_t)Kp * GDN_LD + GDN_NBUF * (2 * (size_t)GDN_L * ldk + (size_t)GDN_L * GDN_LD)) * sizeof(floatX) +
-           GDN_NBUF * GDN_L * sizeof(float);
+           GDN_NBUF * (GDN_L * sizeof(float) + sizeof(uint64_t)); // (the decays, the bulk copies' mbarriers)
 }
 
 // grid (slots·H·VT), 128 threads (x = (slot·H + h)·VT + V tile). o (tok,H,V) = scale (e^G ∘ (q h_c) + P Vn)
@@ -627,7 +709,7 @@ static size_t gdn_output_smem(int K) {
 
 // grid (VT, H, B), 256 threads, sequence b's chunks in reverse. dhst (slots,H,K,V) dL/d(state at each chunk's end);
 // dvn (tok,H,V) = dL/dVn; dS0 (sequence stride d0_stride) or NULL; dS_final or NULL (zero). dout (tok,H,V) = dL/do
-template <int MR>
+template <int MR, bool BULK>
 __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, floatX *dvn, float *dS0, long d0_stride,
                                                                const float *dS_final, long df_stride, const floatX *q,
                                                                const floatX *k, const floatX *W, const floatX *Pm,
@@ -642,6 +724,23 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
     floatX *sP = sW + GDN_L * ldk, *sdo = sP + GDN_L * GDN_LD, *sdvn = sdo + GDN_L * GDN_LD;
     floatX *sdos = sdvn + GDN_L * GDN_LD; // do ∘ scale e^G (rows)
     float *sGb = (float *)(sdos + GDN_L * GDN_LD), *skdec = sGb + 2 * GDN_L; // sGb: (2, 64), chunk c's G in slot c & 1
+    // bulk row copies (as the state kernel) where every row is whole 16-byte pieces: group A's on the mbarrier mbA,
+    // B's on mbB (their phases count the chunks in reverse), dh out a row a copy
+    const int cu = min(GDN_T, V - vb);
+    constexpr bool bulk = BULK;
+    const uint32_t mbA = tiles::smem_addr(skdec + GDN_L), mbB = mbA + 8;
+    if (bulk) {
+        if (threadIdx.x == 0) {
+            tiles::mbar_init(mbA, blockDim.x);
+            tiles::mbar_init(mbB, blockDim.x);
+            tiles::mbar_init_fence();
+        }
+        gdn_zero_cols(sk, ldk, K, Kp);
+        gdn_zero_cols(sq, ldk, K, Kp);
+        gdn_zero_cols(sW, ldk, K, Kp);
+        gdn_zero_cols(sdo, GDN_LD, cu, GDN_T);
+        __syncthreads();
+    }
     float dS[MR][8][4]; // rows 16·(w + 8m) of dh's K, the tile's 64 columns (MR = 1 covers K ≤ 128)
 #pragma unroll
     for (int m = 0; m < MR; m++) {
@@ -662,6 +761,22 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
     auto issue_a = [&](int c) {
         const int nv = min(GDN_L, seq.len - c * GDN_L);
         const long row0 = (seq.tok0 + c * GDN_L) * H + h, cs = (seq.cslot + c) * H + h;
+        if (bulk) { // thread t: row t & 63 of k, P, do (t < 192), or that row's decay (t ≥ 192)
+            const int r = threadIdx.x & (GDN_L - 1), which = threadIdx.x >> 6;
+            const long tok = row0 + (long)r * H;
+            if (which == 0) {
+                gdn_bulk_row(sk + r * ldk, k + tok * K, K, r < nv, mbA);
+            } else if (which == 1) {
+                gdn_bulk_row(sP + r * GDN_LD, Pm + cs * GDN_L * GDN_L + r * GDN_L, GDN_L, true, mbA);
+            } else if (which == 2) {
+                gdn_bulk_row(sdo + r * GDN_LD, dout + tok * V + vb, cu, r < nv, mbA);
+            } else {
+                tiles::cp_async4(tiles::smem_addr(sGb + (c & 1) * GDN_L + r), Gc + row0 + (long)min(r, nv - 1) * H);
+                tiles::mbar_arrive(mbA);
+            }
+            tiles::cp_async_commit();
+            return;
+        }
         chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         chunk_stage(sP, GDN_LD, Pm + cs * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L, (const float *)NULL);
         chunk_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
@@ -674,6 +789,18 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
     auto issue_b = [&](int c) {
         const int nv = min(GDN_L, seq.len - c * GDN_L);
         const long row0 = (seq.tok0 + c * GDN_L) * H + h;
+        if (bulk) { // thread t: row t & 63 of q, W (t < 128)
+            const int r = threadIdx.x & (GDN_L - 1), which = threadIdx.x >> 6;
+            const long tok = row0 + (long)r * H;
+            if (which == 0) {
+                gdn_bulk_row(sq + r * ldk, q + tok * K, K, r < nv, mbB);
+            } else if (which == 1) {
+                gdn_bulk_row(sW + r * ldk, W + tok * K, K, r < nv, mbB);
+            } else {
+                tiles::mbar_arrive(mbB);
+            }
+            return;
+        }
         chunk_stage(sq, ldk, q + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         chunk_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         tiles::cp_async_commit();
@@ -699,9 +826,20 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
                 }
             }
         }
-        tiles::cp_async_wait<1>(); // A(c) landed (B(c) may still be in flight)
+        const uint32_t par = (NC - 1 - c) & 1; // the mbarriers' phase for chunk c
+        if (bulk) {
+            tiles::fence_proxy_async(); // sdS's stores before the bulk copy that reads it
+            tiles::cp_async_wait<0>();  // A(c)'s decays (its rows: mbA)
+            tiles::mbar_wait(mbA, par);
+        } else {
+            tiles::cp_async_wait<1>(); // A(c) landed (B(c) may still be in flight)
+        }
         __syncthreads();
-        gdn_store_state(dhc, sdS, K, V, vb);
+        if (bulk) {
+            gdn_bulk_store_state(dhc, sdS, K, V, vb, cu);
+        } else {
+            gdn_store_state(dhc, sdS, K, V, vb);
+        }
         if (threadIdx.x < GDN_L) { skdec[threadIdx.x] = expf(sG[GDN_L - 1] - sG[threadIdx.x]); }
         { // do ∘ scale e^G: a row a group of 4 threads (256), 16 columns each by 16-byte pieces
             constexpr int E = 16 / sizeof(floatX);
@@ -738,8 +876,10 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
             }
         }
         __syncthreads(); // sk, sP, sdo are read: the next chunk's A group may land in them
-        if (c > 0) {
-            issue_a(c - 1);
+        if (c > 0) { issue_a(c - 1); }
+        if (bulk) {
+            tiles::mbar_wait(mbB, par);
+        } else if (c > 0) {
             tiles::cp_async_wait<1>(); // B(c) landed (A(c − 1) in flight)
         } else {
             tiles::cp_async_wait<0>();
@@ -757,9 +897,11 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
             tiles::warp_gemm<8, true, false>(dS[m], sq + 16 * (w + 8 * m), ldk, sdos, GDN_LD, GDN_L);
             tiles::warp_gemm<8, true, false>(dS[m], sW + 16 * (w + 8 * m), ldk, sdvn, GDN_LD, GDN_L);
         }
+        if (bulk && threadIdx.x < K) { tiles::bulk_wait_read(); } // dh's rows are out of sdS before it is rewritten
         __syncthreads(); // sq, sW, sdos, sdvn are read
         if (c > 0) { issue_b(c - 1); }
     }
+    if (bulk && threadIdx.x < K) { tiles::bulk_wait(); }
     if (dS0 != NULL) {
 #pragma unroll
         for (int m = 0; m < MR; m++) {
@@ -777,7 +919,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
 static size_t gdn_dstate_smem(int K) {
     const int Kp = gdn_kp(K), ldk = Kp + 8;
     return ((size_t)Kp * GDN_LD + 3 * (size_t)GDN_L * ldk + 4 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
-           3 * GDN_L * sizeof(float);
+           3 * GDN_L * sizeof(float) + 2 * sizeof(uint64_t); // (+ the bulk copies' two mbarriers)
 }
 
 // grid (slots·H·KT), 256 threads (x = (slot·H + h)·KT + K tile; a chunk's K tiles side by side, sharing do, Vn,
@@ -1194,7 +1336,9 @@ static inline int gdn_state_mr(int K) { return gdn_kp(K) <= 128 ? 1 : 2; }
 static void gdn_chunk_state(GDNChunkBufs *f, float *S_final, long sf_stride, const float *S0, long s0_stride,
                             const floatX *k, const int *cu_seqlens, int B, int T, int H, int K, int V,
                             cudaStream_t stream) {
-    auto state = gdn_state_mr(K) == 1 ? gdn_chunk_state_kernel<1> : gdn_chunk_state_kernel<2>;
+    const bool bulk = gdn_rows_bulk(K, V, (uintptr_t)f->W | (uintptr_t)k | (uintptr_t)f->U | (uintptr_t)f->hst);
+    auto state = gdn_state_mr(K) == 1 ? (bulk ? gdn_chunk_state_kernel<1, true> : gdn_chunk_state_kernel<1, false>)
+                                      : (bulk ? gdn_chunk_state_kernel<2, true> : gdn_chunk_state_kernel<2, false>);
     const size_t smem = gdn_state_smem(K);
     gdn_set_smem((const void *)state, smem);
     state<<<dim3(CEIL_DIV(V, GDN_T), H, B), 256, smem, stream>>>(f->hst, f->vn, S_final, sf_stride, S0, s0_stride,
@@ -1249,6 +1393,22 @@ static void gdn_chunk_recompute(GDNChunkBufs *f, const float *S0, long s0_stride
     gdn_chunk_state(f, NULL, 0, S0, s0_stride, k, cu_seqlens, B, T, H, K, V, stream);
 }
 
+// the reverse serial pass: gr->dhst, gr->dvn (and dS0) from dout, dS_final and the forward's (or recomputed) f
+static void gdn_chunk_dstate(GDNChunkGrads *gr, float *dS0, long d0_stride, const float *dS_final, long df_stride,
+                             const floatX *dout, const GDNChunkBufs *f, const floatX *q, const floatX *k,
+                             const int *cu_seqlens, int B, int T, int H, int K, int V, cudaStream_t stream) {
+    const size_t smem = gdn_dstate_smem(K);
+    const bool bulk = gdn_rows_bulk(K, V, (uintptr_t)k | (uintptr_t)q | (uintptr_t)f->W | (uintptr_t)f->Pm |
+                                              (uintptr_t)dout | (uintptr_t)gr->dhst);
+    auto dstate = gdn_state_mr(K) == 1 ? (bulk ? gdn_chunk_dstate_kernel<1, true> : gdn_chunk_dstate_kernel<1, false>)
+                                       : (bulk ? gdn_chunk_dstate_kernel<2, true> : gdn_chunk_dstate_kernel<2, false>);
+    gdn_set_smem((const void *)dstate, smem);
+    dstate<<<dim3(CEIL_DIV(V, GDN_T), H, B), 256, smem, stream>>>(gr->dhst, gr->dvn, dS0, d0_stride, dS_final,
+                                                                   df_stride, q, k, f->W, f->Pm, dout, f->Gc,
+                                                                   1.0f / sqrtf((float)K), cu_seqlens, T, H, K, V);
+    cudaCheck(cudaGetLastError());
+}
+
 // dq, dk (tok,H,K) (written, in gr), dv (view, token stride dv_stride, written), dbeta, dg (tok,H) written; dS0 or
 // NULL; from dout (tok,H,V) and dS_final or NULL; f as the forward left it (or recomputed); cu_seqlens as the forward
 static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbeta, float *dg, GDNChunkGrads *gr,
@@ -1257,16 +1417,12 @@ static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbe
                                const float *beta, const int *cu_seqlens, int B, int T, int H, int K, int V,
                                cudaStream_t stream) {
     const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
-    const int VT = CEIL_DIV(V, GDN_T), KT = gdn_kp(K) / GDN_T;
+    const int KT = gdn_kp(K) / GDN_T;
     const float scale = 1.0f / sqrtf((float)K);
-    const size_t s1 = gdn_dstate_smem(K), s2 = gdn_dqk_smem(), s3 = gdn_wy_smem(K);
-    auto dstate = gdn_state_mr(K) == 1 ? gdn_chunk_dstate_kernel<1> : gdn_chunk_dstate_kernel<2>;
-    gdn_set_smem((const void *)dstate, s1);
+    const size_t s2 = gdn_dqk_smem(), s3 = gdn_wy_smem(K);
     gdn_set_smem((const void *)gdn_chunk_dqk_kernel, s2);
     gdn_set_smem((const void *)gdn_chunk_wy_kernel, s3);
-    dstate<<<dim3(VT, H, B), 256, s1, stream>>>(gr->dhst, gr->dvn, dS0, d0_stride, dS_final, df_stride, q, k, f->W,
-                                                f->Pm, dout, f->Gc, scale, cu_seqlens, T, H, K, V);
-    cudaCheck(cudaGetLastError());
+    gdn_chunk_dstate(gr, dS0, d0_stride, dS_final, df_stride, dout, f, q, k, cu_seqlens, B, T, H, K, V, stream);
     gdn_chunk_dqk_kernel<<<(unsigned)(NS * H * KT), 256, s2, stream>>>(
         gr->dq, gr->dk_part, gr->dW, gr->dgam_part, q, k, f->vn, gr->dvn, dout, f->hst, gr->dhst, f->Gc, scale,
         cu_seqlens, B, T, H, K, V);

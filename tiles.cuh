@@ -6,7 +6,8 @@ flash-attention kernels next.
 - MMA: mma.sync m16n8k16 and m16n8k8, bf16 inputs, fp32 accumulation (the fragment layout: lane = 4·g + t4 holds
   rows g and g+8, columns 2·t4 and 2·t4+1 of each 16×8 accumulator tile);
 - movement: movmatrix (an 8×8 transpose across the warp), ldmatrix x4 (plain and transposed), cp.async (16- and
-  4-byte, commit/wait groups), predicated shared stores, vector fp32 reductions into global memory;
+  4-byte, commit/wait groups), sm_90 bulk copies of whole rows with their mbarrier, predicated shared stores, vector
+  fp32 reductions into global memory;
 - tanh.approx.f32 (the MUFU tanh the recurrences use);
 - warp_gemm: a warp's 16×8·NJ product of bf16 tiles staged in shared memory, either operand plain or transposed
   (the chunked GDN and Mamba-2 kernels are built from it).
@@ -67,6 +68,39 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// sm_90 bulk copies (the copy engine moves a whole contiguous row, one instruction a row instead of a cp.async a 16
+// bytes) and the mbarrier that counts their bytes: a phase completes when all `count` threads given to mbar_init have
+// arrived and every byte announced by mbar_arrive_tx has landed. Shared memory written by ordinary stores and then by a
+// bulk copy (or read by one) needs fence_proxy_async between, by the writing threads, before the CTA barrier.
+__device__ __forceinline__ void mbar_init(uint32_t mb, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mb), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint32_t mb) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(mb) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_tx(uint32_t mb, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mb), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t mb, uint32_t parity) { // until the phase of this parity completes
+    asm volatile("{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 " @!p bra WAIT_%=;\n}\n" ::"r"(mb), "r"(parity) : "memory");
+}
+// global → shared, `bytes` (a multiple of 16, both addresses 16-byte aligned) counted on the mbarrier mb
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t mb) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(mb) : "memory");
+}
+// shared → global in the thread's bulk group; bulk_wait_read: the group's shared-memory reads are done (the source may
+// be overwritten); bulk_wait: its global writes are done too
+__device__ __forceinline__ void bulk_s2g(void *dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // shared-memory stores done by a subset of lanes: predicated, so the warp never diverges around them
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void st_shared_if(bool pred, uint32_t addr, float a) {

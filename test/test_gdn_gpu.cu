@@ -609,6 +609,9 @@ int main(void) {
 #else
     run_case("GDN T=130 K=256 V=512", (Shape){1, 130, 2, 256, 512}, 0, 0.3, 0); // the paper's 410M layer's shape
 #endif
+    // rows that are not whole 16-byte pieces (K=34 in either build, V=20 in bf16): the state kernel's cp.async path
+    // instead of its bulk row copies
+    run_case("GDN T=77 K=34 V=20 state", (Shape){2, 77, 2, 34, 20}, 1, 0.3, 0);
     run_packed("GDN K=64 V=96", 2, 64, 96, {100, 64, 0, 1, 129, 37});
     run_packed("GDN K=48 V=40", 3, 48, 40, {5, 200, 63, 65});
     return test_summary(SUITE);

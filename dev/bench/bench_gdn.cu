@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
         kms[7] = median_ms([&]() { l2norm_forward(qn, rq, x, BT, H, K, CD, st); }, repeats, st);
         kms[1] = median_ms([&]() { gdn_chunk_state(&f, NULL, 0, NULL, 0, kn, NULL, B, T, H, K, V, st); }, repeats, st);
         kms[2] = median_ms([&]() { gdn_chunk_output_kernel<<<NC * B * H * VT, 128, gdn_output_smem(K), st>>>(o, qn, f.hst, f.Pm, f.vn, f.Gc, scale, NULL, B, T, H, K, V); }, repeats, st);
-        kms[3] = median_ms([&]() { (gdn_state_mr(K) == 1 ? gdn_chunk_dstate_kernel<1> : gdn_chunk_dstate_kernel<2>)<<<dim3(VT, H, B), 256, gdn_dstate_smem(K), st>>>(gr.dhst, gr.dvn, NULL, 0, NULL, 0, qn, kn, f.W, f.Pm, dout, f.Gc, scale, NULL, T, H, K, V); }, repeats, st);
+        kms[3] = median_ms([&]() { gdn_chunk_dstate(&gr, NULL, 0, NULL, 0, dout, &f, qn, kn, NULL, B, T, H, K, V, st); }, repeats, st);
         kms[4] = median_ms([&]() { gdn_chunk_dqk_kernel<<<NC * B * H * KTi, 256, gdn_dqk_smem(), st>>>(gr.dq, gr.dk_part, gr.dW, gr.dgam_part, qn, kn, f.vn, gr.dvn, dout, f.hst, gr.dhst, f.Gc, scale, NULL, B, T, H, K, V); }, repeats, st);
         kms[5] = median_ms([&]() { gdn_chunk_wy_kernel<<<NC * B * H, GDN_WY_THREADS, gdn_wy_smem(K), st>>>(dk, dx + 2 * HK, CD, dbeta, dg, kn, v, CD, beta, f.Gc, gr.dW, gr.dvn, gr.dk_part, gr.dgam_part, f.Tm, NULL, B, T, H, K, V); }, repeats, st);
         cudaCheck(cudaGetLastError());
