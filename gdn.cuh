@@ -1583,36 +1583,48 @@ __global__ void l2norm_forward_kernel(floatX *out, float *rinv, const floatX *x,
         for (int i = lane; i < D; i += WARP_SIZE) { out[row * D + i] = (floatX)((float)xi[i] * r); }
     }
 }
-// dx (view) = r (dout − y (y·dout)), y = x r recomputed in fp32; VEC as the forward
+// the VEC backward's lanes a row: the row's 16-byte pieces rounded up to a power of two (32 / that rows a warp)
+__host__ __device__ inline int l2norm_lanes(int D) {
+    const int pieces = D / (16 / (int)sizeof(floatX));
+    return pieces > 16 ? 32 : pieces > 8 ? 16 : pieces > 4 ? 8 : pieces > 2 ? 4 : pieces > 1 ? 2 : 1;
+}
+// dx (view) = r (dout − y (y·dout)), y = x r recomputed in fp32; VEC as the forward, a row on l2norm_lanes(D) lanes
+// (two rows a warp at D = 128 in bf16: a row a warp left half the lanes idle, 0.12 ms a launch at H=16); the group's
+// butterfly adds what a 32-lane one would with the other lanes' zeros: the same bits
 template <bool VEC>
 __global__ void l2norm_backward_kernel(floatX *dx, const floatX *dout, const floatX *x, const float *rinv, int M, int H,
                                        int D, int x_stride) {
-    const long row = (long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    if (row >= (long)M * H) { return; }
-    const long m = l2norm_token(row, H), h = row - m * H;
-    const floatX *xi = x + m * x_stride + h * D;
-    const float r = rinv[row];
     float dot = 0.0f;
     if constexpr (VEC) {
         constexpr int E = 16 / sizeof(floatX);
-        const bool on = lane * E < D;
+        const int lpr = l2norm_lanes(D), sl = lane % lpr;
+        const long row = ((long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE) * (WARP_SIZE / lpr) +
+                         lane / lpr;
+        const bool live = row < (long)M * H, on = live && sl * E < D;
+        const long m = live ? l2norm_token(row, H) : 0, h = live ? row - m * H : 0;
+        const float r = live ? rinv[row] : 0.0f;
         uint4 rx = make_uint4(0u, 0u, 0u, 0u), rd = make_uint4(0u, 0u, 0u, 0u);
         if (on) {
-            rx = *(const uint4 *)(xi + lane * E);
-            rd = *(const uint4 *)(dout + row * D + lane * E);
+            rx = *(const uint4 *)(x + m * x_stride + h * D + sl * E);
+            rd = *(const uint4 *)(dout + row * D + sl * E);
         }
         const floatX *vx = (const floatX *)&rx, *vd = (const floatX *)&rd;
 #pragma unroll
         for (int e = 0; e < E; e++) { dot += (float)vx[e] * r * (float)vd[e]; }
-        dot = warp_reduce_sum(dot);
+        for (int off = lpr >> 1; off > 0; off >>= 1) { dot += __shfl_xor_sync(0xffffffffu, dot, off); }
         if (on) {
             __align__(16) floatX o[E];
 #pragma unroll
             for (int e = 0; e < E; e++) { o[e] = (floatX)(r * ((float)vd[e] - (float)vx[e] * r * dot)); }
-            *(uint4 *)(dx + m * x_stride + h * D + lane * E) = *(const uint4 *)o;
+            *(uint4 *)(dx + m * x_stride + h * D + sl * E) = *(const uint4 *)o;
         }
     } else {
+        const long row = (long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+        if (row >= (long)M * H) { return; }
+        const long m = l2norm_token(row, H), h = row - m * H;
+        const floatX *xi = x + m * x_stride + h * D;
+        const float r = rinv[row];
         for (int i = lane; i < D; i += WARP_SIZE) { dot += (float)xi[i] * r * (float)dout[row * D + i]; }
         dot = warp_reduce_sum(dot);
         for (int i = lane; i < D; i += WARP_SIZE) {
@@ -1639,7 +1651,8 @@ static void l2norm_backward(floatX *dx, const floatX *dout, const floatX *x, con
                             int x_stride, cudaStream_t stream) {
     const unsigned grid = (unsigned)CEIL_DIV((long)M * H, 4);
     if (l2norm_vec(x, dx, D, x_stride) && ((uintptr_t)dout & 15) == 0) {
-        l2norm_backward_kernel<true><<<grid, 128, 0, stream>>>(dx, dout, x, rinv, M, H, D, x_stride);
+        const unsigned vgrid = (unsigned)CEIL_DIV((long)M * H, 4 * (WARP_SIZE / l2norm_lanes(D))); // 4 warps a block
+        l2norm_backward_kernel<true><<<vgrid, 128, 0, stream>>>(dx, dout, x, rinv, M, H, D, x_stride);
     } else {
         l2norm_backward_kernel<false><<<grid, 128, 0, stream>>>(dx, dout, x, rinv, M, H, D, x_stride);
     }

@@ -384,6 +384,33 @@ static void run_case(const char *name, Shape s, int with_state, double gmax, int
         snprintf(label, sizeof(label), "%s q/k norm fused = norm kernel", name);
         test_result(eq_n && eq_o, label, "qn kn rq rk %s, o and final state %s", eq_n ? "bit for bit" : "DIFFER",
                     eq_o ? "bit for bit" : "DIFFER");
+        // the norm's backward (the 16-byte form where K allows it, a row on l2norm_lanes(K) lanes; else the element
+        // form) against float64 on the q view: dx = r (dout − y (y·dout)), y = x r, r = 1/sqrt(Σx² + 1e-6); dout the
+        // normalized k (any values will do)
+        floatX *d_dxn;
+        cudaCheck(cudaMalloc(&d_dxn, BTH / H * CDr * sizeof(floatX)));
+        cudaCheck(cudaMemset(d_dxn, 0, BTH / H * CDr * sizeof(floatX)));
+        l2norm_backward(d_dxn, d_k, d_raw, rn[0], B * T, H, K, CDr, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        double *dx_got = dalloc(nq), *dx_want = dalloc(nq), *dout_h = dalloc(nq);
+        down_x(dx_got, d_dxn, nq, CDr, HK);
+        down_x(dout_h, d_k, nq, HK, HK);
+        for (size_t r = 0; r < BTH; r++) {
+            const double *xr = raw + (r / H) * CDr + (r % H) * K, *dr = dout_h + r * K;
+            double ss = 0.0, dot = 0.0;
+            for (int i = 0; i < K; i++) { ss += xr[i] * xr[i]; }
+            const double rr = 1.0 / sqrt(ss + 1e-6);
+            for (int i = 0; i < K; i++) { dot += xr[i] * rr * dr[i]; }
+            for (int i = 0; i < K; i++) { dx_want[r * K + i] = rr * (dr[i] - xr[i] * rr * dot); }
+        }
+        const double e_b = rel_err(dx_got, dx_want, nq), tol_b = FLOATX_IS_FP32 ? 1e-5 : 1e-2;
+        snprintf(label, sizeof(label), "%s q/k norm backward", name);
+        test_result(e_b <= tol_b, label, "%s form: %.2e against float64 (tolerance %.0e)",
+                    l2norm_vec(d_raw, d_dxn, K, CDr) ? "16-byte" : "element", e_b, tol_b);
+        cudaCheck(cudaFree(d_dxn));
+        free(dx_got);
+        free(dx_want);
+        free(dout_h);
         for (int i = 0; i < 4; i++) { cudaCheck(cudaFree(nx[i])); cudaCheck(cudaFree(rn[i])); }
         for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(o_n[i])); cudaCheck(cudaFree(Sf_n[i])); }
         cudaCheck(cudaFree(d_raw));
