@@ -636,6 +636,8 @@ int main(void) {
 #else
     run_case("GDN T=130 K=256 V=512", (Shape){1, 130, 2, 256, 512}, 0, 0.3, 0); // the paper's 410M layer's shape
 #endif
+    // K padded to 128 (zero columns the bulk row copies never write), V over three tiles, the last one partial
+    run_case("GDN T=130 K=112 V=160 state", (Shape){2, 130, 2, 112, 160}, 1, 0.3, 0);
     // rows that are not whole 16-byte pieces (K=34 in either build, V=20 in bf16): the state kernel's cp.async path
     // instead of its bulk row copies
     run_case("GDN T=77 K=34 V=20 state", (Shape){2, 77, 2, 34, 20}, 1, 0.3, 0);
