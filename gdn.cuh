@@ -74,6 +74,11 @@ __host__ __device__ inline int gdn_chunks(int T) { return (T + GDN_L - 1) / GDN_
 __device__ __forceinline__ void gdn_load_G(float *sG, const float *Gc, long row0, int H, int nv) {
     if (threadIdx.x < GDN_L) { sG[threadIdx.x] = Gc[row0 + (long)min((int)threadIdx.x, nv - 1) * H]; }
 }
+// the same for row r alone by a 4-byte cp.async (waited for with the thread's cp.async copies), where a plain load's
+// round trip would hold the thread inside a serial kernel's chunk step
+__device__ __forceinline__ void gdn_copy_G(float *sG, const float *Gc, long row0, int H, int nv, int r) {
+    tiles::cp_async4(tiles::smem_addr(sG + r), Gc + row0 + (long)min(r, nv - 1) * H);
+}
 
 #define GDN_LDP 68 // leading dimension of a staged fp32 64-wide tile (16-byte rows, 2-way bank conflicts at most)
 
@@ -561,15 +566,12 @@ __global__ void __launch_bounds__(256) gdn_chunk_state_kernel(floatX *hst, float
             } else if (which == 2) {
                 gdn_bulk_row(sU + r * GDN_LD, U + tok * V + vb, cu, r < nv, mb);
             } else {
-                tiles::cp_async4(tiles::smem_addr(sGb + buf * GDN_L + r), Gc + row0 + (long)min(r, nv - 1) * H);
+                gdn_copy_G(sGb + buf * GDN_L, Gc, row0, H, nv, r);
                 tiles::mbar_arrive(mb);
             }
             return;
         }
-        if (threadIdx.x < GDN_L) { // G by cp.async too: a plain load's round trip would hold warps 0-1 here
-            tiles::cp_async4(tiles::smem_addr(sGb + buf * GDN_L + threadIdx.x),
-                             Gc + row0 + (long)min((int)threadIdx.x, nv - 1) * H);
-        }
+        if (threadIdx.x < GDN_L) { gdn_copy_G(sGb + buf * GDN_L, Gc, row0, H, nv, threadIdx.x); }
         chunk_stage(sW, ldk, W + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         chunk_stage(sk, ldk, k + row0 * K, (long)H * K, nv, K, GDN_L, Kp, (const float *)NULL);
         chunk_stage(sU, GDN_LD, U + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
@@ -771,7 +773,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
             } else if (which == 2) {
                 gdn_bulk_row(sdo + r * GDN_LD, dout + tok * V + vb, cu, r < nv, mbA);
             } else {
-                tiles::cp_async4(tiles::smem_addr(sGb + (c & 1) * GDN_L + r), Gc + row0 + (long)min(r, nv - 1) * H);
+                gdn_copy_G(sGb + (c & 1) * GDN_L, Gc, row0, H, nv, r);
                 tiles::mbar_arrive(mbA);
             }
             tiles::cp_async_commit();
@@ -781,8 +783,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_dstate_kernel(floatX *dhst, flo
         chunk_stage(sP, GDN_LD, Pm + cs * GDN_L * GDN_L, (long)GDN_L, GDN_L, GDN_L, GDN_L, GDN_L, (const float *)NULL);
         chunk_stage(sdo, GDN_LD, dout + row0 * V + vb, (long)H * V, nv, V - vb, GDN_L, GDN_T, (const float *)NULL);
         if (threadIdx.x < GDN_L) { // G into the chunk's slot of sGb (the other slot is the current chunk's)
-            tiles::cp_async4(tiles::smem_addr(sGb + (c & 1) * GDN_L + threadIdx.x),
-                             Gc + row0 + (long)min((int)threadIdx.x, nv - 1) * H);
+            gdn_copy_G(sGb + (c & 1) * GDN_L, Gc, row0, H, nv, threadIdx.x);
         }
         tiles::cp_async_commit();
     };
