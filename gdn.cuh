@@ -19,8 +19,10 @@ Kernels (one CTA each, the first index fastest; a chunk slot is a chunk of some 
   gdn_chunk_prep_kernel    (head, chunk slot)               Gc, W, U, P, T, qn, kn  8 warps (the q/k norm fused;
                                                             the recompute mode: W, U, P from the kept T and Gc)
   gdn_chunk_state_kernel   (V tile, head, sequence)         h_c, Vn, final state    8 warps, serial over chunks
-  gdn_chunk_output_kernel  (V tile, head, chunk slot)       o                       4 warps
+                                                            (_wg: two warpgroups, wgmma + TMA)
+  gdn_chunk_output_kernel  (V tile, head, chunk slot)       o                       4 warps (_wg: one warpgroup)
   gdn_chunk_dstate_kernel  (V tile, head, sequence)         dh_c (end), dVn, dS0    8 warps, reverse over chunks
+                                                            (_wg: two warpgroups, wgmma + TMA)
   gdn_chunk_dqk_kernel     (K tile, head, chunk slot)       dq, dk (part), dW, dγ    8 warps, loop over V tiles
   gdn_chunk_wy_kernel      (head, chunk slot)               dk, dv, dβ, d(log α)    8 warps (T from prep)
   gdn_step_kernel          (V tile, head, sequence)         one decode token from the fp32 state, 8 warps
@@ -29,6 +31,10 @@ serial state and dstate kernels by sm_90 bulk copies, a row an instruction, coun
 states out the same way, where every row is whole 16-byte pieces); the state kernel loads the next chunk's W, k, U
 while it computes this one's; prep writes T (fp32) for the wy kernel and for the backward's recompute
 (gdn_chunk_recompute: the inversion is not redone, as fla keeps its A).
+On sm_90a (an H100 / H200, bf16, K = 128 or 256, V a multiple of 8) the state, dstate and output kernels run in a
+second form (the _wg kernels): their products by wgmma, their tiles moved by the tensor copy engine in swizzled
+boxes, their outputs (h_c, Vn, dh_c, dVn, o) sent out by tensor stores; the same sums and roundings, 1.5–2.2× faster
+(dev/bench/NOTES.md, GDN log 19). M2RNN_GDN_WGMMA=0 keeps the mma.sync forms everywhere.
 
 Numeric contract (bf16 build): every product takes bf16 operands and accumulates in fp32. Rounded to bf16 (stored or
 staged): the inputs q, k, v and do; the normalized q and k; T where the wy kernel multiplies by it, and the factors
@@ -43,7 +49,7 @@ each sequence's fp32 state.
 Sizes: K ≤ 256 (padded to a multiple of 64 in shared memory), any V (tiles of 64), any T (the last chunk masked).
 Sequences: B of T tokens each, or packed variable-length sequences (cu_seqlens, T tokens in all), each restarting
 from its own initial state (or zero) and ending in its own final state; a packed sequence's outputs and gradients are
-bit for bit those of the same sequence run alone (test_gdn_gpu). Not yet: wgmma (the products are mma.sync). Speed
+bit for bit those of the same sequence run alone (test_gdn_gpu). Not yet on wgmma: prep, dqk, wy (mma.sync). Speed
 against fla: dev/bench/gdn_mamba2_results.md.
 */
 #ifndef M2RNN_GDN_CUH
@@ -665,6 +671,204 @@ static size_t gdn_state_smem(int K) { // (K = 128 in bf16: 104.5 KB, two CTAs an
            GDN_NBUF * (GDN_L * sizeof(float) + sizeof(uint64_t)); // (the decays, the bulk copies' mbarriers)
 }
 
+// The state kernel on sm_90a (bf16 build, K = 128·MI, V a multiple of 8, 16-byte aligned tensors): the same recurrence
+// and outputs as gdn_chunk_state_kernel, its two products by wgmma (tiles.cuh) and its tiles moved by the tensor copy
+// engine: W, k (64 tokens × 64 columns a box) and U (64 × the V tile) in 128B-swizzled tiles, one instruction a box
+// where the row copies above take one a row; the chunk-start state out of two 64B-swizzled halves of 32 columns, one
+// instruction a half, and a whole chunk's Vn out of the U tile it replaces, one instruction (a last, partial chunk
+// stores its rows from registers: the box's other rows belong to the next sequence). Warpgroup g (threads 128g..128g+127): Vn's columns 32g..32g+31 (m64n32, K/16 steps, A = W
+// K-major, B = h_c N-major) and the state's rows 64(g + 2m), m < MI (m64n64, 4 steps, A = kᵀ M-major from k's tiles,
+// B = e^{G_L − G} ∘ Vn N-major). Rows of a last chunk past its sequence's end hold the next sequence's tokens (or TMA's
+// zeros): their Vn is not stored and their e^{G_L − G} ∘ Vn and k rows are zeroed before the update, so a packed
+// sequence's results are bit for bit those of the sequence alone. Numerics: every product bf16 × bf16 into fp32, the
+// same roundings as the kernel above (the sums' order inside a tensor-core instruction may differ from mma.sync's).
+#if !FLOATX_IS_FP32
+#define GDN_WG_TILE 8192 // bytes of a 64 × 64 bf16 tile
+
+// the sm_90a serial kernels' state (or its gradient) in two warpgroups' m64n64 accumulators: S[m][4j + i] is row
+// 64(g + 2m) + 16·(warp in the warpgroup) + acc_row(i), column vb + acc_col(j, i) of the K × V tile (g: the warpgroup)
+__device__ __forceinline__ int gdn_wg_row(int m, int e) {
+    return 64 * ((int)(threadIdx.x >> 7) + 2 * m) + 16 * (int)((threadIdx.x >> 5) & 3) + tiles::acc_row(e & 3);
+}
+// S from (H,K,V) fp32 at src (a sequence's state, or NULL: zero)
+template <int MI>
+__device__ __forceinline__ void gdn_wg_state_in(float (&S)[MI][32], const float *src, int h, int K, int V, int vb) {
+#pragma unroll
+    for (int m = 0; m < MI; m++) {
+#pragma unroll
+        for (int e = 0; e < 32; e++) {
+            const int r = gdn_wg_row(m, e), col = vb + tiles::acc_col(e >> 2, e & 3);
+            S[m][e] = (src != NULL && col < V) ? src[((long)h * K + r) * V + col] : 0.0f;
+        }
+    }
+}
+template <int MI>
+__device__ __forceinline__ void gdn_wg_state_out(float *dst, const float (&S)[MI][32], int h, int K, int V, int vb) {
+#pragma unroll
+    for (int m = 0; m < MI; m++) {
+#pragma unroll
+        for (int e = 0; e < 32; e++) {
+            const int r = gdn_wg_row(m, e), col = vb + tiles::acc_col(e >> 2, e & 3);
+            if (col < V) { dst[((long)h * K + r) * V + col] = S[m][e]; }
+        }
+    }
+}
+// S ← decay · S, then the wgmma fence (the accumulators pinned before it): the update's products accumulate onto S
+template <int MI> __device__ __forceinline__ void gdn_wg_decay(float (&S)[MI][32], float decay) {
+#pragma unroll
+    for (int m = 0; m < MI; m++) {
+#pragma unroll
+        for (int e = 0; e < 32; e++) { S[m][e] *= decay; }
+        tiles::wgmma_pin(S[m]);
+    }
+    tiles::wgmma_fence();
+}
+// bf16(S) into its two 64B-swizzled halves of 32 columns (K rows × 64 bytes each) at sS
+template <int MI> __device__ __forceinline__ void gdn_wg_state_put(char *sS, const float (&S)[MI][32], int K) {
+#pragma unroll
+    for (int m = 0; m < MI; m++) {
+#pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+            const int r = gdn_wg_row(m, e), n = tiles::acc_col(e >> 2, e & 3);
+            *(uint32_t *)(sS + (n >> 5) * (K * 64) + tiles::swz64(r, 2 * (n & 31))) =
+                tiles::pack_bf16x2(S[m][e], S[m][e + 1]);
+        }
+    }
+}
+template <int MI>
+__global__ void __launch_bounds__(256, MI == 1 ? 2 : 1)
+    gdn_chunk_state_wg_kernel(floatX *vn, float *S_final, long sf_stride, const float *S0, long s0_stride,
+                              const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmK,
+                              const __grid_constant__ CUtensorMap tmU, const __grid_constant__ CUtensorMap tmH,
+                              const __grid_constant__ CUtensorMap tmV, const float *Gc, const int *cu_seqlens, int T,
+                              int H, int V) {
+    constexpr int K = 128 * MI, NKB = K / 64;
+    constexpr uint32_t TILE = GDN_WG_TILE, BUFB = (2 * NKB + 1) * TILE, SSB = K * 128;
+    extern __shared__ __align__(16) char gdn_smem[];
+    // layout from a 1024-byte boundary: two buffers [W: NKB tiles | k: NKB tiles | U: one tile, then Vn], sS (the
+    // state's bf16 halves, K rows × 64 bytes each), sVs (e^{G_L − G} ∘ Vn, one tile), the decays (2 × 64 fp32), the
+    // two buffers' mbarriers
+    const uint32_t raw = tiles::smem_addr(gdn_smem), pad = (1024u - (raw & 1023u)) & 1023u, base = raw + pad;
+    char *sm = gdn_smem + pad, *sVs = sm + 2 * BUFB + SSB;
+    float *sGb = (float *)(sVs + TILE);
+    const uint32_t aS = base + 2 * BUFB, aVs = aS + SSB, mbar = aVs + TILE + 2 * GDN_L * sizeof(float);
+    const int vb = blockIdx.x * GDN_T, h = blockIdx.y, b = blockIdx.z;
+    const int g = threadIdx.x >> 7, wq = (threadIdx.x >> 5) & 3;
+    const ChunkSeq seq = chunk_seq<GDN_L>(cu_seqlens, b, T);
+    const int NC = seq.nc;
+    if (threadIdx.x == 0) {
+        tiles::mbar_init(mbar, 1);
+        tiles::mbar_init(mbar + 8, 1);
+        tiles::mbar_init_fence();
+    }
+    float S[MI][32]; // (gdn_wg_row)
+    gdn_wg_state_in(S, S0 != NULL ? S0 + (long)b * s0_stride : NULL, h, K, V, vb);
+    __syncthreads(); // (the mbarriers initialized)
+    auto stage_chunk = [&](int c, int buf) { // thread 0: the chunk's boxes; threads 192..255: its decays
+        const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0), tok = (int)(seq.tok0 + t0);
+        if (threadIdx.x == 0) {
+            const uint32_t mb = mbar + 8 * buf, bW = base + buf * BUFB;
+            tiles::mbar_arrive_tx(mb, BUFB);
+#pragma unroll
+            for (int kb = 0; kb < NKB; kb++) {
+                tiles::tma_load_3d(bW + kb * TILE, &tmW, 64 * kb, h, tok, mb);
+                tiles::tma_load_3d(bW + (NKB + kb) * TILE, &tmK, 64 * kb, h, tok, mb);
+            }
+            tiles::tma_load_3d(bW + 2 * NKB * TILE, &tmU, vb, h, tok, mb);
+        }
+        if (threadIdx.x >= 192) { gdn_copy_G(sGb + buf * GDN_L, Gc, (seq.tok0 + t0) * H + h, H, nv, threadIdx.x - 192); }
+    };
+    if (NC > 0) { stage_chunk(0, 0); }
+    for (int c = 0; c < NC; c++) {
+        const int buf = c & 1, t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
+        const long row0 = (seq.tok0 + t0) * H + h;
+        const uint32_t aW = base + buf * BUFB, ak = aW + NKB * TILE, aU = ak + NKB * TILE;
+        char *sk = sm + buf * BUFB + NKB * TILE, *sU = sk + NKB * TILE; // (sU then holds Vn)
+        const float *sG = sGb + buf * GDN_L;
+        gdn_wg_state_put(sm + 2 * BUFB, S, K); // h_c into sS
+        tiles::fence_proxy_async(); // sS's stores before the copy engine and the tensor cores read it
+        chunk_sync();               // the decays landed, sS whole
+        tiles::mbar_wait(mbar + 8 * buf, (c >> 1) & 1);
+        if (c + 1 < NC) { stage_chunk(c + 1, buf ^ 1); } // lands during this chunk's products
+        if (threadIdx.x == 0) {
+            const int hrow = (int)(((seq.cslot + c) * H + h) * K);
+            tiles::tma_store_2d(&tmH, aS, vb, hrow);
+            if (vb + 32 < V) { tiles::tma_store_2d(&tmH, aS + K * 64, vb + 32, hrow); }
+            tiles::bulk_commit();
+        }
+        { // Vn = U − W h_c, columns 32g..32g+31
+            float acc[16];
+#pragma unroll
+            for (int e = 0; e < 16; e++) { acc[e] = 0.0f; }
+            tiles::wgmma_pin(acc);
+            tiles::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < K / 16; kk++) {
+                const uint64_t da = tiles::wgmma_desc(aW + (kk >> 2) * TILE + (kk & 3) * 32, 16, 1024, 1);
+                const uint64_t db = tiles::wgmma_desc(aS + g * (K * 64) + kk * 1024, K * 64, 512, 2);
+                tiles::wgmma_64x32<0, 1>(acc, da, db);
+            }
+            tiles::wgmma_commit();
+            tiles::wgmma_wait<0>();
+            const float GL = sG[GDN_L - 1];
+#pragma unroll
+            for (int i = 0; i < 4; i += 2) { // a thread's two rows: their decays and output rows once
+                const int r = 16 * wq + tiles::acc_row(i);
+                const float dec = expf(GL - sG[r]);
+                floatX *vrow = vn + (row0 + (long)r * H) * V + vb;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int n = 32 * g + tiles::acc_col(j, i);
+                    const uint32_t off = tiles::swz128(r, 2 * n);
+                    const uint32_t u = *(const uint32_t *)(sU + off);
+                    const float x0 = (float)(floatX)(tiles::bf_lo(u) - acc[4 * j + i]);
+                    const float x1 = (float)(floatX)(tiles::bf_hi(u) - acc[4 * j + i + 1]);
+                    if (nv < GDN_L) { // a last chunk: its rows only (a full chunk leaves as one box, below)
+                        chunk_put2(vrow + n, x0, x1, r < nv && vb + n < V, r < nv && vb + n + 1 < V);
+                    } else {
+                        *(uint32_t *)(sU + off) = tiles::pack_bf16x2(x0, x1);
+                    }
+                    *(uint32_t *)(sVs + off) = r < nv ? tiles::pack_bf16x2(x0 * dec, x1 * dec) : 0u;
+                }
+            }
+            if (nv < GDN_L) { // a last chunk: k's rows past the end to zero (the next sequence's, or TMA's zeros)
+                for (int i = threadIdx.x; i < (GDN_L - nv) * NKB * 8; i += blockDim.x) {
+                    const int r = nv + i / (NKB * 8), kb = (i >> 3) % NKB, p = i & 7;
+                    *(uint4 *)(sk + kb * TILE + r * 128 + p * 16) = make_uint4(0, 0, 0, 0);
+                }
+            }
+        }
+        tiles::fence_proxy_async(); // Vn, e^{G_L − G} ∘ Vn and k's zeroed rows before the copy engine and the
+        __syncthreads();            // tensor cores read them (not chunk_sync: the prefetch stays in flight)
+        if (threadIdx.x == 0 && nv == GDN_L) { // Vn out: one box (columns past V are not written)
+            tiles::tma_store_3d(&tmV, aU, vb, h, (int)(seq.tok0 + t0));
+            tiles::bulk_commit();
+        }
+        const float decay = expf(sG[GDN_L - 1]); // h_{c+1} = e^{G_L} h_c + kᵀ (e^{G_L − G} ∘ Vn)
+        gdn_wg_decay(S, decay);
+#pragma unroll
+        for (int m = 0; m < MI; m++) {
+#pragma unroll
+            for (int kk = 0; kk < GDN_L / 16; kk++) {
+                const uint64_t da = tiles::wgmma_desc(ak + (g + 2 * m) * TILE + kk * 2048, TILE, 1024, 1);
+                const uint64_t db = tiles::wgmma_desc(aVs + kk * 2048, TILE, 1024, 1);
+                tiles::wgmma_64x64<1, 1>(S[m], da, db);
+            }
+        }
+        tiles::wgmma_commit();
+        tiles::wgmma_wait<0>();
+        if (threadIdx.x == 0) { tiles::bulk_wait_read(); } // sS and Vn read out before they are rewritten
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { tiles::bulk_wait(); }
+    if (S_final != NULL) { gdn_wg_state_out(S_final + (long)b * sf_stride, S, h, K, V, vb); }
+}
+static size_t gdn_state_wg_smem(int K) {
+    return (2 * (size_t)(2 * (K / 64) + 1) + 1) * GDN_WG_TILE + (size_t)K * 128 + 2 * GDN_L * sizeof(float) +
+           2 * sizeof(uint64_t) + 1024; // (+ the alignment to 1024 bytes)
+}
+#endif
+
 // grid (slots·H·VT), 128 threads (x = (slot·H + h)·VT + V tile). o (tok,H,V) = scale (e^G ∘ (q h_c) + P Vn)
 __global__ void gdn_chunk_output_kernel(floatX *o, const floatX *q, const floatX *hst, const floatX *Pm,
                                         const floatX *vn, const float *Gc, float scale, const int *cu_seqlens, int B,
@@ -705,6 +909,94 @@ static size_t gdn_output_smem(int K) {
     return ((size_t)GDN_L * (Kp + 8) + (size_t)Kp * GDN_LD + 2 * (size_t)GDN_L * GDN_LD) * sizeof(floatX) +
            GDN_L * sizeof(float);
 }
+#if !FLOATX_IS_FP32
+// The output kernel on sm_90a (where the state kernel's sm_90a form runs): one warpgroup a (V tile, head, chunk slot),
+// q (NKB tiles), h_c (K rows × the V tile), P and Vn by the tensor copy engine onto one mbarrier, e^G-free q h_c and
+// P Vn by wgmma (A = q, P K-major; B = h_c, Vn N-major), o out of Vn's tile by one tensor store (a last, partial
+// chunk: its rows from registers). The same sums and roundings as gdn_chunk_output_kernel.
+template <int MI>
+__global__ void __launch_bounds__(128)
+    gdn_chunk_output_wg_kernel(floatX *o, const __grid_constant__ CUtensorMap tmQ,
+                               const __grid_constant__ CUtensorMap tmH, const __grid_constant__ CUtensorMap tmP,
+                               const __grid_constant__ CUtensorMap tmVn, const __grid_constant__ CUtensorMap tmO,
+                               const float *Gc, float scale, const int *cu_seqlens, int B, int T, int H, int V) {
+    constexpr int K = 128 * MI, NKB = K / 64;
+    constexpr uint32_t TILE = GDN_WG_TILE;
+    extern __shared__ __align__(16) char gdn_smem[];
+    int b, c;
+    ChunkSeq seq;
+    const int VT = CEIL_DIV(V, GDN_T), vb = (blockIdx.x % VT) * GDN_T, h = blockIdx.x / VT % H;
+    if (!chunk_at_slot<GDN_L>(cu_seqlens, B, T, blockIdx.x / VT / H, &b, &c, &seq)) { return; }
+    const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0), tok = (int)(seq.tok0 + t0), w = threadIdx.x >> 5;
+    const long row0 = (seq.tok0 + t0) * H + h, cs = (seq.cslot + c) * H + h;
+    // from a 1024-byte boundary: q (NKB tiles), h_c (K rows of 128 bytes), P, Vn (then o), the decays, the mbarrier
+    const uint32_t raw = tiles::smem_addr(gdn_smem), pad = (1024u - (raw & 1023u)) & 1023u, base = raw + pad;
+    const uint32_t aq = base, ah = aq + NKB * TILE, aP = ah + K * 128, avn = aP + TILE, mbar = avn + TILE + 256;
+    char *svn = gdn_smem + pad + (avn - base);
+    float *sG = (float *)(svn + TILE);
+    if (threadIdx.x == 0) {
+        tiles::mbar_init(mbar, 1);
+        tiles::mbar_init_fence();
+        tiles::mbar_arrive_tx(mbar, (2 * NKB + 2) * TILE);
+#pragma unroll
+        for (int kb = 0; kb < NKB; kb++) { tiles::tma_load_3d(aq + kb * TILE, &tmQ, 64 * kb, h, tok, mbar); }
+        tiles::tma_load_2d(ah, &tmH, vb, (int)(cs * K), mbar);
+        tiles::tma_load_2d(aP, &tmP, 0, (int)(cs * GDN_L), mbar);
+        tiles::tma_load_3d(avn, &tmVn, vb, h, tok, mbar);
+    }
+    gdn_load_G(sG, Gc, row0, H, nv);
+    __syncthreads(); // (the mbarrier initialized, the decays in)
+    tiles::mbar_wait(mbar, 0);
+    float acc[32], acc2[32];
+#pragma unroll
+    for (int e = 0; e < 32; e++) { acc[e] = 0.0f; acc2[e] = 0.0f; }
+    tiles::wgmma_pin(acc);
+    tiles::wgmma_pin(acc2);
+    tiles::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        tiles::wgmma_64x64<0, 1>(acc, tiles::wgmma_desc(aq + (kk >> 2) * TILE + (kk & 3) * 32, 16, 1024, 1),
+                                 tiles::wgmma_desc(ah + kk * 2048, TILE, 1024, 1));
+    }
+#pragma unroll
+    for (int kk = 0; kk < GDN_L / 16; kk++) {
+        tiles::wgmma_64x64<0, 1>(acc2, tiles::wgmma_desc(aP + kk * 32, 16, 1024, 1),
+                                 tiles::wgmma_desc(avn + kk * 2048, TILE, 1024, 1));
+    }
+    tiles::wgmma_commit();
+    tiles::wgmma_wait<0>();
+    __syncthreads(); // every warp's products have read Vn's tile: o goes over it
+#pragma unroll
+    for (int i = 0; i < 4; i += 2) { // a thread's two rows: their decays and output rows once
+        const int r = 16 * w + tiles::acc_row(i);
+        const float eG = scale * expf(sG[r]);
+        floatX *orow = o + (row0 + (long)r * H) * V + vb;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int n = tiles::acc_col(j, i);
+            const float y0 = eG * acc[4 * j + i] + scale * acc2[4 * j + i];
+            const float y1 = eG * acc[4 * j + i + 1] + scale * acc2[4 * j + i + 1];
+            if (nv < GDN_L) {
+                chunk_put2(orow + n, y0, y1, r < nv && vb + n < V, r < nv && vb + n + 1 < V);
+            } else {
+                *(uint32_t *)(svn + tiles::swz128(r, 2 * n)) = tiles::pack_bf16x2(y0, y1);
+            }
+        }
+    }
+    if (nv == GDN_L) { // o out: one box (columns past V are not written)
+        tiles::fence_proxy_async();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            tiles::tma_store_3d(&tmO, avn, vb, h, tok);
+            tiles::bulk_commit();
+            tiles::bulk_wait_read(); // (the tile is read out before the CTA's shared memory goes)
+        }
+    }
+}
+static size_t gdn_output_wg_smem(int K) {
+    return (size_t)(K / 64 + 2) * GDN_WG_TILE + (size_t)K * 128 + 256 + 16 + 1024; // (+ the alignment to 1024 bytes)
+}
+#endif
 
 // ----------------------------------------------------------------------------------------------------------------
 // backward
@@ -923,10 +1215,237 @@ static size_t gdn_dstate_smem(int K) {
            3 * GDN_L * sizeof(float) + 2 * sizeof(uint64_t); // (+ the bulk copies' two mbarriers)
 }
 
+#if !FLOATX_IS_FP32
+// The dstate kernel on sm_90a (where the state kernel's sm_90a form runs): the same reverse pass and outputs as
+// gdn_chunk_dstate_kernel, its four products by wgmma on tiles the tensor copy engine moves, in the same two groups a
+// chunk (A = k, P, do and the decays after the dVn product; B = q, W after the dh update; one set of buffers, two CTAs
+// an SM at K = 128). Warpgroup g: dVn's columns 32g..32g+31 (scale Pᵀ do: A = P M-major, B = do's half g, a 64B-swizzled
+// box of 32 columns; e^{G_L − G} ∘ (k dh): A = k K-major, B = dh's half g) and dh's rows 64(g + 2m) (m64n64: A = qᵀ
+// and Wᵀ M-major, B = do ∘ scale e^G over both halves, and dVn, negated by the tensor cores). dh_c leaves from its
+// two 64B-swizzled halves, a whole chunk's dVn from its tile, one tensor store each; a last chunk's rows past its
+// sequence's end (the next sequence's tokens or TMA's zeros) are zeroed in do, q and W, and dVn there is zero, so a
+// packed sequence's results are bit for bit its results alone.
+template <int MI>
+__global__ void __launch_bounds__(256, MI == 1 ? 2 : 1)
+    gdn_chunk_dstate_wg_kernel(floatX *dvn, float *dS0, long d0_stride, const float *dS_final, long df_stride,
+                               const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                               const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmP,
+                               const __grid_constant__ CUtensorMap tmDo, const __grid_constant__ CUtensorMap tmDh,
+                               const __grid_constant__ CUtensorMap tmDv, const float *Gc, float scale,
+                               const int *cu_seqlens, int T, int H, int V) {
+    constexpr int K = 128 * MI, NKB = K / 64;
+    constexpr uint32_t TILE = GDN_WG_TILE, SSB = K * 128;
+    extern __shared__ __align__(16) char gdn_smem[];
+    // from a 1024-byte boundary: k (NKB tiles), P, do (two 64B-swizzled halves), q (NKB), W (NKB), do ∘ scale e^G
+    // (two halves), dVn (one tile), dh (two halves of K rows), then e^{G_L − G} (64 fp32), the decays (2 × 64 fp32),
+    // the mbarriers of groups A and B
+    const uint32_t raw = tiles::smem_addr(gdn_smem), pad = (1024u - (raw & 1023u)) & 1023u, base = raw + pad;
+    char *sm = gdn_smem + pad;
+    const uint32_t ak = base, aP = ak + NKB * TILE, ado = aP + TILE, aq = ado + TILE, aW = aq + NKB * TILE;
+    const uint32_t ados = aW + NKB * TILE, advn = ados + TILE, adS = advn + TILE;
+    char *sdo = sm + (ado - base), *sq = sm + (aq - base), *sW = sm + (aW - base), *sdos = sm + (ados - base);
+    char *sdvn = sm + (advn - base), *sdS = sm + (adS - base);
+    float *skdec = (float *)(sdS + SSB), *sGb = skdec + GDN_L;
+    const uint32_t mbA = adS + SSB + 3 * GDN_L * sizeof(float), mbB = mbA + 8;
+    const int vb = blockIdx.x * GDN_T, h = blockIdx.y, b = blockIdx.z;
+    const int g = threadIdx.x >> 7, wq = (threadIdx.x >> 5) & 3;
+    const ChunkSeq seq = chunk_seq<GDN_L>(cu_seqlens, b, T);
+    const int NC = seq.nc;
+    if (threadIdx.x == 0) {
+        tiles::mbar_init(mbA, 1);
+        tiles::mbar_init(mbB, 1);
+        tiles::mbar_init_fence();
+    }
+    float dS[MI][32]; // (gdn_wg_row)
+    gdn_wg_state_in(dS, dS_final != NULL ? dS_final + (long)b * df_stride : NULL, h, K, V, vb);
+    __syncthreads(); // (the mbarriers initialized)
+    auto issue_a = [&](int c) { // thread 0: k, P, do; threads 192..255: the decays (into slot c & 1)
+        const int nv = min(GDN_L, seq.len - c * GDN_L), tok = (int)(seq.tok0 + c * GDN_L);
+        if (threadIdx.x == 0) {
+            tiles::mbar_arrive_tx(mbA, (NKB + 2) * TILE);
+#pragma unroll
+            for (int kb = 0; kb < NKB; kb++) { tiles::tma_load_3d(ak + kb * TILE, &tmK, 64 * kb, h, tok, mbA); }
+            tiles::tma_load_2d(aP, &tmP, 0, (int)(((seq.cslot + c) * H + h) * GDN_L), mbA);
+            tiles::tma_load_3d(ado, &tmDo, vb, h, tok, mbA);
+            tiles::tma_load_3d(ado + TILE / 2, &tmDo, vb + 32, h, tok, mbA);
+        }
+        if (threadIdx.x >= 192) { gdn_copy_G(sGb + (c & 1) * GDN_L, Gc, (long)tok * H + h, H, nv, threadIdx.x - 192); }
+    };
+    auto issue_b = [&](int c) { // thread 0: q, W
+        if (threadIdx.x == 0) {
+            const int tok = (int)(seq.tok0 + c * GDN_L);
+            tiles::mbar_arrive_tx(mbB, 2 * NKB * TILE);
+#pragma unroll
+            for (int kb = 0; kb < NKB; kb++) {
+                tiles::tma_load_3d(aq + kb * TILE, &tmQ, 64 * kb, h, tok, mbB);
+                tiles::tma_load_3d(aW + kb * TILE, &tmW, 64 * kb, h, tok, mbB);
+            }
+        }
+    };
+    if (NC > 0) {
+        issue_a(NC - 1);
+        issue_b(NC - 1);
+    }
+    for (int c = NC - 1; c >= 0; c--) {
+        const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
+        const long row0 = (seq.tok0 + t0) * H + h, cs = (seq.cslot + c) * H + h;
+        const float *sG = sGb + (c & 1) * GDN_L;
+        const uint32_t par = (NC - 1 - c) & 1; // the mbarriers' phase for chunk c
+        gdn_wg_state_put(sdS, dS, K); // dh (the state gradient at the chunk's end)
+        tiles::fence_proxy_async(); // dh's stores before the copy engine and the tensor cores read them
+        tiles::cp_async_commit();
+        tiles::cp_async_wait<0>(); // A(c)'s decays
+        tiles::mbar_wait(mbA, par);
+        if (nv < GDN_L) { // a last chunk: do's rows past the end to zero (both halves: 64-byte rows)
+            for (int i = threadIdx.x; i < (GDN_L - nv) * 8; i += blockDim.x) {
+                const int r = nv + (i >> 3), hh = (i >> 2) & 1, p = i & 3;
+                *(uint4 *)(sdo + hh * (TILE / 2) + r * 64 + p * 16) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) { // dh_c out: one box a half (columns past V are not written)
+            const int hrow = (int)(cs * K);
+            tiles::tma_store_2d(&tmDh, adS, vb, hrow);
+            if (vb + 32 < V) { tiles::tma_store_2d(&tmDh, adS + K * 64, vb + 32, hrow); }
+            tiles::bulk_commit();
+        }
+        if (threadIdx.x < GDN_L) { skdec[threadIdx.x] = expf(sG[GDN_L - 1] - sG[threadIdx.x]); }
+#pragma unroll
+        for (int i = threadIdx.x; i < GDN_L * 8; i += 256) { // do ∘ scale e^G: 16-byte pieces, row (i & 255) / 4
+            const int r = (i & 255) >> 2;
+            const float eg = expf(sG[r]);
+            uint4 raw4 = *(const uint4 *)(sdo + i * 16);
+            __nv_bfloat16 *x = (__nv_bfloat16 *)&raw4;
+#pragma unroll
+            for (int e = 0; e < 8; e++) { x[e] = (floatX)((float)x[e] * scale * eg); }
+            *(uint4 *)(sdos + i * 16) = raw4;
+        }
+        tiles::fence_proxy_async(); // do's zeroed rows and do ∘ scale e^G before the tensor cores read them
+        __syncthreads();
+        { // dVn = scale Pᵀ do + (e^{G_L − G} ∘ k) dh, columns 32g..32g+31
+            float a1[16], a2[16];
+#pragma unroll
+            for (int e = 0; e < 16; e++) { a1[e] = 0.0f; a2[e] = 0.0f; }
+            tiles::wgmma_pin(a1);
+            tiles::wgmma_pin(a2);
+            tiles::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < GDN_L / 16; kk++) {
+                tiles::wgmma_64x32<1, 1>(a1, tiles::wgmma_desc(aP + kk * 2048, TILE, 1024, 1),
+                                         tiles::wgmma_desc(ado + g * (TILE / 2) + kk * 1024, TILE / 2, 512, 2));
+            }
+#pragma unroll
+            for (int kk = 0; kk < K / 16; kk++) {
+                tiles::wgmma_64x32<0, 1>(a2, tiles::wgmma_desc(ak + (kk >> 2) * TILE + (kk & 3) * 32, 16, 1024, 1),
+                                         tiles::wgmma_desc(adS + g * (K * 64) + kk * 1024, K * 64, 512, 2));
+            }
+            tiles::wgmma_commit();
+            tiles::wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 4; i += 2) { // a thread's two rows: their decays and output rows once
+                const int r = 16 * wq + tiles::acc_row(i);
+                const float kd = skdec[r];
+                floatX *drow = dvn + (row0 + (long)r * H) * V + vb;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int n = 32 * g + tiles::acc_col(j, i);
+                    const float x0 = (float)(floatX)(scale * a1[4 * j + i] + kd * a2[4 * j + i]);
+                    const float x1 = (float)(floatX)(scale * a1[4 * j + i + 1] + kd * a2[4 * j + i + 1]);
+                    if (nv < GDN_L) { chunk_put2(drow + n, x0, x1, r < nv && vb + n < V, r < nv && vb + n + 1 < V); }
+                    *(uint32_t *)(sdvn + tiles::swz128(r, 2 * n)) = r < nv ? tiles::pack_bf16x2(x0, x1) : 0u;
+                }
+            }
+        }
+        tiles::fence_proxy_async(); // dVn before the copy engine and the tensor cores read it
+        __syncthreads();            // k, P, do are read: the next chunk's group A may land in them
+        if (threadIdx.x == 0 && nv == GDN_L) { // dVn out: one box
+            tiles::tma_store_3d(&tmDv, advn, vb, h, (int)(seq.tok0 + t0));
+            tiles::bulk_commit();
+        }
+        if (c > 0) { issue_a(c - 1); }
+        tiles::mbar_wait(mbB, par);
+        if (nv < GDN_L) { // q's and W's rows past the end to zero
+            for (int i = threadIdx.x; i < (GDN_L - nv) * 2 * NKB * 8; i += blockDim.x) {
+                const int r = nv + i / (2 * NKB * 8), t = (i >> 3) % (2 * NKB), p = i & 7;
+                *(uint4 *)((t < NKB ? sq + t * TILE : sW + (t - NKB) * TILE) + r * 128 + p * 16) = make_uint4(0, 0, 0, 0);
+            }
+            tiles::fence_proxy_async();
+        }
+        __syncthreads();
+        const float decay = expf(sG[GDN_L - 1]); // dh ← e^{G_L} dh + (scale e^G ∘ q)ᵀ do − Wᵀ dVn
+        gdn_wg_decay(dS, decay);
+#pragma unroll
+        for (int m = 0; m < MI; m++) {
+#pragma unroll
+            for (int kk = 0; kk < GDN_L / 16; kk++) {
+                tiles::wgmma_64x64<1, 1>(dS[m], tiles::wgmma_desc(aq + (g + 2 * m) * TILE + kk * 2048, TILE, 1024, 1),
+                                         tiles::wgmma_desc(ados + kk * 1024, TILE / 2, 512, 2));
+            }
+#pragma unroll
+            for (int kk = 0; kk < GDN_L / 16; kk++) {
+                tiles::wgmma_64x64<1, 1, -1>(dS[m],
+                                             tiles::wgmma_desc(aW + (g + 2 * m) * TILE + kk * 2048, TILE, 1024, 1),
+                                             tiles::wgmma_desc(advn + kk * 2048, TILE, 1024, 1));
+            }
+        }
+        tiles::wgmma_commit();
+        tiles::wgmma_wait<0>();
+        if (threadIdx.x == 0) { tiles::bulk_wait_read(); } // dh and dVn read out before they are rewritten
+        __syncthreads(); // q, W, do ∘ scale e^G, dVn are read
+        if (c > 0) { issue_b(c - 1); }
+    }
+    if (threadIdx.x == 0) { tiles::bulk_wait(); }
+    if (dS0 != NULL) { gdn_wg_state_out(dS0 + (long)b * d0_stride, dS, h, K, V, vb); }
+}
+static size_t gdn_dstate_wg_smem(int K) {
+    return (size_t)(3 * (K / 64) + 4) * GDN_WG_TILE + (size_t)K * 128 + 3 * GDN_L * sizeof(float) +
+           2 * sizeof(uint64_t) + 1024; // (+ the alignment to 1024 bytes)
+}
+#endif
+
 // grid (slots·H·KT), 256 threads (x = (slot·H + h)·KT + K tile; a chunk's K tiles side by side, sharing do, Vn,
 // dVn in L2): the K columns kb..kb+63 of a chunk. dq (tok,H,K); dk_part (tok,H,K) fp32, dW: dk before the WY terms,
 // dL/dW; dgam_part (tok,H,KT) fp32: this K tile's share of dL/dG_r (the decay terms of q, k and the state; the
 // chunk's last row also takes e^{G_L}⟨h_c, dh⟩ and Σ (dk_state ∘ k))
+// the dqk kernels' row sums: gam (rows acc_row(0), acc_row(2) of the 16-row block rb) over the quad's lanes into
+// sred[part·64 + row], ext and sdot over the warp into sred[128 + warp], sred[136 + warp] (fixed orders)
+__device__ __forceinline__ void gdn_dqk_rowsums(float *sred, float (&gam)[2], float ext, float sdot, int part, int rb) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        gam[x] += __shfl_xor_sync(0xffffffffu, gam[x], 1);
+        gam[x] += __shfl_xor_sync(0xffffffffu, gam[x], 2);
+    }
+    ext = warp_reduce_sum(ext);
+    sdot = warp_reduce_sum(sdot);
+    if ((lane & 3) == 0) {
+        sred[part * GDN_L + 16 * rb + (lane >> 2)] = gam[0];
+        sred[part * GDN_L + 16 * rb + (lane >> 2) + 8] = gam[1];
+    }
+    if (lane == 0) {
+        sred[2 * GDN_L + w] = ext;
+        sred[2 * GDN_L + 8 + w] = sdot;
+    }
+}
+// after the barrier that follows: d(log α)'s part of this K tile, row r = threadIdx.x < nv (the last row takes the
+// chunk-end terms e^{G_L} ⟨h_c, dh⟩ + Σ ext)
+__device__ __forceinline__ void gdn_dqk_dgam(float *dgam_part, const float *sred, int nv, float GL, long row0, int H,
+                                             int KT, int kt) {
+    if (threadIdx.x < nv) {
+        const int r = threadIdx.x;
+        float x = sred[r] + sred[GDN_L + r];
+        if (r == nv - 1) {
+            float e = 0.0f, d = 0.0f;
+            for (int i = 0; i < 8; i++) {
+                e += sred[2 * GDN_L + i];
+                d += sred[2 * GDN_L + 8 + i];
+            }
+            x += expf(GL) * d + e;
+        }
+        dgam_part[(row0 + (long)r * H) * KT + kt] = x;
+    }
+}
+
 #ifndef GDN_DQK_MINB
 #define GDN_DQK_MINB 2 // CTAs an SM the registers allow
 #endif
@@ -940,7 +1459,7 @@ __global__ void __launch_bounds__(256, GDN_DQK_MINB)
     const int KT = gdn_kp(K) / GDN_T, kt = blockIdx.x % KT, kb = kt * GDN_T, h = blockIdx.x / KT % H;
     if (!chunk_at_slot<GDN_L>(cu_seqlens, B, T, blockIdx.x / KT / H, &b, &c, &seq)) { return; }
     const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0);
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = w & 3, half = w >> 2;
+    const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
     const long row0 = (seq.tok0 + t0) * H + h;
     const long hoff = ((seq.cslot + c) * H + h) * K * V + (long)kb * V;
     const int TILE = GDN_L * GDN_LD;
@@ -1024,37 +1543,194 @@ __global__ void __launch_bounds__(256, GDN_DQK_MINB)
         }
     }
     // row sums: the quad's four lanes, then the two column halves; ext and sdot over the CTA, in fixed orders
-#pragma unroll
-    for (int x = 0; x < 2; x++) {
-        gam[x] += __shfl_xor_sync(0xffffffffu, gam[x], 1);
-        gam[x] += __shfl_xor_sync(0xffffffffu, gam[x], 2);
-    }
-    ext = warp_reduce_sum(ext);
-    sdot = warp_reduce_sum(sdot);
-    if ((lane & 3) == 0) {
-        sred[half * GDN_L + 16 * mt + (lane >> 2)] = gam[0];
-        sred[half * GDN_L + 16 * mt + (lane >> 2) + 8] = gam[1];
-    }
-    if (lane == 0) {
-        sred[2 * GDN_L + w] = ext;
-        sred[2 * GDN_L + 8 + w] = sdot;
-    }
+    gdn_dqk_rowsums(sred, gam, ext, sdot, half, mt);
     chunk_sync();
-    if (threadIdx.x < nv) {
-        const int r = threadIdx.x;
-        float x = sred[r] + sred[GDN_L + r];
-        if (r == nv - 1) {
-            float e = 0.0f, d = 0.0f;
-            for (int i = 0; i < 8; i++) {
-                e += sred[2 * GDN_L + i];
-                d += sred[2 * GDN_L + 8 + i];
-            }
-            x += expf(GL) * d + e;
-        }
-        dgam_part[(row0 + (long)r * H) * KT + kt] = x;
-    }
+    gdn_dqk_dgam(dgam_part, sred, nv, GL, row0, H, KT, kt);
 }
 static size_t gdn_dqk_smem() { return 8 * (size_t)GDN_L * GDN_LD * sizeof(floatX) + (3 * GDN_L + 16) * sizeof(float); }
+
+#if !FLOATX_IS_FP32
+// The dqk kernel on sm_90a (where the state kernel's sm_90a form runs): the same outputs as gdn_chunk_dqk_kernel. A
+// CTA (K tile, head, chunk slot) walks the V tiles with two sets of five 128B-swizzled boxes in flight (do, Vn, dVn
+// and the K tile's rows of h_c and dh), warpgroup 0 accumulating do hᵀ and dVn hᵀ, warpgroup 1 Vn dhᵀ and do Vnᵀ (m64n64
+// wgmma, every operand K-major), ⟨h_c, dh⟩ summed by all threads while the products run. Then dSc = scale (do Vnᵀ) ∘
+// tril(Γ) (rows and columns past the chunk's end zero, as are q's and k's rows there: they hold the next sequence's
+// tokens) and its transpose into two tiles, and dq += dSc k (warpgroup 0), dk += dScᵀ q (warpgroup 1) onto the
+// decay-scaled accumulators.
+// dq and dW of a whole chunk leave as tensor stores, dk's fp32 parts as 8-byte stores (whole 32-byte sectors).
+__global__ void __launch_bounds__(256, 2)
+    gdn_chunk_dqk_wg_kernel(float *dk_part, float *dgam_part, const __grid_constant__ CUtensorMap tmDo,
+                            const __grid_constant__ CUtensorMap tmVn, const __grid_constant__ CUtensorMap tmDvn,
+                            const __grid_constant__ CUtensorMap tmH, const __grid_constant__ CUtensorMap tmDh,
+                            const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                            const __grid_constant__ CUtensorMap tmDq, const __grid_constant__ CUtensorMap tmDW,
+                            floatX *dq, floatX *dW, const float *Gc, float scale, const int *cu_seqlens, int B, int T,
+                            int H, int K, int V) {
+    constexpr uint32_t TILE = GDN_WG_TILE, BUF = 5 * TILE; // do, Vn, dVn, h, dh
+    extern __shared__ __align__(16) char gdn_smem[];
+    int b, c;
+    ChunkSeq seq;
+    const int KT = K / GDN_T, kt = blockIdx.x % KT, kb = kt * GDN_T, h = blockIdx.x / KT % H;
+    if (!chunk_at_slot<GDN_L>(cu_seqlens, B, T, blockIdx.x / KT / H, &b, &c, &seq)) { return; }
+    const int t0 = c * GDN_L, nv = min(GDN_L, seq.len - t0), tok = (int)(seq.tok0 + t0);
+    const int g = threadIdx.x >> 7, wq = (threadIdx.x >> 5) & 3;
+    const long row0 = (seq.tok0 + t0) * H + h;
+    const int hrow = (int)(((seq.cslot + c) * H + h) * K + kb), NVT = CEIL_DIV(V, GDN_T);
+    // from a 1024-byte boundary: two buffers of five tiles, q, k (the K tile), then G, the row sums, mbarriers. After
+    // the V loop buffer 1's first two tiles hold dSc and dScᵀ, buffer 0's dq and dW of a whole chunk
+    const uint32_t raw = tiles::smem_addr(gdn_smem), pad = (1024u - (raw & 1023u)) & 1023u, base = raw + pad;
+    char *sm = gdn_smem + pad;
+    const uint32_t aq = base + 2 * BUF, ak = aq + TILE, adSc = base + BUF, adScT = adSc + TILE;
+    char *sq = sm + 2 * BUF, *sk = sq + TILE, *sdSc = sm + BUF, *sdScT = sdSc + TILE;
+    float *sG = (float *)(sk + TILE), *sred = sG + GDN_L; // sred: (2, 64) row sums, then 8 + 8 warp partials
+    const uint32_t mbar = base + 2 * BUF + 2 * TILE + (4 * GDN_L + 16) * sizeof(float); // three: buffers, q/k
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 3; i++) { tiles::mbar_init(mbar + 8 * i, 1); }
+        tiles::mbar_init_fence();
+    }
+    gdn_load_G(sG, Gc, row0, H, nv);
+    __syncthreads(); // (the mbarriers initialized, the decays in)
+    auto stage = [&](int vt, int buf) {
+        if (threadIdx.x == 0) {
+            const uint32_t bb = base + buf * BUF, mb = mbar + 8 * buf, vb = vt * GDN_T;
+            tiles::mbar_arrive_tx(mb, BUF);
+            tiles::tma_load_3d(bb, &tmDo, vb, h, tok, mb);
+            tiles::tma_load_3d(bb + TILE, &tmVn, vb, h, tok, mb);
+            tiles::tma_load_3d(bb + 2 * TILE, &tmDvn, vb, h, tok, mb);
+            tiles::tma_load_2d(bb + 3 * TILE, &tmH, vb, hrow, mb);
+            tiles::tma_load_2d(bb + 4 * TILE, &tmDh, vb, hrow, mb);
+        }
+    };
+    stage(0, 0);
+    if (NVT > 1) { stage(1, 1); }
+    if (threadIdx.x == 0) {
+        tiles::mbar_arrive_tx(mbar + 16, 2 * TILE);
+        tiles::tma_load_3d(aq, &tmQ, kb, h, tok, mbar + 16);
+        tiles::tma_load_3d(ak, &tmK, kb, h, tok, mbar + 16);
+    }
+    float a0[32], a1[32]; // warpgroup 0: do hᵀ (→ dq), dVn hᵀ (→ −dW); warpgroup 1: Vn dhᵀ (→ dk), do Vnᵀ (→ dSc)
+#pragma unroll
+    for (int e = 0; e < 32; e++) { a0[e] = 0.0f; a1[e] = 0.0f; }
+    tiles::wgmma_pin(a0);
+    tiles::wgmma_pin(a1);
+    float sdot = 0.0f; // ⟨h_c, dh⟩ over this K tile: this thread's share
+    for (int vt = 0; vt < NVT; vt++) {
+        const int buf = vt & 1;
+        const uint32_t bb = base + buf * BUF;
+        tiles::mbar_wait(mbar + 8 * buf, (vt >> 1) & 1);
+        tiles::wgmma_fence();
+        const uint32_t x0 = bb + (g == 0 ? 0 : TILE), y0 = bb + (g == 0 ? 3 : 4) * TILE; // do hᵀ | Vn dhᵀ
+        const uint32_t x1 = bb + (g == 0 ? 2 : 0) * TILE, y1 = bb + (g == 0 ? 3 : 1) * TILE; // dVn hᵀ | do Vnᵀ
+#pragma unroll
+        for (int kk = 0; kk < GDN_T / 16; kk++) {
+            tiles::wgmma_64x64<0, 0>(a0, tiles::wgmma_desc(x0 + kk * 32, 16, 1024, 1),
+                                     tiles::wgmma_desc(y0 + kk * 32, 16, 1024, 1));
+        }
+#pragma unroll
+        for (int kk = 0; kk < GDN_T / 16; kk++) {
+            tiles::wgmma_64x64<0, 0>(a1, tiles::wgmma_desc(x1 + kk * 32, 16, 1024, 1),
+                                     tiles::wgmma_desc(y1 + kk * 32, 16, 1024, 1));
+        }
+        tiles::wgmma_commit();
+        { // ⟨h_c, dh⟩: the two tiles share a layout, so the same offsets pair the same elements
+            const char *th = sm + buf * BUF + 3 * TILE, *tdh = th + TILE;
+#pragma unroll
+            for (int i = threadIdx.x; i < (int)(TILE / 16); i += 256) {
+                const uint4 x = *(const uint4 *)(th + i * 16), d = *(const uint4 *)(tdh + i * 16);
+                const uint32_t *xv = (const uint32_t *)&x, *dv = (const uint32_t *)&d;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    sdot += tiles::bf_lo(xv[e]) * tiles::bf_lo(dv[e]);
+                    sdot += tiles::bf_hi(xv[e]) * tiles::bf_hi(dv[e]);
+                }
+            }
+        }
+        tiles::wgmma_wait<0>();
+        __syncthreads(); // this buffer is read: the V tile after next may land in it
+        if (vt + 2 < NVT) { stage(vt + 2, buf); }
+    }
+    tiles::mbar_wait(mbar + 16, 0);
+    if (nv < GDN_L) { // a last chunk: q's and k's rows past the end to zero
+        for (int i = threadIdx.x; i < (GDN_L - nv) * 16; i += 256) {
+            const int r = nv + (i >> 4), t = (i >> 3) & 1, p = i & 7;
+            *(uint4 *)((t ? sk : sq) + r * 128 + p * 16) = make_uint4(0, 0, 0, 0);
+        }
+    }
+    const float GL = sG[GDN_L - 1];
+    float ext = 0.0f; // Σ (e^{G_L − G} ∘ Vn dhᵀ) ∘ k over the chunk's rows (warpgroup 1)
+#pragma unroll
+    for (int e = 0; e < 32; e++) { // (branch-free in g: a divergent path here makes ptxas serialize the wgmmas below)
+        const int r = 16 * wq + tiles::acc_row(e & 3), n = tiles::acc_col(e >> 2, e & 3);
+        a0[e] *= g == 0 ? scale * expf(sG[r]) : expf(GL - sG[r]);
+        const uint16_t kraw = *(const uint16_t *)(sk + tiles::swz128(r, 2 * n));
+        ext += g == 1 && r < nv ? a0[e] * __uint_as_float((uint32_t)kraw << 16) : 0.0f;
+    }
+    if (g == 1) { // dSc = scale (do Vnᵀ) ∘ tril(Γ), zero past the chunk's end, and its transpose
+#pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+            const int r = 16 * wq + tiles::acc_row(e & 3), s0 = tiles::acc_col(e >> 2, e & 3);
+            const float y0 = s0 <= r && r < nv ? scale * a1[e] * expf(sG[r] - sG[s0]) : 0.0f;
+            const float y1 = s0 + 1 <= r && r < nv ? scale * a1[e + 1] * expf(sG[r] - sG[s0 + 1]) : 0.0f;
+            const uint32_t p = tiles::pack_bf16x2(y0, y1);
+            *(uint32_t *)(sdSc + tiles::swz128(r, 2 * s0)) = p;
+            *(uint16_t *)(sdScT + tiles::swz128(s0, 2 * r)) = (uint16_t)p;
+            *(uint16_t *)(sdScT + tiles::swz128(s0 + 1, 2 * r)) = (uint16_t)(p >> 16);
+        }
+    }
+    tiles::fence_proxy_async(); // dSc, dScᵀ and q's, k's zeroed rows before the tensor cores read them
+    __syncthreads();
+    tiles::wgmma_pin(a0);
+    tiles::wgmma_fence();
+    { // warpgroup 0: dq += dSc k; warpgroup 1: dk += dScᵀ q (both A K-major, B N-major)
+        const uint32_t xa = g == 0 ? adSc : adScT, yb = g == 0 ? ak : aq;
+#pragma unroll
+        for (int kk = 0; kk < GDN_L / 16; kk++) {
+            tiles::wgmma_64x64<0, 1>(a0, tiles::wgmma_desc(xa + kk * 32, 16, 1024, 1),
+                                     tiles::wgmma_desc(yb + kk * 2048, TILE, 1024, 1));
+        }
+    }
+    tiles::wgmma_commit();
+    tiles::wgmma_wait<0>();
+    // outputs: warpgroup 0 dq, dW (a whole chunk's through buffer 0's first two tiles, free now) and Σ dq ∘ q a row;
+    // warpgroup 1 dk's fp32 part and −Σ dk ∘ k a row
+    char *sdq = sm, *sdW = sm + TILE;
+    const char *sqk = g == 0 ? sq : sk;
+    float gam[2] = {0.0f, 0.0f}; // rows 16wq + acc_row(0), + 8
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) {
+        const int i = e & 3, r = 16 * wq + tiles::acc_row(i), n = tiles::acc_col(e >> 2, i), col = kb + n;
+        const uint32_t off = tiles::swz128(r, 2 * n), qk = *(const uint32_t *)(sqk + off);
+        const long o = (row0 + (long)r * H) * K + col;
+        if (g == 0) {
+            gam[i >> 1] += a0[e] * tiles::bf_lo(qk) + a0[e + 1] * tiles::bf_hi(qk);
+            if (nv == GDN_L) {
+                *(uint32_t *)(sdq + off) = tiles::pack_bf16x2(a0[e], a0[e + 1]);
+                *(uint32_t *)(sdW + off) = tiles::pack_bf16x2(-a1[e], -a1[e + 1]);
+            } else {
+                chunk_put2(dq + o, a0[e], a0[e + 1], r < nv, r < nv);
+                chunk_put2(dW + o, -a1[e], -a1[e + 1], r < nv, r < nv);
+            }
+        } else {
+            gam[i >> 1] -= a0[e] * tiles::bf_lo(qk) + a0[e + 1] * tiles::bf_hi(qk);
+            if (r < nv) { *(float2 *)(dk_part + o) = make_float2(a0[e], a0[e + 1]); }
+        }
+    }
+    // row sums: the quad's four lanes, then the two warpgroups; ext and sdot over the CTA, in fixed orders
+    gdn_dqk_rowsums(sred, gam, ext, sdot, g, wq);
+    tiles::fence_proxy_async(); // dq's and dW's tiles before the copy engine reads them
+    __syncthreads();
+    if (threadIdx.x == 0 && nv == GDN_L) {
+        tiles::tma_store_3d(&tmDq, base, kb, h, tok);
+        tiles::tma_store_3d(&tmDW, base + TILE, kb, h, tok);
+        tiles::bulk_commit();
+    }
+    gdn_dqk_dgam(dgam_part, sred, nv, GL, row0, H, KT, kt);
+    if (threadIdx.x == 0 && nv == GDN_L) { tiles::bulk_wait_read(); } // (before the CTA's shared memory goes)
+}
+static size_t gdn_dqk_wg_smem() {
+    return (2 * 5 + 2) * (size_t)GDN_WG_TILE + (4 * GDN_L + 16) * sizeof(float) + 3 * sizeof(uint64_t) + 1024;
+}
+#endif
 
 // grid (slots·H), GDN_WY_THREADS threads (x = slot·H + h): the UT transform's backward. dk (tok,H,K) = dk_part +
 // β (Dm k) + Dmᵀ (β k) + β e^G dKt; dv (view, token stride dv_stride) = β Tᵀ dVn; dbeta (tok,H); dg (tok,H) =
@@ -1334,9 +2010,78 @@ static void gdn_check_dims(int K, int V) {
 static inline int gdn_state_mr(int K) { return gdn_kp(K) <= 128 ? 1 : 2; }
 
 // the serial pass: f->hst, f->vn (and S_final) from f->W, f->U, f->Gc and the normalized k
+// gdn_state_wgmma: −1 (default) the sm_90a state and dstate kernels wherever they apply (unless M2RNN_GDN_WGMMA=0), 0
+// never (tests and benchmarks compare the two forms)
+static int gdn_state_wgmma = -1;
+
+#if !FLOATX_IS_FP32
+// the tensor maps of the sm_90a kernels: a (tok,H,D) tensor in boxes of 64 tokens × `cols` of one head (gdn_map_tok),
+// a per-chunk (slots,H,R,D) one as rows of D in boxes of rows × cols (gdn_map_rows); ok turns false where the driver
+// refuses a map (the launcher then takes the mma.sync form)
+typedef struct {
+    uint64_t ntok, ns; // tokens in the (tok,H,·) layout, chunk slots
+    int H;
+    bool ok;
+} GDNMaps;
+static GDNMaps gdn_maps(const int *cu_seqlens, int B, int T, int H) {
+    const bool packed = cu_seqlens != NULL;
+    return (GDNMaps){(uint64_t)(packed ? 1 : B) * T, (uint64_t)chunk_slots<GDN_L>(packed, B, T), H, true};
+}
+static void gdn_map_tok(GDNMaps *m, CUtensorMap *t, const floatX *p, int D, uint32_t cols, CUtensorMapSwizzle sw) {
+    const uint64_t dims[3] = {(uint64_t)D, (uint64_t)m->H, m->ntok};
+    const uint64_t strides[2] = {D * sizeof(floatX), m->H * D * sizeof(floatX)};
+    const uint32_t box[3] = {cols, 1, GDN_L};
+    m->ok = m->ok && tma_map_bf16(t, p, 3, dims, strides, box, sw);
+}
+static void gdn_map_rows(GDNMaps *m, CUtensorMap *t, const floatX *p, int D, int R, uint32_t cols, uint32_t rows,
+                         CUtensorMapSwizzle sw) {
+    const uint64_t dims[2] = {(uint64_t)D, m->ns * m->H * R}, strides[1] = {D * sizeof(floatX)};
+    const uint32_t box[2] = {cols, rows};
+    m->ok = m->ok && tma_map_bf16(t, p, 2, dims, strides, box, sw);
+}
+#define GDN_SW128 CU_TENSOR_MAP_SWIZZLE_128B
+#define GDN_SW64 CU_TENSOR_MAP_SWIZZLE_64B
+
+// the sm_90a serial kernels apply to K = 128 or 256, V a multiple of 8 and 16-byte aligned tensors (ptrs: their
+// addresses or'ed), on a compute capability 9.0 device, unless switched off
+static bool gdn_wg_applies(int K, int V, uintptr_t ptrs) {
+    if (gdn_state_wgmma < 0) {
+        const char *env = getenv("M2RNN_GDN_WGMMA");
+        gdn_state_wgmma = (env != NULL && strcmp(env, "0") == 0) ? 0 : 1;
+    }
+    return gdn_state_wgmma != 0 && (K == 128 || K == 256) && V % 8 == 0 && (ptrs & 15) == 0 && gpu_is_sm90();
+}
+// the sm_90a state kernel where it applies (bf16, K = 128 or 256, V a multiple of 8, tensors 16-byte aligned, a
+// compute capability 9.0 device, the driver's tensor maps): true if launched
+static bool gdn_chunk_state_wg(GDNChunkBufs *f, float *S_final, long sf_stride, const float *S0, long s0_stride,
+                               const floatX *k, const int *cu_seqlens, int B, int T, int H, int K, int V,
+                               cudaStream_t stream) {
+    const uintptr_t ptrs = (uintptr_t)f->W | (uintptr_t)k | (uintptr_t)f->U | (uintptr_t)f->hst | (uintptr_t)f->vn;
+    if (!gdn_wg_applies(K, V, ptrs)) { return false; }
+    GDNMaps m = gdn_maps(cu_seqlens, B, T, H);
+    CUtensorMap tmW, tmK, tmU, tmH, tmV;
+    gdn_map_tok(&m, &tmW, f->W, K, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmK, k, K, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmU, f->U, V, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmV, f->vn, V, 64, GDN_SW128);
+    gdn_map_rows(&m, &tmH, f->hst, V, K, 32, K, GDN_SW64); // the state's two halves of 32 columns
+    if (!m.ok) { return false; }
+    auto state = K == 128 ? gdn_chunk_state_wg_kernel<1> : gdn_chunk_state_wg_kernel<2>;
+    const size_t smem = gdn_state_wg_smem(K);
+    gdn_set_smem((const void *)state, smem);
+    state<<<dim3(CEIL_DIV(V, GDN_T), H, B), 256, smem, stream>>>(f->vn, S_final, sf_stride, S0, s0_stride, tmW, tmK,
+                                                                  tmU, tmH, tmV, f->Gc, cu_seqlens, T, H, V);
+    cudaCheck(cudaGetLastError());
+    return true;
+}
+#endif
+
 static void gdn_chunk_state(GDNChunkBufs *f, float *S_final, long sf_stride, const float *S0, long s0_stride,
                             const floatX *k, const int *cu_seqlens, int B, int T, int H, int K, int V,
                             cudaStream_t stream) {
+#if !FLOATX_IS_FP32
+    if (gdn_chunk_state_wg(f, S_final, sf_stride, S0, s0_stride, k, cu_seqlens, B, T, H, K, V, stream)) { return; }
+#endif
     const bool bulk = gdn_rows_bulk(K, V, (uintptr_t)f->W | (uintptr_t)k | (uintptr_t)f->U | (uintptr_t)f->hst);
     auto state = gdn_state_mr(K) == 1 ? (bulk ? gdn_chunk_state_kernel<1, true> : gdn_chunk_state_kernel<1, false>)
                                       : (bulk ? gdn_chunk_state_kernel<2, true> : gdn_chunk_state_kernel<2, false>);
@@ -1344,6 +2089,44 @@ static void gdn_chunk_state(GDNChunkBufs *f, float *S_final, long sf_stride, con
     gdn_set_smem((const void *)state, smem);
     state<<<dim3(CEIL_DIV(V, GDN_T), H, B), 256, smem, stream>>>(f->hst, f->vn, S_final, sf_stride, S0, s0_stride,
                                                                   f->W, f->U, k, f->Gc, cu_seqlens, T, H, K, V);
+    cudaCheck(cudaGetLastError());
+}
+
+#if !FLOATX_IS_FP32
+// the sm_90a output kernel where it applies (as gdn_chunk_state_wg): true if launched
+static bool gdn_chunk_output_wg(floatX *o, const GDNChunkBufs *f, const floatX *q, const int *cu_seqlens, int B, int T,
+                                int H, int K, int V, cudaStream_t stream) {
+    const uintptr_t ptrs = (uintptr_t)o | (uintptr_t)q | (uintptr_t)f->hst | (uintptr_t)f->Pm | (uintptr_t)f->vn;
+    if (!gdn_wg_applies(K, V, ptrs)) { return false; }
+    GDNMaps m = gdn_maps(cu_seqlens, B, T, H);
+    CUtensorMap tmQ, tmH, tmP, tmVn, tmO;
+    gdn_map_tok(&m, &tmQ, q, K, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmVn, f->vn, V, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmO, o, V, 64, GDN_SW128);
+    gdn_map_rows(&m, &tmH, f->hst, V, K, 64, K, GDN_SW128);
+    gdn_map_rows(&m, &tmP, f->Pm, GDN_L, GDN_L, 64, 64, GDN_SW128);
+    if (!m.ok) { return false; }
+    auto out = K == 128 ? gdn_chunk_output_wg_kernel<1> : gdn_chunk_output_wg_kernel<2>;
+    const size_t smem = gdn_output_wg_smem(K);
+    gdn_set_smem((const void *)out, smem);
+    out<<<(unsigned)(m.ns * H * CEIL_DIV(V, GDN_T)), 128, smem, stream>>>(o, tmQ, tmH, tmP, tmVn, tmO, f->Gc,
+                                                                        1.0f / sqrtf((float)K), cu_seqlens, B, T, H, V);
+    cudaCheck(cudaGetLastError());
+    return true;
+}
+#endif
+
+// the parallel pass: o (tok,H,V) from the normalized q, f->hst, f->Pm, f->vn, f->Gc
+static void gdn_chunk_output(floatX *o, const GDNChunkBufs *f, const floatX *q, const int *cu_seqlens, int B, int T,
+                             int H, int K, int V, cudaStream_t stream) {
+#if !FLOATX_IS_FP32
+    if (gdn_chunk_output_wg(o, f, q, cu_seqlens, B, T, H, K, V, stream)) { return; }
+#endif
+    const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
+    const size_t smem = gdn_output_smem(K);
+    gdn_set_smem((const void *)gdn_chunk_output_kernel, smem);
+    gdn_chunk_output_kernel<<<(unsigned)(NS * H * CEIL_DIV(V, GDN_T)), 128, smem, stream>>>(
+        o, q, f->hst, f->Pm, f->vn, f->Gc, 1.0f / sqrtf((float)K), cu_seqlens, B, T, H, K, V);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1359,8 +2142,7 @@ static void gdn_chunk_forward(floatX *o, GDNChunkBufs *f, float *S_final, long s
                               int H, int K, int V, cudaStream_t stream) {
     gdn_check_dims(K, V);
     const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
-    const int VT = CEIL_DIV(V, GDN_T);
-    const size_t s1 = gdn_prep_smem(K), s2 = gdn_state_smem(K), s3 = gdn_output_smem(K);
+    const size_t s1 = gdn_prep_smem(K);
     gdn_set_smem((const void *)gdn_chunk_prep_kernel, s1);
     const GDNQKNorm none = {0, NULL, NULL, NULL, NULL};
     gdn_chunk_prep_kernel<<<(unsigned)(NS * H), 256, s1, stream>>>(f->W, f->U, f->Pm, f->Tm, f->Gc, nm ? *nm : none,
@@ -1369,11 +2151,7 @@ static void gdn_chunk_forward(floatX *o, GDNChunkBufs *f, float *S_final, long s
     cudaCheck(cudaGetLastError());
     const floatX *qn = nm ? nm->qn : q, *kn = nm ? nm->kn : k;
     gdn_chunk_state(f, S_final, sf_stride, S0, s0_stride, kn, cu_seqlens, B, T, H, K, V, stream);
-    gdn_set_smem((const void *)gdn_chunk_output_kernel, s3);
-    gdn_chunk_output_kernel<<<(unsigned)(NS * H * VT), 128, s3, stream>>>(o, qn, f->hst, f->Pm, f->vn, f->Gc,
-                                                                          1.0f / sqrtf((float)K), cu_seqlens, B, T, H,
-                                                                          K, V);
-    cudaCheck(cudaGetLastError());
+    gdn_chunk_output(o, f, qn, cu_seqlens, B, T, H, K, V, stream);
 }
 
 // the backward's recompute of the forward's W, U, P, chunk-start states and Vn into f, from the T and Gc the forward
@@ -1395,9 +2173,44 @@ static void gdn_chunk_recompute(GDNChunkBufs *f, const float *S0, long s0_stride
 }
 
 // the reverse serial pass: gr->dhst, gr->dvn (and dS0) from dout, dS_final and the forward's (or recomputed) f
+#if !FLOATX_IS_FP32
+// the sm_90a dstate kernel where it applies (as gdn_chunk_state_wg): true if launched
+static bool gdn_chunk_dstate_wg(GDNChunkGrads *gr, float *dS0, long d0_stride, const float *dS_final, long df_stride,
+                                const floatX *dout, const GDNChunkBufs *f, const floatX *q, const floatX *k,
+                                const int *cu_seqlens, int B, int T, int H, int K, int V, cudaStream_t stream) {
+    const uintptr_t ptrs = (uintptr_t)q | (uintptr_t)k | (uintptr_t)f->W | (uintptr_t)f->Pm | (uintptr_t)dout |
+                           (uintptr_t)gr->dhst | (uintptr_t)gr->dvn;
+    if (!gdn_wg_applies(K, V, ptrs)) { return false; }
+    GDNMaps m = gdn_maps(cu_seqlens, B, T, H);
+    CUtensorMap tmQ, tmK, tmW, tmP, tmDo, tmDh, tmDv;
+    gdn_map_tok(&m, &tmQ, q, K, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmK, k, K, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmW, f->W, K, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmDo, dout, V, 32, GDN_SW64); // do's two halves of 32 columns
+    gdn_map_tok(&m, &tmDv, gr->dvn, V, 64, GDN_SW128);
+    gdn_map_rows(&m, &tmP, f->Pm, GDN_L, GDN_L, 64, 64, GDN_SW128);
+    gdn_map_rows(&m, &tmDh, gr->dhst, V, K, 32, K, GDN_SW64);
+    if (!m.ok) { return false; }
+    auto dstate = K == 128 ? gdn_chunk_dstate_wg_kernel<1> : gdn_chunk_dstate_wg_kernel<2>;
+    const size_t smem = gdn_dstate_wg_smem(K);
+    gdn_set_smem((const void *)dstate, smem);
+    dstate<<<dim3(CEIL_DIV(V, GDN_T), H, B), 256, smem, stream>>>(gr->dvn, dS0, d0_stride, dS_final, df_stride, tmQ,
+                                                                   tmK, tmW, tmP, tmDo, tmDh, tmDv, f->Gc,
+                                                                   1.0f / sqrtf((float)K), cu_seqlens, T, H, V);
+    cudaCheck(cudaGetLastError());
+    return true;
+}
+#endif
+
 static void gdn_chunk_dstate(GDNChunkGrads *gr, float *dS0, long d0_stride, const float *dS_final, long df_stride,
                              const floatX *dout, const GDNChunkBufs *f, const floatX *q, const floatX *k,
                              const int *cu_seqlens, int B, int T, int H, int K, int V, cudaStream_t stream) {
+#if !FLOATX_IS_FP32
+    if (gdn_chunk_dstate_wg(gr, dS0, d0_stride, dS_final, df_stride, dout, f, q, k, cu_seqlens, B, T, H, K, V,
+                            stream)) {
+        return;
+    }
+#endif
     const size_t smem = gdn_dstate_smem(K);
     const bool bulk = gdn_rows_bulk(K, V, (uintptr_t)k | (uintptr_t)q | (uintptr_t)f->W | (uintptr_t)f->Pm |
                                               (uintptr_t)dout | (uintptr_t)gr->dhst);
@@ -1410,6 +2223,52 @@ static void gdn_chunk_dstate(GDNChunkGrads *gr, float *dS0, long d0_stride, cons
     cudaCheck(cudaGetLastError());
 }
 
+#if !FLOATX_IS_FP32
+// the sm_90a dqk kernel where it applies (as gdn_chunk_state_wg): true if launched
+static bool gdn_chunk_dqk_wg(GDNChunkGrads *gr, const floatX *dout, const GDNChunkBufs *f, const floatX *q,
+                             const floatX *k, const int *cu_seqlens, int B, int T, int H, int K, int V,
+                             cudaStream_t stream) {
+    const uintptr_t ptrs = (uintptr_t)q | (uintptr_t)k | (uintptr_t)f->vn | (uintptr_t)gr->dvn | (uintptr_t)dout |
+                           (uintptr_t)f->hst | (uintptr_t)gr->dhst | (uintptr_t)gr->dq | (uintptr_t)gr->dW;
+    if (!gdn_wg_applies(K, V, ptrs)) { return false; }
+    GDNMaps m = gdn_maps(cu_seqlens, B, T, H);
+    CUtensorMap tmDo, tmVn, tmDvn, tmH, tmDh, tmQ, tmK, tmDq, tmDW;
+    gdn_map_tok(&m, &tmDo, dout, V, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmVn, f->vn, V, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmDvn, gr->dvn, V, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmQ, q, K, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmK, k, K, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmDq, gr->dq, K, 64, GDN_SW128);
+    gdn_map_tok(&m, &tmDW, gr->dW, K, 64, GDN_SW128);
+    gdn_map_rows(&m, &tmH, f->hst, V, K, 64, 64, GDN_SW128); // a K tile's 64 rows
+    gdn_map_rows(&m, &tmDh, gr->dhst, V, K, 64, 64, GDN_SW128);
+    if (!m.ok) { return false; }
+    const size_t smem = gdn_dqk_wg_smem();
+    gdn_set_smem((const void *)gdn_chunk_dqk_wg_kernel, smem);
+    gdn_chunk_dqk_wg_kernel<<<(unsigned)(m.ns * H * (K / GDN_T)), 256, smem, stream>>>(
+        gr->dk_part, gr->dgam_part, tmDo, tmVn, tmDvn, tmH, tmDh, tmQ, tmK, tmDq, tmDW, gr->dq, gr->dW, f->Gc,
+        1.0f / sqrtf((float)K), cu_seqlens, B, T, H, K, V);
+    cudaCheck(cudaGetLastError());
+    return true;
+}
+#endif
+
+// the chunk-parallel gradient pass: gr->dq, gr->dk_part, gr->dW, gr->dgam_part from dout, the forward's (or
+// recomputed) f and the reverse pass's gr->dhst, gr->dvn
+static void gdn_chunk_dqk(GDNChunkGrads *gr, const floatX *dout, const GDNChunkBufs *f, const floatX *q, const floatX *k,
+                          const int *cu_seqlens, int B, int T, int H, int K, int V, cudaStream_t stream) {
+#if !FLOATX_IS_FP32
+    if (gdn_chunk_dqk_wg(gr, dout, f, q, k, cu_seqlens, B, T, H, K, V, stream)) { return; }
+#endif
+    const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
+    const size_t smem = gdn_dqk_smem();
+    gdn_set_smem((const void *)gdn_chunk_dqk_kernel, smem);
+    gdn_chunk_dqk_kernel<<<(unsigned)(NS * H * (gdn_kp(K) / GDN_T)), 256, smem, stream>>>(
+        gr->dq, gr->dk_part, gr->dW, gr->dgam_part, q, k, f->vn, gr->dvn, dout, f->hst, gr->dhst, f->Gc,
+        1.0f / sqrtf((float)K), cu_seqlens, B, T, H, K, V);
+    cudaCheck(cudaGetLastError());
+}
+
 // dq, dk (tok,H,K) (written, in gr), dv (view, token stride dv_stride, written), dbeta, dg (tok,H) written; dS0 or
 // NULL; from dout (tok,H,V) and dS_final or NULL; f as the forward left it (or recomputed); cu_seqlens as the forward
 static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbeta, float *dg, GDNChunkGrads *gr,
@@ -1418,16 +2277,10 @@ static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbe
                                const float *beta, const int *cu_seqlens, int B, int T, int H, int K, int V,
                                cudaStream_t stream) {
     const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
-    const int KT = gdn_kp(K) / GDN_T;
-    const float scale = 1.0f / sqrtf((float)K);
-    const size_t s2 = gdn_dqk_smem(), s3 = gdn_wy_smem(K);
-    gdn_set_smem((const void *)gdn_chunk_dqk_kernel, s2);
+    const size_t s3 = gdn_wy_smem(K);
     gdn_set_smem((const void *)gdn_chunk_wy_kernel, s3);
     gdn_chunk_dstate(gr, dS0, d0_stride, dS_final, df_stride, dout, f, q, k, cu_seqlens, B, T, H, K, V, stream);
-    gdn_chunk_dqk_kernel<<<(unsigned)(NS * H * KT), 256, s2, stream>>>(
-        gr->dq, gr->dk_part, gr->dW, gr->dgam_part, q, k, f->vn, gr->dvn, dout, f->hst, gr->dhst, f->Gc, scale,
-        cu_seqlens, B, T, H, K, V);
-    cudaCheck(cudaGetLastError());
+    gdn_chunk_dqk(gr, dout, f, q, k, cu_seqlens, B, T, H, K, V, stream);
     gdn_chunk_wy_kernel<<<(unsigned)(NS * H), GDN_WY_THREADS, s3, stream>>>(
         dk, dv, dv_stride, dbeta, dg, k, v, v_stride, beta, f->Gc, gr->dW, gr->dvn, gr->dk_part, gr->dgam_part, f->Tm,
         cu_seqlens, B, T, H, K, V);

@@ -10,8 +10,12 @@ flash-attention kernels next.
   fp32 reductions into global memory;
 - tanh.approx.f32 (the MUFU tanh the recurrences use);
 - warp_gemm: a warp's 16×8·NJ product of bf16 tiles staged in shared memory, either operand plain or transposed
-  (the chunked GDN and Mamba-2 kernels are built from it).
-Everything is __forceinline__ device code in namespace tiles; kernel files say `using namespace tiles;`.
+  (the chunked GDN and Mamba-2 kernels are built from it);
+- sm_90a: wgmma (a warpgroup's m64n64k16 / m64n32k16 from 128B- or 64B-swizzled shared-memory tiles, their
+  descriptors and swizzled addresses) and the tensor copy engine (TMA boxes in and out on mbarriers / bulk groups),
+  with the host side of tensor maps (the GDN serial and output kernels' second form).
+Everything is __forceinline__ device code in namespace tiles (and two host helpers after it); kernel files say
+`using namespace tiles;`.
 */
 #ifndef M2RNN_TILES_CUH
 #define M2RNN_TILES_CUH
@@ -196,6 +200,157 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[NJ][4], const float *A, i
     }
 }
 
+
+// ----------------------------------------------------------------------------------------------------------------
+// sm_90a: warpgroup MMA (wgmma) on tiles the tensor copy engine (TMA) puts in shared memory, swizzled
+//
+// A tile whose rows are 64 (128B swizzle) or 32 (64B swizzle) bf16 elements, rows packed (128 or 64 bytes apart)
+// from a base aligned to 1024 bytes: the 16-byte piece p of row r lies at piece p ^ (r & 7) (128B) or p ^ ((r >> 1) & 3)
+// (64B) of its row. TMA writes and reads that layout (CU_TENSOR_MAP_SWIZZLE_128B / _64B, the box's inner dimension the
+// row), and wgmma reads it through a descriptor:
+//   K-major operand (the reduced index k contiguous in a row: A = W as rows of tokens), 128B: start + 32 bytes a
+//     k16 step inside the row, sbo = 1024 (8 rows); a K past 64 is the next tile.
+//   MN-major operand (m or n contiguous in a row, k the row index: trans = 1), 128B or 64B: start + 16 rows a k16
+//     step, sbo = 8 rows' bytes (1024 or 512); lbo = the next 64- (32-) wide block of m / n, unused at that width.
+// The accumulator of m64nN (N/2 fp32 a thread): warp w of the warpgroup holds rows 16w + acc_row(i), columns
+// acc_col(j, i) of its n8 tile j, i.e. element 4j + i: the mma.sync layout above, per warp.
+// Everything here exists only in the sm_90a pass (__CUDA_ARCH_FEAT_SM90_ALL); the compute_90 PTX gets a trap, and the
+// launchers take these paths only on compute capability 9.0 (gpu_is_sm90).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TILES_SM90A 1
+#else
+#define TILES_SM90A 0
+#endif
+
+__device__ __forceinline__ uint32_t swz128(int r, int byte) { // byte offset of (row r, byte) in a 128B-swizzled tile
+    return (uint32_t)(r * 128 + ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15));
+}
+__device__ __forceinline__ uint32_t swz64(int r, int byte) { // the same in a 64B-swizzled tile of 64-byte rows
+    return (uint32_t)(r * 64 + ((((byte >> 4) ^ (r >> 1)) & 3) << 4) + (byte & 15));
+}
+// the wgmma shared-memory descriptor: swizzle 1 = 128B, 2 = 64B; byte offsets (multiples of 16)
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo, uint32_t swizzle) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | ((uint64_t)swizzle << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if TILES_SM90A
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if TILES_SM90A
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// pins an accumulator's registers at this point of the program: its last ordinary writes stay before the wgmma_fence
+// that follows (else the compiler may sink them past it, and ptxas then serializes the warpgroup's products)
+template <int N> __device__ __forceinline__ void wgmma_pin(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) { asm volatile("" : "+f"(d[i])::"memory"); }
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+#if TILES_SM90A
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// d (64 × 64, 32 fp32 a thread) += A (64 × 16) · SB·B (16 × 64), both from shared memory; TA / TB: MN-major
+// operands; SB = ±1 (the tensor cores negate B)
+template <int TA, int TB, int SB = 1>
+__device__ __forceinline__ void wgmma_64x64(float (&d)[32], uint64_t da, uint64_t db) {
+#if TILES_SM90A
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,"
+                 "%27,%28,%29,%30,%31}, %32, %33, 1, 1, %34, %35, %36;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "n"(SB), "n"(TA), "n"(TB));
+#else
+    __trap();
+#endif
+}
+// d (64 × 32, 16 fp32 a thread) += A (64 × 16) · B (16 × 32)
+template <int TA, int TB> __device__ __forceinline__ void wgmma_64x32(float (&d)[16], uint64_t da, uint64_t db) {
+#if TILES_SM90A
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, %18, %19;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15])
+                 : "l"(da), "l"(db), "n"(TA), "n"(TB));
+#else
+    __trap();
+#endif
+}
+// TMA: a box of a tensor map (a __grid_constant__ kernel parameter) into shared memory, counted on the mbarrier mb;
+// elements outside the tensor arrive as zeros. Coordinates innermost first, in elements.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *tmap, int c0, int c1, int c2, uint32_t mb) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4}], [%5];\n" ::"r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(mb)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *tmap, int c0, int c1, uint32_t mb) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(mb)
+                 : "memory");
+}
+// a box from shared memory out to the tensor, in the thread's bulk group (bulk_commit, bulk_wait_read as above);
+// elements outside the tensor are not written
+__device__ __forceinline__ void tma_store_2d(const void *tmap, uint32_t src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(tmap),
+                 "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_store_3d(const void *tmap, uint32_t src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(tmap),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(src)
+                 : "memory");
+}
+
 } // namespace tiles
+
+// ----------------------------------------------------------------------------------------------------------------
+// host side of the sm_90a paths: whether the current device runs them, and TMA tensor maps (the driver's encoder,
+// found through the runtime, so nothing links against libcuda)
+#include <cudaTypedefs.h>
+
+// compute capability 9.0 exactly: the sm_90a code in these binaries runs there (asked per device, not cached)
+static inline bool gpu_is_sm90() {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) { return false; }
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+}
+// a bf16 tensor map of `rank` dimensions (innermost first, in elements; strides in bytes for dimensions 1..rank−1),
+// boxes of `box` elements, swizzled as the wgmma tiles above; false where the driver refuses it (the caller then
+// takes its other path)
+static inline bool tma_map_bf16(CUtensorMap *m, const void *ptr, int rank, const uint64_t *dims,
+                                const uint64_t *strides, const uint32_t *box, CUtensorMapSwizzle swizzle) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    if (encode == NULL) {
+        cudaDriverEntryPointQueryResult q;
+        void *fn = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess || q != cudaDriverEntryPointSuccess || fn == NULL) {
+            return false;
+        }
+        encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    }
+    cuuint64_t d[5], st[4];
+    cuuint32_t b[5], es[5];
+    for (int i = 0; i < rank; i++) {
+        d[i] = dims[i];
+        b[i] = box[i];
+        es[i] = 1;
+        if (i > 0) { st[i - 1] = strides[i - 1]; }
+    }
+    return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)ptr, d, st, b, es,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 #endif // M2RNN_TILES_CUH

@@ -641,6 +641,17 @@ int main(void) {
     // rows that are not whole 16-byte pieces (K=34 in either build, V=20 in bf16): the state kernel's cp.async path
     // instead of its bulk row copies
     run_case("GDN T=77 K=34 V=20 state", (Shape){2, 77, 2, 34, 20}, 1, 0.3, 0);
+#if !FLOATX_IS_FP32
+    // K = 128 and 256 run the sm_90a state kernel (wgmma, tensor copies) on an H100 / H200: its packed sequences (a
+    // last chunk's rows past the end hold the next sequence's tokens) and a V tile of 8 columns, then the mma.sync
+    // state kernel on the same shapes
+    printf("state and dstate kernels at K = 128, 256: %s\n", gpu_is_sm90() ? "sm_90a (wgmma, tensor copies)" : "mma.sync");
+    run_packed("GDN K=128 V=72", 2, 128, 72, {100, 64, 0, 1, 129, 37});
+    gdn_state_wgmma = 0;
+    run_case("GDN T=130 K=128 V=64 strong decay, mma.sync serial kernels", (Shape){2, 130, 2, 128, 64}, 1, 4.0, 0);
+    run_case("GDN T=197 K=256 V=128 state, mma.sync serial kernels", (Shape){1, 197, 1, 256, 128}, 1, 0.1, 0);
+    gdn_state_wgmma = -1;
+#endif
     run_packed("GDN K=64 V=96", 2, 64, 96, {100, 64, 0, 1, 129, 37});
     run_packed("GDN K=48 V=40", 3, 48, 40, {5, 200, 63, 65});
     return test_summary(SUITE);

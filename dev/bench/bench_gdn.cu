@@ -92,17 +92,15 @@ int main(int argc, char **argv) {
         printf("| %d | %d | %d | %d | %d | %.3f | %.3f | %.0f | %.0f | %.0f MB (%.0f MB forward) |\n", B, T, H, K, V,
                ms_f, ms_fb, F_f / ms_f * 1e-9, F_fb / ms_fb * 1e-9, extra / 1e6, fwd_bytes / 1e6);
         // per kernel (each alone, inputs as the step leaves them)
-        const int VT = CEIL_DIV(V, GDN_T), KTi = gdn_kp(K) / GDN_T;
-        const float scale = 1.0f / sqrtf((float)K);
         const GDNQKNorm none = {0, NULL, NULL, NULL, NULL};
         float kms[8];
         kms[0] = median_ms([&]() { gdn_chunk_prep_kernel<<<NC * B * H, 256, gdn_prep_smem(K), st>>>(f.W, f.U, f.Pm, f.Tm, f.Gc, nm, x, x + HK, v, CD, beta, g, false, NULL, B, T, H, K, V); }, repeats, st);
         kms[6] = median_ms([&]() { gdn_chunk_prep_kernel<<<NC * B * H, 256, gdn_prep_smem(K), st>>>(f.W, f.U, f.Pm, f.Tm, f.Gc, none, qn, kn, v, CD, beta, g, true, NULL, B, T, H, K, V); }, repeats, st);
         kms[7] = median_ms([&]() { l2norm_forward(qn, rq, x, BT, H, K, CD, st); }, repeats, st);
         kms[1] = median_ms([&]() { gdn_chunk_state(&f, NULL, 0, NULL, 0, kn, NULL, B, T, H, K, V, st); }, repeats, st);
-        kms[2] = median_ms([&]() { gdn_chunk_output_kernel<<<NC * B * H * VT, 128, gdn_output_smem(K), st>>>(o, qn, f.hst, f.Pm, f.vn, f.Gc, scale, NULL, B, T, H, K, V); }, repeats, st);
+        kms[2] = median_ms([&]() { gdn_chunk_output(o, &f, qn, NULL, B, T, H, K, V, st); }, repeats, st);
         kms[3] = median_ms([&]() { gdn_chunk_dstate(&gr, NULL, 0, NULL, 0, dout, &f, qn, kn, NULL, B, T, H, K, V, st); }, repeats, st);
-        kms[4] = median_ms([&]() { gdn_chunk_dqk_kernel<<<NC * B * H * KTi, 256, gdn_dqk_smem(), st>>>(gr.dq, gr.dk_part, gr.dW, gr.dgam_part, qn, kn, f.vn, gr.dvn, dout, f.hst, gr.dhst, f.Gc, scale, NULL, B, T, H, K, V); }, repeats, st);
+        kms[4] = median_ms([&]() { gdn_chunk_dqk(&gr, dout, &f, qn, kn, NULL, B, T, H, K, V, st); }, repeats, st);
         kms[5] = median_ms([&]() { gdn_chunk_wy_kernel<<<NC * B * H, GDN_WY_THREADS, gdn_wy_smem(K), st>>>(dk, dx + 2 * HK, CD, dbeta, dg, kn, v, CD, beta, f.Gc, gr.dW, gr.dvn, gr.dk_part, gr.dgam_part, f.Tm, NULL, B, T, H, K, V); }, repeats, st);
         cudaCheck(cudaGetLastError());
         // the floor: bytes (q, k, v read, o written; h written and read back by the output kernel) at the device's
