@@ -2028,6 +2028,7 @@ static GDNMaps gdn_maps(const int *cu_seqlens, int B, int T, int H) {
     return (GDNMaps){(uint64_t)(packed ? 1 : B) * T, (uint64_t)chunk_slots<GDN_L>(packed, B, T), H, true};
 }
 static void gdn_map_tok(GDNMaps *m, CUtensorMap *t, const floatX *p, int D, uint32_t cols, CUtensorMapSwizzle sw) {
+    m->ok = m->ok && m->ntok < (1ull << 31); // (the kernels' box coordinates are 32-bit)
     const uint64_t dims[3] = {(uint64_t)D, (uint64_t)m->H, m->ntok};
     const uint64_t strides[2] = {D * sizeof(floatX), m->H * D * sizeof(floatX)};
     const uint32_t box[3] = {cols, 1, GDN_L};
@@ -2037,6 +2038,7 @@ static void gdn_map_rows(GDNMaps *m, CUtensorMap *t, const floatX *p, int D, int
                          CUtensorMapSwizzle sw) {
     const uint64_t dims[2] = {(uint64_t)D, m->ns * m->H * R}, strides[1] = {D * sizeof(floatX)};
     const uint32_t box[2] = {cols, rows};
+    m->ok = m->ok && dims[1] < (1ull << 31);
     m->ok = m->ok && tma_map_bf16(t, p, 2, dims, strides, box, sw);
 }
 #define GDN_SW128 CU_TENSOR_MAP_SWIZZLE_128B

@@ -28,7 +28,9 @@ order (reduce_partials).
 
 Kernels (launcher in parentheses; a chunk slot is a chunk of some sequence, chunk_common.cuh):
     mamba2_state_pass_kernel   (mamba2_forward, mamba2_backward)  per (P-slice of 32, h, b), chunks in sequence,
-                                                                   the state in registers
+                                                                   the state in registers; on sm_90a at P = 64,
+                                                                   N = 64 or 128 its second form (_wg: per (h, b),
+                                                                   wgmma + TMA; M2RNN_MAMBA2_WGMMA=0 keeps the first)
     mamba2_chunk_scan_kernel   (mamba2_forward)                    per (4 heads of a group, chunk slot)
     mamba2_chunk_bwd_kernel    (mamba2_backward)                   per (group, chunk slot), heads of the group in turn
     mamba2_step_kernel         (mamba2_step)                       one token from the fp32 decode state
@@ -169,6 +171,19 @@ __device__ __forceinline__ void m2_chunk_cumsum(float *sAcs, float *sdt, const f
     sdt[s0 + 1] = d1;
 }
 
+// a state pass's chunk (warp 0): its cumsum and dt (m2_chunk_cumsum) and its row weights w_s = e^{Acs_last − Acs_s}
+// dt_s (forward) or e^{Acs_s} (reverse)
+__device__ __forceinline__ void m2_pass_weights(float *sAcs, float *sdt, float *w, const float *dt, int valid, int H,
+                                                float A, int reverse) {
+    m2_chunk_cumsum(sAcs, sdt, dt, valid, H, A);
+    if (threadIdx.x < 32) { // (the lanes that wrote the cumsum: their warp's writes are visible after a syncwarp)
+        __syncwarp();
+        for (int s = threadIdx.x; s < MAMBA2_L; s += 32) {
+            w[s] = reverse ? expf(sAcs[s]) : expf(sAcs[MAMBA2_L - 1] - sAcs[s]) * sdt[s];
+        }
+    }
+}
+
 // the M × NC product A (M × K) · B (K × NC) in 16×32 tiles spread over the warps; f(row, col, value) per element
 template <bool A_T, bool B_T, typename F>
 __device__ __forceinline__ void m2_tiles(int M, int NC, int K, const floatX *A, int lda, const floatX *B,
@@ -256,14 +271,8 @@ __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, flo
         floatX *sU = sbuf + buf * BUF, *sV = sU + MAMBA2_L * ldu;
         chunk_stage(sU, ldu, U + tok0 * su + (long)h * P + p0, su, valid, prows, MAMBA2_L, MAMBA2_PS, (const float *)NULL);
         chunk_stage(sV, ldv, V + tok0 * sv + (long)g * N, sv, valid, N, MAMBA2_L, Np, (const float *)NULL);
-        float *sAcs = sAcsb + buf * MAMBA2_L, *sdt = sdtb + buf * MAMBA2_L, *w = swb + buf * MAMBA2_L;
-        m2_chunk_cumsum(sAcs, sdt, dt + tok0 * H + h, valid, H, A);
-        if (threadIdx.x < 32) { // (the lanes that wrote the cumsum: their warp's writes are visible after a syncwarp)
-            __syncwarp();
-            for (int s = threadIdx.x; s < MAMBA2_L; s += 32) {
-                w[s] = reverse ? expf(sAcs[s]) : expf(sAcs[MAMBA2_L - 1] - sAcs[s]) * sdt[s];
-            }
-        }
+        m2_pass_weights(sAcsb + buf * MAMBA2_L, sdtb + buf * MAMBA2_L, swb + buf * MAMBA2_L, dt + tok0 * H + h, valid, H,
+                        A, reverse);
     };
     if (nc > 0) { // (a packed sequence of no tokens: fin = init)
         issue(0, 0);
@@ -309,6 +318,132 @@ __global__ void __launch_bounds__(128) mamba2_state_pass_kernel(floatX *Sst, flo
         }
     }
 }
+
+#if !FLOATX_IS_FP32
+// The state pass on sm_90a (bf16, P = 64, N = 64 or 128, 16-byte aligned views, compute capability 9.0): one
+// warpgroup a (head, sequence) carrying the whole P × N state in its m64nN accumulators (element 4j + i: row
+// 16·warp + acc_row(i), column acc_col(j, i)); a chunk's U rows (64 tokens × P) and V rows (64 × N, boxes of 64
+// columns) by the tensor copy engine into 128B-swizzled tiles, two buffers; U weighted in place; (U ∘ w)ᵀ V by wgmma
+// (A = U M-major, B = V N-major); the state before each chunk out of bf16 tiles by tensor stores. The same sums and
+// roundings as mamba2_state_pass_kernel; rows of a last chunk past the sequence's end (the next sequence's tokens or
+// TMA's zeros) are zeroed in U and V, so packed sequences stay bit for bit.
+template <int NB>
+__global__ void __launch_bounds__(128)
+    mamba2_state_pass_wg_kernel(float *fin, const float *init, long state_stride, const __grid_constant__ CUtensorMap tmU,
+                                const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmS,
+                                const float *dt, const float *A_log, const int *cu_seqlens, int T, int H, int G,
+                                int reverse) {
+    constexpr int P = 64, N = 64 * NB;
+    constexpr uint32_t TILE = 8192, BUF = (1 + NB) * TILE; // a buffer: U's tile, V's NB tiles
+    extern __shared__ __align__(16) unsigned char m2_smem[];
+    // from a 1024-byte boundary: two buffers, the state's NB tiles, then the cumsums, dt and weights (2 × 64 fp32
+    // each), the two buffers' mbarriers
+    const uint32_t raw = tiles::smem_addr(m2_smem), pad = (1024u - (raw & 1023u)) & 1023u, base = raw + pad;
+    unsigned char *sm = m2_smem + pad, *sS = sm + 2 * BUF;
+    const uint32_t aS = base + 2 * BUF;
+    float *sAcsb = (float *)(sS + NB * TILE), *sdtb = sAcsb + 2 * MAMBA2_L, *swb = sdtb + 2 * MAMBA2_L;
+    const uint32_t mbar = aS + NB * TILE + 6 * MAMBA2_L * sizeof(float);
+    const int h = blockIdx.x, b = blockIdx.y, g = h / (H / G), warp = threadIdx.x >> 5;
+    const ChunkSeq seq = chunk_seq<MAMBA2_L>(cu_seqlens, b, T);
+    const int nc = seq.nc;
+    const float A = -expf(A_log[h]);
+    if (threadIdx.x == 0) {
+        tiles::mbar_init(mbar, 1);
+        tiles::mbar_init(mbar + 8, 1);
+        tiles::mbar_init_fence();
+    }
+    float acc[N / 2];
+#pragma unroll
+    for (int e = 0; e < N / 2; e++) {
+        const int r = 16 * warp + acc_row(e & 3), n = acc_col(e >> 2, e & 3);
+        acc[e] = init != NULL ? init[b * state_stride + ((long)h * P + r) * N + n] : 0.0f;
+    }
+    __syncthreads(); // (the mbarriers initialized)
+    // chunk it's U and V boxes (thread 0) into buffer buf, and (warp 0) its cumsum, dt and row weights w_s =
+    // e^{Acs_last − Acs_s} dt_s (forward) or e^{Acs_s} (reverse) into slot buf
+    auto issue = [&](int it, int buf) {
+        const int c = reverse ? nc - 1 - it : it, t0 = c * MAMBA2_L, valid = min(MAMBA2_L, seq.len - t0);
+        const long tok0 = seq.tok0 + t0;
+        if (threadIdx.x == 0) {
+            const uint32_t mb = mbar + 8 * buf, bb = base + buf * BUF;
+            tiles::mbar_arrive_tx(mb, BUF);
+            tiles::tma_load_2d(bb, &tmU, h * P, (int)tok0, mb);
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) { tiles::tma_load_2d(bb + (1 + nb) * TILE, &tmV, g * N + 64 * nb, (int)tok0, mb); }
+        }
+        m2_pass_weights(sAcsb + buf * MAMBA2_L, sdtb + buf * MAMBA2_L, swb + buf * MAMBA2_L, dt + tok0 * H + h, valid, H,
+                        A, reverse);
+    };
+    if (nc > 0) { issue(0, 0); }
+    for (int it = 0; it < nc; it++) {
+        const int buf = it & 1, c = reverse ? nc - 1 - it : it, valid = min(MAMBA2_L, seq.len - c * MAMBA2_L);
+        unsigned char *sU = sm + buf * BUF, *sV = sU + TILE;
+        const uint32_t aU = base + buf * BUF, aV = aU + TILE;
+        const float *sAcs = sAcsb + buf * MAMBA2_L, *w = swb + buf * MAMBA2_L;
+        // the state before this chunk (in the pass's order) into its bf16 tiles
+#pragma unroll
+        for (int e = 0; e < N / 2; e += 2) {
+            const int r = 16 * warp + acc_row(e & 3), n = acc_col(e >> 2, e & 3);
+            *(uint32_t *)(sS + (n >> 6) * TILE + tiles::swz128(r, 2 * (n & 63))) = pack_bf16x2(acc[e], acc[e + 1]);
+        }
+        chunk_sync(); // chunk it's cumsum and weights are in
+        tiles::mbar_wait(mbar + 8 * buf, (it >> 1) & 1);
+        if (it + 1 < nc) { issue(it + 1, buf ^ 1); } // lands during this chunk's product
+        for (int i = threadIdx.x; i < MAMBA2_L * 8; i += blockDim.x) { // U rows · weight, in place; zero past the end
+            const int r = i >> 3;
+            uint4 x = *(const uint4 *)(sU + i * 16);
+            __nv_bfloat16 *xv = (__nv_bfloat16 *)&x;
+#pragma unroll
+            for (int e = 0; e < 8; e++) { xv[e] = r < valid ? m2_bf(m2_f(xv[e]) * w[r]) : m2_bf(0.0f); }
+            *(uint4 *)(sU + i * 16) = x;
+        }
+        if (valid < MAMBA2_L) { // a last chunk: V's rows past the end to zero
+            for (int i = threadIdx.x; i < (MAMBA2_L - valid) * 8 * NB; i += blockDim.x) {
+                const int r = valid + i / (8 * NB), nb = (i >> 3) % NB, p = i & 7;
+                *(uint4 *)(sV + nb * TILE + r * 128 + p * 16) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        tiles::fence_proxy_async(); // the state's tiles, weighted U and V's zeroed rows before the copy engine and
+        __syncthreads();            // the tensor cores read them
+        if (threadIdx.x == 0) {
+            const int srow = (int)(((seq.cslot + c) * H + h) * P);
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) { tiles::tma_store_2d(&tmS, aS + nb * TILE, 64 * nb, srow); }
+            tiles::bulk_commit();
+        }
+        const float decay = expf(sAcs[MAMBA2_L - 1]);
+#pragma unroll
+        for (int e = 0; e < N / 2; e++) { acc[e] *= decay; }
+        tiles::wgmma_pin(acc);
+        tiles::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < MAMBA2_L / 16; kk++) {
+            const uint64_t da = tiles::wgmma_desc(aU + kk * 2048, TILE, 1024, 1);
+            const uint64_t db = tiles::wgmma_desc(aV + kk * 2048, TILE, 1024, 1);
+            if constexpr (NB == 2) {
+                tiles::wgmma_64x128<1, 1>(acc, da, db);
+            } else {
+                tiles::wgmma_64x64<1, 1>(acc, da, db);
+            }
+        }
+        tiles::wgmma_commit();
+        tiles::wgmma_wait<0>();
+        if (threadIdx.x == 0) { tiles::bulk_wait_read(); } // the state's tiles read out before they are rewritten
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { tiles::bulk_wait(); }
+    if (fin != NULL) { // (after every read of init: they may be the same memory, each element this thread's own)
+#pragma unroll
+        for (int e = 0; e < N / 2; e++) {
+            const int r = 16 * warp + acc_row(e & 3), n = acc_col(e >> 2, e & 3);
+            fin[b * state_stride + ((long)h * P + r) * N + n] = acc[e];
+        }
+    }
+}
+static size_t mamba2_pass_wg_smem(int N) {
+    return (2 * (1 + (size_t)N / 64) + N / 64) * 8192 + 6 * MAMBA2_L * sizeof(float) + 2 * sizeof(uint64_t) + 1024;
+}
+#endif
 
 // ----------------------------------------------------------------------------------------------------------------
 // the chunk scan: one CTA per (block of MAMBA2_SCAN_HB heads of one group, chunk slot), the head blocks of a chunk
@@ -650,10 +785,52 @@ static void mamba2_set_smem(const void *kernel, size_t smem) {
     if (smem > 48 * 1024) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); }
 }
 
+#if !FLOATX_IS_FP32
+// the sm_90a state pass where it applies (P = 64, N = 64 or 128, the views' rows and pointers 16-byte aligned, a
+// compute capability 9.0 device, M2RNN_MAMBA2_WGMMA not 0, the driver's tensor maps): true if launched
+static int mamba2_wgmma = -1;
+static bool mamba2_state_pass_wg(floatX *Sst, float *fin, const float *init, long state_stride, const floatX *U,
+                                 long su, const floatX *V, long sv, const float *dt, const float *A_log,
+                                 const Mamba2Dims *d, int reverse, cudaStream_t stream) {
+    if (mamba2_wgmma < 0) {
+        const char *env = getenv("M2RNN_MAMBA2_WGMMA");
+        mamba2_wgmma = (env != NULL && strcmp(env, "0") == 0) ? 0 : 1;
+    }
+    const uintptr_t ptrs = (uintptr_t)Sst | (uintptr_t)U | (uintptr_t)V;
+    if (mamba2_wgmma == 0 || d->P != 64 || (d->N != 64 && d->N != 128) || (ptrs & 15) != 0 || (su * 2) % 16 != 0 ||
+        (sv * 2) % 16 != 0 || !gpu_is_sm90()) {
+        return false;
+    }
+    const uint64_t ntok = (uint64_t)(d->cu_seqlens != NULL ? 1 : d->B) * d->T, NS = (uint64_t)mamba2_slots(d);
+    if (ntok >= (1ull << 31) || NS * d->H * d->P >= (1ull << 31)) { return false; } // (32-bit box coordinates)
+    const uint64_t du[2] = {(uint64_t)d->H * d->P, ntok}, dv[2] = {(uint64_t)d->G * d->N, ntok};
+    const uint64_t ds[2] = {(uint64_t)d->N, NS * d->H * d->P};
+    const uint64_t su_b[1] = {(uint64_t)su * sizeof(floatX)}, sv_b[1] = {(uint64_t)sv * sizeof(floatX)};
+    const uint64_t ss_b[1] = {(uint64_t)d->N * sizeof(floatX)};
+    const uint32_t box[2] = {64, 64};
+    CUtensorMap tmU, tmV, tmS;
+    if (!tma_map_bf16(&tmU, U, 2, du, su_b, box, CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !tma_map_bf16(&tmV, V, 2, dv, sv_b, box, CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !tma_map_bf16(&tmS, Sst, 2, ds, ss_b, box, CU_TENSOR_MAP_SWIZZLE_128B)) {
+        return false;
+    }
+    auto pass = d->N == 128 ? mamba2_state_pass_wg_kernel<2> : mamba2_state_pass_wg_kernel<1>;
+    const size_t smem = mamba2_pass_wg_smem(d->N);
+    mamba2_set_smem((const void *)pass, smem);
+    pass<<<dim3(d->H, d->B), 128, smem, stream>>>(fin, init, state_stride, tmU, tmV, tmS, dt, A_log, d->cu_seqlens,
+                                                   d->T, d->H, d->G, reverse);
+    cudaCheck(cudaGetLastError());
+    return true;
+}
+#endif
+
 // the state pass (see the kernel)
 static void mamba2_state_pass(floatX *Sst, float *fin, const float *init, long state_stride, const floatX *U,
                               long su, const floatX *V, long sv, const float *dt, const float *A_log,
                               const Mamba2Dims *d, int reverse, cudaStream_t stream) {
+#if !FLOATX_IS_FP32
+    if (mamba2_state_pass_wg(Sst, fin, init, state_stride, U, su, V, sv, dt, A_log, d, reverse, stream)) { return; }
+#endif
     const size_t smem = mamba2_pass_smem(d->P, d->N);
     const dim3 grid(CEIL_DIV(d->P, MAMBA2_PS), d->H, d->B);
     const int tpw = CEIL_DIV(2 * mamba2_pad(d->N) / 32, 4); // the state's 16×32 tiles per warp

@@ -11,7 +11,7 @@ flash-attention kernels next.
 - tanh.approx.f32 (the MUFU tanh the recurrences use);
 - warp_gemm: a warp's 16×8·NJ product of bf16 tiles staged in shared memory, either operand plain or transposed
   (the chunked GDN and Mamba-2 kernels are built from it);
-- sm_90a: wgmma (a warpgroup's m64n64k16 / m64n32k16 from 128B- or 64B-swizzled shared-memory tiles, their
+- sm_90a: wgmma (a warpgroup's m64n128k16, m64n64k16, m64n32k16 from 128B- or 64B-swizzled shared-memory tiles, their
   descriptors and swizzled addresses) and the tensor copy engine (TMA boxes in and out on mbarriers / bulk groups),
   with the host side of tensor maps (the GDN serial and output kernels' second form).
 Everything is __forceinline__ device code in namespace tiles (and two host helpers after it); kernel files say
@@ -280,6 +280,29 @@ template <int TA, int TB> __device__ __forceinline__ void wgmma_64x32(float (&d)
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
                    "+f"(d[15])
+                 : "l"(da), "l"(db), "n"(TA), "n"(TB));
+#else
+    __trap();
+#endif
+}
+// d (64 × 128, 64 fp32 a thread) += A (64 × 16) · B (16 × 128)
+template <int TA, int TB> __device__ __forceinline__ void wgmma_64x128(float (&d)[64], uint64_t da, uint64_t db) {
+#if TILES_SM90A
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,"
+                 "%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,"
+                 "%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 1, 1, 1, %66, %67;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+                   "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
+                   "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+                   "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
+                   "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "n"(TA), "n"(TB));
 #else
     __trap();

@@ -669,9 +669,18 @@ int main(void) {
         {"P16 N16 G4 T37 dhT", 3, 37, 8, 16, 16, 4, false, true},
         {"P40 N100 G1 T333 h0 dhT", 1, 333, 3, 40, 100, 1, true, true},
         {"P64 N160 G1 T130 h0 dhT", 1, 130, 3, 64, 160, 1, true, true},
+        {"P64 N64 G2 T150 h0 dhT", 2, 150, 4, 64, 64, 2, true, true},
     };
     int seed = 1;
     for (const Case &c : cases) { run_case(c, 1000 + seed++); }
+#if !FLOATX_IS_FP32
+    // P = 64 with N = 64 or 128 take the sm_90a state pass on an H100 / H200 (wgmma, tensor copies); its mma.sync form on
+    // the same shape
+    printf("state pass at P = 64, N = 64 or 128: %s\n", gpu_is_sm90() ? "sm_90a (wgmma, tensor copies)" : "mma.sync");
+    mamba2_wgmma = 0;
+    run_case({"P64 N128 G1 T200 h0 dhT, mma.sync state pass", 2, 200, 4, 64, 128, 1, true, true}, 1001);
+    mamba2_wgmma = -1;
+#endif
     run_packed("P64 N128 G1", 4, 64, 128, 1, {100, 64, 0, 1, 129, 37}, 31);
     run_packed("P19 N216 G2", 4, 19, 216, 2, {5, 200, 63, 65}, 32);
     run_packed("P32 N24 G2", 4, 32, 24, 2, {70, 0, 128, 3}, 33); // (fits the fp32 build's shared memory too)
