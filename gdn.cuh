@@ -24,6 +24,7 @@ Kernels (one CTA each, the first index fastest; a chunk slot is a chunk of some 
   gdn_chunk_dstate_kernel  (V tile, head, sequence)         dh_c (end), dVn, dS0    8 warps, reverse over chunks
                                                             (_wg: two warpgroups, wgmma + TMA)
   gdn_chunk_dqk_kernel     (K tile, head, chunk slot)       dq, dk (part), dW, dγ    8 warps, loop over V tiles
+                                                            (_wg: two warpgroups, wgmma + TMA)
   gdn_chunk_wy_kernel      (head, chunk slot)               dk, dv, dβ, d(log α)    8 warps (T from prep)
   gdn_step_kernel          (V tile, head, sequence)         one decode token from the fp32 state, 8 warps
 Products are tiles::warp_gemm on tiles staged in shared memory (chunk_common.cuh: cp.async for plain copies; the
@@ -31,10 +32,10 @@ serial state and dstate kernels by sm_90 bulk copies, a row an instruction, coun
 states out the same way, where every row is whole 16-byte pieces); the state kernel loads the next chunk's W, k, U
 while it computes this one's; prep writes T (fp32) for the wy kernel and for the backward's recompute
 (gdn_chunk_recompute: the inversion is not redone, as fla keeps its A).
-On sm_90a (an H100 / H200, bf16, K = 128 or 256, V a multiple of 8) the state, dstate and output kernels run in a
-second form (the _wg kernels): their products by wgmma, their tiles moved by the tensor copy engine in swizzled
-boxes, their outputs (h_c, Vn, dh_c, dVn, o) sent out by tensor stores; the same sums and roundings, 1.5–2.2× faster
-(dev/bench/NOTES.md, GDN log 19). M2RNN_GDN_WGMMA=0 keeps the mma.sync forms everywhere.
+On sm_90a (an H100 / H200, bf16, K = 128 or 256, V a multiple of 8) the state, output, dstate and dqk kernels run in
+a second form (the _wg kernels): their products by wgmma, their tiles moved by the tensor copy engine in swizzled
+boxes, their outputs (h_c, Vn, o, dh_c, dVn, dq, dW) sent out by tensor stores; the same sums and roundings, 1.2–2.2×
+faster (dev/bench/NOTES.md, GDN log 19). M2RNN_GDN_WGMMA=0 keeps the mma.sync forms everywhere.
 
 Numeric contract (bf16 build): every product takes bf16 operands and accumulates in fp32. Rounded to bf16 (stored or
 staged): the inputs q, k, v and do; the normalized q and k; T where the wy kernel multiplies by it, and the factors
@@ -49,7 +50,7 @@ each sequence's fp32 state.
 Sizes: K ≤ 256 (padded to a multiple of 64 in shared memory), any V (tiles of 64), any T (the last chunk masked).
 Sequences: B of T tokens each, or packed variable-length sequences (cu_seqlens, T tokens in all), each restarting
 from its own initial state (or zero) and ending in its own final state; a packed sequence's outputs and gradients are
-bit for bit those of the same sequence run alone (test_gdn_gpu). Not yet on wgmma: prep, dqk, wy (mma.sync). Speed
+bit for bit those of the same sequence run alone (test_gdn_gpu). Not yet on wgmma: prep and wy (mma.sync). Speed
 against fla: dev/bench/gdn_mamba2_results.md.
 */
 #ifndef M2RNN_GDN_CUH
@@ -671,17 +672,6 @@ static size_t gdn_state_smem(int K) { // (K = 128 in bf16: 104.5 KB, two CTAs an
            GDN_NBUF * (GDN_L * sizeof(float) + sizeof(uint64_t)); // (the decays, the bulk copies' mbarriers)
 }
 
-// The state kernel on sm_90a (bf16 build, K = 128·MI, V a multiple of 8, 16-byte aligned tensors): the same recurrence
-// and outputs as gdn_chunk_state_kernel, its two products by wgmma (tiles.cuh) and its tiles moved by the tensor copy
-// engine: W, k (64 tokens × 64 columns a box) and U (64 × the V tile) in 128B-swizzled tiles, one instruction a box
-// where the row copies above take one a row; the chunk-start state out of two 64B-swizzled halves of 32 columns, one
-// instruction a half, and a whole chunk's Vn out of the U tile it replaces, one instruction (a last, partial chunk
-// stores its rows from registers: the box's other rows belong to the next sequence). Warpgroup g (threads 128g..128g+127): Vn's columns 32g..32g+31 (m64n32, K/16 steps, A = W
-// K-major, B = h_c N-major) and the state's rows 64(g + 2m), m < MI (m64n64, 4 steps, A = kᵀ M-major from k's tiles,
-// B = e^{G_L − G} ∘ Vn N-major). Rows of a last chunk past its sequence's end hold the next sequence's tokens (or TMA's
-// zeros): their Vn is not stored and their e^{G_L − G} ∘ Vn and k rows are zeroed before the update, so a packed
-// sequence's results are bit for bit those of the sequence alone. Numerics: every product bf16 × bf16 into fp32, the
-// same roundings as the kernel above (the sums' order inside a tensor-core instruction may differ from mma.sync's).
 #if !FLOATX_IS_FP32
 #define GDN_WG_TILE 8192 // bytes of a 64 × 64 bf16 tile
 
@@ -735,6 +725,18 @@ template <int MI> __device__ __forceinline__ void gdn_wg_state_put(char *sS, con
         }
     }
 }
+// The state kernel on sm_90a (bf16 build, K = 128·MI, V a multiple of 8, 16-byte aligned tensors): the same recurrence
+// and outputs as gdn_chunk_state_kernel, its two products by wgmma (tiles.cuh) and its tiles moved by the tensor copy
+// engine: W, k (64 tokens × 64 columns a box) and U (64 × the V tile) in 128B-swizzled tiles, one instruction a box
+// where the row copies above take one a row; the chunk-start state out of two 64B-swizzled halves of 32 columns, one
+// instruction a half, and a whole chunk's Vn out of the U tile it replaces, one instruction (a last, partial chunk
+// stores its rows from registers: the box's other rows belong to the next sequence). Warpgroup g (threads
+// 128g..128g+127): Vn's columns 32g..32g+31 (m64n32, K/16 steps, A = W K-major, B = h_c N-major) and the state's rows
+// 64(g + 2m), m < MI (m64n64, 4 steps, A = kᵀ M-major from k's tiles, B = e^{G_L − G} ∘ Vn N-major). Rows of a last
+// chunk past its sequence's end hold the next sequence's tokens (or TMA's zeros): their Vn is not stored and their
+// e^{G_L − G} ∘ Vn and k rows are zeroed before the update, so a packed sequence's results are bit for bit those of the
+// sequence alone. Numerics: every product bf16 × bf16 into fp32, the same roundings as the kernel above (the sums'
+// order inside a tensor-core instruction may differ from mma.sync's).
 template <int MI>
 __global__ void __launch_bounds__(256, MI == 1 ? 2 : 1)
     gdn_chunk_state_wg_kernel(floatX *vn, float *S_final, long sf_stride, const float *S0, long s0_stride,
@@ -1403,10 +1405,6 @@ static size_t gdn_dstate_wg_smem(int K) {
 }
 #endif
 
-// grid (slots·H·KT), 256 threads (x = (slot·H + h)·KT + K tile; a chunk's K tiles side by side, sharing do, Vn,
-// dVn in L2): the K columns kb..kb+63 of a chunk. dq (tok,H,K); dk_part (tok,H,K) fp32, dW: dk before the WY terms,
-// dL/dW; dgam_part (tok,H,KT) fp32: this K tile's share of dL/dG_r (the decay terms of q, k and the state; the
-// chunk's last row also takes e^{G_L}⟨h_c, dh⟩ and Σ (dk_state ∘ k))
 // the dqk kernels' row sums: gam (rows acc_row(0), acc_row(2) of the 16-row block rb) over the quad's lanes into
 // sred[part·64 + row], ext and sdot over the warp into sred[128 + warp], sred[136 + warp] (fixed orders)
 __device__ __forceinline__ void gdn_dqk_rowsums(float *sred, float (&gam)[2], float ext, float sdot, int part, int rb) {
@@ -1446,6 +1444,10 @@ __device__ __forceinline__ void gdn_dqk_dgam(float *dgam_part, const float *sred
     }
 }
 
+// grid (slots·H·KT), 256 threads (x = (slot·H + h)·KT + K tile; a chunk's K tiles side by side, sharing do, Vn,
+// dVn in L2): the K columns kb..kb+63 of a chunk. dq (tok,H,K); dk_part (tok,H,K) fp32, dW: dk before the WY terms,
+// dL/dW; dgam_part (tok,H,KT) fp32: this K tile's share of dL/dG_r (the decay terms of q, k and the state; the
+// chunk's last row also takes e^{G_L}⟨h_c, dh⟩ and Σ (dk_state ∘ k))
 #ifndef GDN_DQK_MINB
 #define GDN_DQK_MINB 2 // CTAs an SM the registers allow
 #endif
@@ -2009,9 +2011,8 @@ static void gdn_check_dims(int K, int V) {
 // of one); the dstate kernel takes the same choice
 static inline int gdn_state_mr(int K) { return gdn_kp(K) <= 128 ? 1 : 2; }
 
-// the serial pass: f->hst, f->vn (and S_final) from f->W, f->U, f->Gc and the normalized k
-// gdn_state_wgmma: −1 (default) the sm_90a state and dstate kernels wherever they apply (unless M2RNN_GDN_WGMMA=0), 0
-// never (tests and benchmarks compare the two forms)
+// gdn_state_wgmma: −1 (default) the sm_90a forms (state, output, dstate, dqk) wherever they apply (unless
+// M2RNN_GDN_WGMMA=0), 0 never (tests and benchmarks compare the two forms)
 static int gdn_state_wgmma = -1;
 
 #if !FLOATX_IS_FP32
@@ -2078,6 +2079,7 @@ static bool gdn_chunk_state_wg(GDNChunkBufs *f, float *S_final, long sf_stride, 
 }
 #endif
 
+// the serial pass: f->hst, f->vn (and S_final) from f->W, f->U, f->Gc and the normalized k
 static void gdn_chunk_state(GDNChunkBufs *f, float *S_final, long sf_stride, const float *S0, long s0_stride,
                             const floatX *k, const int *cu_seqlens, int B, int T, int H, int K, int V,
                             cudaStream_t stream) {
@@ -2174,7 +2176,6 @@ static void gdn_chunk_recompute(GDNChunkBufs *f, const float *S0, long s0_stride
     gdn_chunk_state(f, NULL, 0, S0, s0_stride, k, cu_seqlens, B, T, H, K, V, stream);
 }
 
-// the reverse serial pass: gr->dhst, gr->dvn (and dS0) from dout, dS_final and the forward's (or recomputed) f
 #if !FLOATX_IS_FP32
 // the sm_90a dstate kernel where it applies (as gdn_chunk_state_wg): true if launched
 static bool gdn_chunk_dstate_wg(GDNChunkGrads *gr, float *dS0, long d0_stride, const float *dS_final, long df_stride,
@@ -2204,6 +2205,7 @@ static bool gdn_chunk_dstate_wg(GDNChunkGrads *gr, float *dS0, long d0_stride, c
 }
 #endif
 
+// the reverse serial pass: gr->dhst, gr->dvn (and dS0) from dout, dS_final and the forward's (or recomputed) f
 static void gdn_chunk_dstate(GDNChunkGrads *gr, float *dS0, long d0_stride, const float *dS_final, long df_stride,
                              const floatX *dout, const GDNChunkBufs *f, const floatX *q, const floatX *k,
                              const int *cu_seqlens, int B, int T, int H, int K, int V, cudaStream_t stream) {

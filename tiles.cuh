@@ -13,7 +13,8 @@ flash-attention kernels next.
   (the chunked GDN and Mamba-2 kernels are built from it);
 - sm_90a: wgmma (a warpgroup's m64n128k16, m64n64k16, m64n32k16 from 128B- or 64B-swizzled shared-memory tiles, their
   descriptors and swizzled addresses) and the tensor copy engine (TMA boxes in and out on mbarriers / bulk groups),
-  with the host side of tensor maps (the GDN serial and output kernels' second form).
+  with the host side of tensor maps (the second form of GDN's serial, output and dq/dk kernels and of Mamba-2's
+  state pass).
 Everything is __forceinline__ device code in namespace tiles (and two host helpers after it); kernel files say
 `using namespace tiles;`.
 */
@@ -199,7 +200,6 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[NJ][4], const float *A, i
         }
     }
 }
-
 
 // ----------------------------------------------------------------------------------------------------------------
 // sm_90a: warpgroup MMA (wgmma) on tiles the tensor copy engine (TMA) puts in shared memory, swizzled
