@@ -31,7 +31,8 @@ Kernels (launcher in parentheses; a chunk slot is a chunk of some sequence, chun
                                                                    the state in registers; on sm_90a at P = 64,
                                                                    N = 64 or 128 its second form (_wg: per (h, b),
                                                                    wgmma + TMA; M2RNN_MAMBA2_WGMMA=0 keeps the first)
-    mamba2_chunk_scan_kernel   (mamba2_forward)                    per (4 heads of a group, chunk slot)
+    mamba2_chunk_scan_kernel   (mamba2_forward)                    per (4 heads of a group, chunk slot); on sm_90a
+                                                                   where the pass's second form runs, its own (_wg)
     mamba2_chunk_bwd_kernel    (mamba2_backward)                   per (group, chunk slot), heads of the group in turn
     mamba2_step_kernel         (mamba2_step)                       one token from the fp32 decode state
     mamba2_dt_forward_kernel / mamba2_dt_backward_kernel, (the layer's pointwise parts; the group RMSNorm is common.cuh's)
@@ -543,6 +544,153 @@ __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const
     }
 }
 
+#if !FLOATX_IS_FP32
+// The chunk scan on sm_90a (where the state pass's sm_90a form runs: P = 64, N = 64 or 128): one warpgroup a (block of
+// MAMBA2_SCAN_HB heads of a group, chunk slot), as mamba2_chunk_scan_kernel. C and B (NB boxes of 64 columns each) by
+// the tensor copy engine, C Bᵀ by wgmma into registers (it stays there for the CTA's heads); per head, x and S_start
+// (two buffers: the next head's land under this head's products) and its cumsum, M = (C Bᵀ) ∘ Λ ∘ dt from the
+// registers into a tile, y = e^{Acs} ∘ (C S_startᵀ) + M x (wgmma: C, M K-major; S_start K-major, x N-major) + D x, out
+// of a tile by one tensor store (a last, partial chunk: its rows from registers). The same sums and roundings as the
+// mma.sync kernel; rows past the chunk's end: M's columns there and x's rows are zero.
+template <int NB>
+__global__ void __launch_bounds__(128)
+    mamba2_chunk_scan_wg_kernel(floatX *y, const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmB,
+                                const __grid_constant__ CUtensorMap tmC, const __grid_constant__ CUtensorMap tmS,
+                                const __grid_constant__ CUtensorMap tmY, const float *dt, const float *A_log,
+                                const float *D, const int *cu_seqlens, int B, int T, int H, int G) {
+    constexpr int P = 64, N = 64 * NB;
+    constexpr uint32_t TILE = 8192, HBUF = (1 + NB) * TILE; // a head's buffer: x, S_start's NB tiles
+    extern __shared__ __align__(16) unsigned char m2_smem[];
+    int b, c;
+    ChunkSeq seq;
+    const int hpg = H / G, blocks = CEIL_DIV(hpg, MAMBA2_SCAN_HB), hb = blockIdx.x % (G * blocks), g = hb / blocks;
+    if (!chunk_at_slot<MAMBA2_L>(cu_seqlens, B, T, blockIdx.x / (G * blocks), &b, &c, &seq)) { return; }
+    const int h0 = g * hpg + (hb - g * blocks) * MAMBA2_SCAN_HB, h1 = min(h0 + MAMBA2_SCAN_HB, (g + 1) * hpg);
+    const int t0 = c * MAMBA2_L, valid = min(MAMBA2_L, seq.len - t0), tok0 = (int)(seq.tok0 + t0), warp = threadIdx.x >> 5;
+    const long HP = (long)H * P, cs = seq.cslot + c;
+    // from a 1024-byte boundary: C (NB tiles), B (NB), two head buffers, M, y; the cumsums and dt (2 × 64 fp32 each);
+    // mbarriers: C and B, the two head buffers
+    const uint32_t raw = tiles::smem_addr(m2_smem), pad = (1024u - (raw & 1023u)) & 1023u, base = raw + pad;
+    unsigned char *sm = m2_smem + pad;
+    const uint32_t aC = base, aB = aC + NB * TILE, aH = aB + NB * TILE, aM = aH + 2 * HBUF, aY = aM + TILE;
+    unsigned char *sM = sm + (aM - base), *sY = sm + (aY - base);
+    float *sAcsb = (float *)(sm + (aY - base) + TILE), *sdtb = sAcsb + 2 * MAMBA2_L;
+    const uint32_t mbCB = aY + TILE + 4 * MAMBA2_L * sizeof(float), mbH = mbCB + 8;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 3; i++) { tiles::mbar_init(mbCB + 8 * i, 1); }
+        tiles::mbar_init_fence();
+    }
+    __syncthreads(); // (the mbarriers initialized)
+    if (threadIdx.x == 0) {
+        tiles::mbar_arrive_tx(mbCB, 2 * NB * TILE);
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            tiles::tma_load_2d(aC + nb * TILE, &tmC, g * N + 64 * nb, tok0, mbCB);
+            tiles::tma_load_2d(aB + nb * TILE, &tmB, g * N + 64 * nb, tok0, mbCB);
+        }
+    }
+    auto issue_head = [&](int hi, int buf) { // thread 0: x and S_start of head h0 + hi; warp 0: its cumsum and dt
+        const int h = h0 + hi;
+        if (threadIdx.x == 0) {
+            const uint32_t mb = mbH + 8 * buf, hb0 = aH + buf * HBUF;
+            tiles::mbar_arrive_tx(mb, HBUF);
+            tiles::tma_load_2d(hb0, &tmX, h * P, tok0, mb);
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                tiles::tma_load_2d(hb0 + (1 + nb) * TILE, &tmS, 64 * nb, (int)((cs * H + h) * P), mb);
+            }
+        }
+        m2_chunk_cumsum(sAcsb + buf * MAMBA2_L, sdtb + buf * MAMBA2_L, dt + (long)tok0 * H + h, valid, H,
+                        -expf(A_log[h]));
+    };
+    issue_head(0, 0);
+    if (h1 - h0 > 1) { issue_head(1, 1); }
+    float cb[32]; // C Bᵀ: row 16·warp + acc_row(i), column acc_col(j, i), element 4j + i
+#pragma unroll
+    for (int e = 0; e < 32; e++) { cb[e] = 0.0f; }
+    tiles::wgmma_pin(cb);
+    tiles::mbar_wait(mbCB, 0);
+    tiles::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        tiles::wgmma_64x64<0, 0>(cb, tiles::wgmma_desc(aC + (kk >> 2) * TILE + (kk & 3) * 32, 16, 1024, 1),
+                                 tiles::wgmma_desc(aB + (kk >> 2) * TILE + (kk & 3) * 32, 16, 1024, 1));
+    }
+    tiles::wgmma_commit();
+    tiles::wgmma_wait<0>();
+    for (int hi = 0; hi < h1 - h0; hi++) {
+        const int h = h0 + hi, buf = hi & 1;
+        const uint32_t ax = aH + buf * HBUF, aS = ax + TILE;
+        unsigned char *sx = sm + (ax - base);
+        const float *sAcs = sAcsb + buf * MAMBA2_L, *sdt = sdtb + buf * MAMBA2_L;
+        tiles::mbar_wait(mbH + 8 * buf, (hi >> 1) & 1);
+        __syncthreads(); // the cumsum in (warp 0's), the previous head's readers of M and y done
+        if (valid < MAMBA2_L) { // a last chunk: x's rows past the end to zero
+            for (int i = threadIdx.x; i < (MAMBA2_L - valid) * 8; i += blockDim.x) {
+                *(uint4 *)(sx + (valid + (i >> 3)) * 128 + (i & 7) * 16) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        // M = (C Bᵀ) ∘ Λ ∘ dt, zero above the diagonal and past the chunk's end, from the registers
+#pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+            const int l = 16 * warp + acc_row(e & 3), s0 = acc_col(e >> 2, e & 3);
+            const float m0 = s0 <= l && s0 < valid ? cb[e] * expf(sAcs[l] - sAcs[s0]) * sdt[s0] : 0.0f;
+            const float m1 = s0 + 1 <= l && s0 + 1 < valid ? cb[e + 1] * expf(sAcs[l] - sAcs[s0 + 1]) * sdt[s0 + 1] : 0.0f;
+            *(uint32_t *)(sM + tiles::swz128(l, 2 * s0)) = pack_raw(m2_bf(m0), m2_bf(m1));
+        }
+        tiles::fence_proxy_async(); // M and x's zeroed rows before the tensor cores read them
+        __syncthreads();
+        float acc[32];
+#pragma unroll
+        for (int e = 0; e < 32; e++) { acc[e] = 0.0f; }
+        tiles::wgmma_pin(acc);
+        tiles::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < N / 16; kk++) { // C S_startᵀ
+            tiles::wgmma_64x64<0, 0>(acc, tiles::wgmma_desc(aC + (kk >> 2) * TILE + (kk & 3) * 32, 16, 1024, 1),
+                                     tiles::wgmma_desc(aS + (kk >> 2) * TILE + (kk & 3) * 32, 16, 1024, 1));
+        }
+        tiles::wgmma_commit();
+        tiles::wgmma_wait<0>();
+        const float e0 = expf(sAcs[16 * warp + acc_row(0)]), e1 = expf(sAcs[16 * warp + acc_row(2)]);
+#pragma unroll
+        for (int e = 0; e < 32; e++) { acc[e] *= (e & 2) ? e1 : e0; }
+        tiles::wgmma_pin(acc);
+        tiles::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < MAMBA2_L / 16; kk++) { // + M x
+            tiles::wgmma_64x64<0, 1>(acc, tiles::wgmma_desc(aM + kk * 32, 16, 1024, 1),
+                                     tiles::wgmma_desc(ax + kk * 2048, TILE, 1024, 1));
+        }
+        tiles::wgmma_commit();
+        tiles::wgmma_wait<0>();
+        const float Dh = D[h];
+#pragma unroll
+        for (int e = 0; e < 32; e += 2) { // y = that + D x
+            const int l = 16 * warp + acc_row(e & 3), p = acc_col(e >> 2, e & 3);
+            const uint32_t off = tiles::swz128(l, 2 * p), xr = *(const uint32_t *)(sx + off);
+            const float y0 = acc[e] + Dh * tiles::bf_lo(xr), y1 = acc[e + 1] + Dh * tiles::bf_hi(xr);
+            if (valid == MAMBA2_L) {
+                *(uint32_t *)(sY + off) = pack_bf16x2(y0, y1);
+            } else if (l < valid) {
+                chunk_put2(y + ((long)tok0 + l) * HP + (long)h * P + p, y0, y1, true, true);
+            }
+        }
+        tiles::fence_proxy_async(); // y's tile before the copy engine reads it
+        __syncthreads();            // (this head's buffer is read: the head after next may land in it)
+        if (threadIdx.x == 0 && valid == MAMBA2_L) {
+            tiles::tma_store_2d(&tmY, aY, h * P, tok0);
+            tiles::bulk_commit();
+        }
+        if (hi + 2 < h1 - h0) { issue_head(hi + 2, buf); }
+        if (threadIdx.x == 0) { tiles::bulk_wait_read(); } // y's tile read out before the next head writes it
+    }
+}
+static size_t mamba2_scan_wg_smem(int N) {
+    return ((size_t)4 * (N / 64) + 4) * 8192 + 4 * MAMBA2_L * sizeof(float) + 3 * sizeof(uint64_t) + 1024;
+}
+#endif
+
 // ----------------------------------------------------------------------------------------------------------------
 // the backward of a chunk: one CTA per (group, chunk slot), MAMBA2_BWD_WARPS warps, the group's heads in turn. Per
 // head, with S = S_start[c], dS = dS_end[c], Λ as in the scan, dec_s = e^{Acs_last − Acs_s}, CB = C Bᵀ (shared by
@@ -844,6 +992,40 @@ static void mamba2_state_pass(floatX *Sst, float *fin, const float *init, long s
     cudaCheck(cudaGetLastError());
 }
 
+#if !FLOATX_IS_FP32
+// the sm_90a chunk scan where it applies (as mamba2_state_pass_wg): true if launched
+static bool mamba2_chunk_scan_wg(floatX *y, const floatX *Sst, const floatX *x, const floatX *Bm, const floatX *Cm,
+                                 const float *dt, const float *A_log, const float *D, const Mamba2Dims *d,
+                                 cudaStream_t stream) {
+    const uintptr_t ptrs = (uintptr_t)y | (uintptr_t)Sst | (uintptr_t)x | (uintptr_t)Bm | (uintptr_t)Cm;
+    if (mamba2_wgmma == 0 || d->P != 64 || (d->N != 64 && d->N != 128) || (ptrs & 15) != 0 ||
+        (d->stride * 2) % 16 != 0 || !gpu_is_sm90()) {
+        return false;
+    }
+    const uint64_t ntok = (uint64_t)(d->cu_seqlens != NULL ? 1 : d->B) * d->T, NS = (uint64_t)mamba2_slots(d);
+    if (ntok >= (1ull << 31) || NS * d->H * d->P >= (1ull << 31)) { return false; } // (32-bit box coordinates)
+    const uint64_t dx[2] = {(uint64_t)d->H * d->P, ntok}, dbc[2] = {(uint64_t)d->G * d->N, ntok};
+    const uint64_t ds[2] = {(uint64_t)d->N, NS * d->H * d->P};
+    const uint64_t sx[1] = {(uint64_t)d->stride * sizeof(floatX)}, sy[1] = {(uint64_t)d->H * d->P * sizeof(floatX)};
+    const uint64_t ss[1] = {(uint64_t)d->N * sizeof(floatX)};
+    const uint32_t box[2] = {64, 64};
+    const CUtensorMapSwizzle S128 = CU_TENSOR_MAP_SWIZZLE_128B;
+    CUtensorMap tmX, tmB, tmC, tmS, tmY;
+    if (!tma_map_bf16(&tmX, x, 2, dx, sx, box, S128) || !tma_map_bf16(&tmB, Bm, 2, dbc, sx, box, S128) ||
+        !tma_map_bf16(&tmC, Cm, 2, dbc, sx, box, S128) || !tma_map_bf16(&tmS, Sst, 2, ds, ss, box, S128) ||
+        !tma_map_bf16(&tmY, y, 2, dx, sy, box, S128)) {
+        return false;
+    }
+    auto scan = d->N == 128 ? mamba2_chunk_scan_wg_kernel<2> : mamba2_chunk_scan_wg_kernel<1>;
+    const size_t smem = mamba2_scan_wg_smem(d->N);
+    mamba2_set_smem((const void *)scan, smem);
+    scan<<<(unsigned)(NS * d->G * CEIL_DIV(d->H / d->G, MAMBA2_SCAN_HB)), 128, smem, stream>>>(
+        y, tmX, tmB, tmC, tmS, tmY, dt, A_log, D, d->cu_seqlens, d->B, d->T, d->H, d->G);
+    cudaCheck(cudaGetLastError());
+    return true;
+}
+#endif
+
 // y (tok, H·P) = the recurrence from h0 (or zeros); h_final (or NULL) = the state after the last token (may be h0:
 // the decode advance updates the states in place); work: mamba2_work_bytes(d)
 static void mamba2_forward(floatX *y, float *h_final, const floatX *x, const floatX *Bm, const floatX *Cm,
@@ -852,6 +1034,9 @@ static void mamba2_forward(floatX *y, float *h_final, const floatX *x, const flo
     mamba2_validate_dims(d, 0);
     floatX *Sst = (floatX *)work;
     mamba2_state_pass(Sst, h_final, h0, state_stride, x, d->stride, Bm, d->stride, dt, A_log, d, 0, stream);
+#if !FLOATX_IS_FP32
+    if (mamba2_chunk_scan_wg(y, Sst, x, Bm, Cm, dt, A_log, D, d, stream)) { return; }
+#endif
     const size_t smem = mamba2_scan_smem(d->P, d->N);
     mamba2_set_smem((const void *)mamba2_chunk_scan_kernel, smem);
     mamba2_chunk_scan_kernel<<<(unsigned)(mamba2_slots(d) * d->G * CEIL_DIV(d->H / d->G, MAMBA2_SCAN_HB)), 128, smem,

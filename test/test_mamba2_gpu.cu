@@ -674,11 +674,12 @@ int main(void) {
     int seed = 1;
     for (const Case &c : cases) { run_case(c, 1000 + seed++); }
 #if !FLOATX_IS_FP32
-    // P = 64 with N = 64 or 128 take the sm_90a state pass on an H100 / H200 (wgmma, tensor copies); its mma.sync form on
-    // the same shape
-    printf("state pass at P = 64, N = 64 or 128: %s\n", gpu_is_sm90() ? "sm_90a (wgmma, tensor copies)" : "mma.sync");
+    // P = 64 with N = 64 or 128 take the sm_90a state pass and chunk scan on an H100 / H200 (wgmma, tensor copies);
+    // their mma.sync forms on the same shape
+    printf("state pass and chunk scan at P = 64, N = 64 or 128: %s\n",
+           gpu_is_sm90() ? "sm_90a (wgmma, tensor copies)" : "mma.sync");
     mamba2_wgmma = 0;
-    run_case({"P64 N128 G1 T200 h0 dhT, mma.sync state pass", 2, 200, 4, 64, 128, 1, true, true}, 1001);
+    run_case({"P64 N128 G1 T200 h0 dhT, mma.sync state pass and scan", 2, 200, 4, 64, 128, 1, true, true}, 1001);
     mamba2_wgmma = -1;
 #endif
     run_packed("P64 N128 G1", 4, 64, 128, 1, {100, 64, 0, 1, 129, 37}, 31);
