@@ -19,15 +19,21 @@ Design (numbers behind it in dev/bench/NOTES.md):
   backward's recompute): k v^T becomes a tensor-core MMA with v masked to the step's token (exact), and the forward
   accumulates 16 tokens of y in one MMA tile (q masked to the step's row), so a forward step reads no shared memory.
 - y_t, dq_t, dk_t, dv_t are computed with extra MMAs (row sums become MMAs against a broadcast vector; the transposes
-  they need are movmatrix), off the recurrence's dependency chain. Cross-warp/cross-head sums go through shared memory
-  and are flushed once per sub-chunk. dq/dk are summed over the CTA's heads in shared memory first, so the global fp32
-  atomics see N/HPC adders per address, not N; with m2rnn_deterministic (M2RNN_DETERMINISTIC=1) the CTAs that share
-  a q/k head add in turn, in CTA order, instead, and the backward repeats bit for bit like every other gradient.
+  they need are movmatrix), off the recurrence's dependency chain. For V=16 the backward's reverse step takes q, dy,
+  k and v as MMA fragments of its 8-token sub-chunk (ldmatrix) instead of per-token loads: q dy^T is a masked
+  m16n8k8 (exact), and dq, dk, dv accumulate over the sub-chunk in three MMA tiles, token i in column i (B operands
+  masked to the lanes that hold token i), so a step stores only df's lane-quad sums. Cross-warp/cross-head sums go
+  through shared memory and are flushed once per sub-chunk. dq/dk are summed over the CTA's heads in shared memory
+  first, so the global fp32 atomics see N/HPC adders per address, not N; with m2rnn_deterministic
+  (M2RNN_DETERMINISTIC=1) the CTAs that share a q/k head add in turn, in CTA order, instead, and the backward repeats
+  bit for bit like every other gradient.
 - Backward without the authors' full recompute and without a B*T*N*K*V buffer: the training forward writes H every
-  32 tokens (fp32) into the workspace. The backward walks the chunks right to left: from a chunk's checkpoint it
-  recomputes 24 steps keeping H at +8, +16, +24 in registers, then for each 8-token sub-chunk (right to left)
-  recomputes 8 steps keeping bf16 H fragments in shared memory and runs the 8 reverse steps, recomputing Z_t from the
-  same bf16 fragment the forward used (so Z is bit-identical to the forward's). Extra memory: T/32 fp32 states.
+  16 tokens (fp32; before tokens 0 and 16 of each 32-token chunk) into the workspace. The backward walks the chunks
+  right to left and each chunk's 8-token sub-chunks right to left: a sub-chunk starts from a checkpoint (sub-chunks 0
+  and 2) or 8 recomputed steps after one (1 and 3), recomputes its 8 steps keeping bf16 H fragments in shared memory
+  and runs the 8 reverse steps, recomputing Z_t from the same bf16 fragment the forward used (so Z is bit-identical
+  to the forward's): 1.5 recomputed steps a token. Extra memory: T/16 fp32 states (0.66 GiB at B=8, T=4096, N=84,
+  K=64, V=16; checkpoints every 32 tokens took half that and 1.75 recomputed steps a token, NOTES.md).
 - The backward has a second build for V=16, the Z stash: the sub-chunk recompute also keeps Z_t as fp16 in shared
   memory, so the reverse step skips its MMA + tanh; 2 CTAs/SM instead of 3, 128 registers instead of 80 (no spills),
   10-17% faster per wave. The launcher takes it unless it would add a wave (B=8, N=84 on 132 SMs); see NOTES.md.
@@ -56,7 +62,7 @@ Limits: K a multiple of 16 up to 256, V in {16, 32}, N % Nq == 0; q/k/v 16-byte 
 #include "tiles.cuh"
 #include "utils.h"
 
-#define M2RNN_CHUNK 32 // checkpoint interval and shared-memory staging chunk (tokens)
+#define M2RNN_CHUNK 32 // shared-memory staging chunk (tokens); checkpoints at its start and after its 16th token
 #define M2RNN_SUB 8    // backward sub-chunk: tokens whose states are held in shared memory at once
 
 typedef struct {
@@ -99,12 +105,13 @@ static void m2rnn_validate(const M2RNNDims *d, const void *q, const void *k, con
 }
 
 static inline long m2rnn_total_tokens(const M2RNNDims *d) { return d->cu_seqlens ? (long)d->T : (long)d->B * d->T; }
-// checkpoint slots: slot(b, c) = b + tok0(b)/CHUNK + c never collides across sequences (see the forward kernel)
+// chunk slots: slot(b, c) = b + tok0(b)/CHUNK + c never collides across sequences (see the forward kernel); a slot
+// holds two checkpoints, H before the chunk's token 0 and before its token 16
 static inline long m2rnn_num_slots(const M2RNNDims *d) {
     return d->B + CEIL_DIV(m2rnn_total_tokens(d), (long)M2RNN_CHUNK) + 1;
 }
 
-// workspace layout: [checkpoints fp32 (slots,N,K,V)] [dq acc fp32 (tok,Nq,K)] [dk acc] [turns int (tok,Nq)]
+// workspace layout: [checkpoints fp32 (slots,2,N,K,V)] [dq acc fp32 (tok,Nq,K)] [dk acc] [turns int (tok,Nq)]
 // [dW partials (B*K/16,N,V,V)]
 typedef struct {
     size_t ckpt, dq, dk, turn, dw, total; // byte offsets and total size
@@ -116,7 +123,7 @@ static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d) {
     size_t acc = (size_t)m2rnn_total_tokens(d) * d->Nq * d->K * sizeof(float);
     size_t turns = ((size_t)m2rnn_total_tokens(d) * d->Nq * sizeof(int) + 15) / 16 * 16;
     w.ckpt = 0;
-    w.dq = w.ckpt + (size_t)m2rnn_num_slots(d) * state;
+    w.dq = w.ckpt + (size_t)m2rnn_num_slots(d) * 2 * state;
     w.dk = w.dq + acc;
     w.turn = w.dk + acc;
     w.dw = w.turn + turns;
@@ -171,6 +178,18 @@ __device__ __forceinline__ void store_state(float *dst, const float (&S)[V / 8][
     for (int h = 0; h < V / 8; h++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) { dst[frag_offset<V>(row0, t4, h, e)] = S[h][e]; }
+    }
+}
+
+// the warp's 16 rows of a head's state as a checkpoint (accumulator layout, pairs of columns a store)
+template <int V>
+__device__ __forceinline__ void store_ckpt(float *dst, const float (&S)[V / 8][4], int row0, int t4) {
+#pragma unroll
+    for (int h = 0; h < V / 8; h++) {
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            *(float2 *)(dst + frag_offset<V>(row0, t4, h, e)) = make_float2(S[h][e], S[h][e + 1]);
+        }
     }
 }
 
@@ -336,8 +355,9 @@ __device__ __forceinline__ void forward_step8(float (&S)[2][4], uint32_t (&aS)[1
     pack_frag<16>(aS, S);
 }
 
-// The forward's fast path (V=16, a full 32-token chunk): two blocks of 16 tokens, each with the token inputs moved
-// into registers by three ldmatrix and four 128-bit loads, so a step reads no shared memory:
+// The forward's fast path (V=16, a full 32-token chunk), one of its two blocks of 16 tokens (blk; the caller writes the
+// checkpoint between them), with the token inputs moved into registers by three ldmatrix and four 128-bit loads, so
+// a step reads no shared memory:
 // - k v^T by the tensor core: an m16n8k8 MMA per column tile with A = this warp's 16 rows of k for the 8 tokens of
 //   the half-block holding the step's token (m = row, k = token) and B = v of those tokens (k = token, n = column)
 //   masked to the step's token; the products are exact and every other term is 0, so the accumulator holds exactly
@@ -349,7 +369,7 @@ __device__ __forceinline__ void forward_step8(float (&S)[2][4], uint32_t (&aS)[1
 template <int V, int HPC>
 __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (&aS)[V / 16][4],
                                                 const uint32_t (&bW)[V / 16][V / 8][2], const Stage<V, HPC, false> &st,
-                                                float *ybuf, int warp, int hh, int rb, int lane) {
+                                                float *ybuf, int blk, int warp, int hh, int rb, int lane) {
     static_assert(V == 16, "the 16-token block path is built for V=16");
     constexpr int HV = HPC * V;
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
@@ -363,8 +383,7 @@ __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (
     uint32_t tmask[4];
 #pragma unroll
     for (int p = 0; p < 4; p++) { tmask[p] = (t4 == p) ? 0xffffffffu : 0u; }
-#pragma unroll
-    for (int blk = 0; blk < 2; blk++) {
+    {
         uint32_t aK[4], bV[4], bQ[4]; // bV: tile 0 (b0, b1), tile 1 (b0, b1); bQ: tokens 0-7 (b0, b1), 8-15 (b0, b1)
         ldsm_x4_trans(aK, k_addr + (uint32_t)(blk * 16 * st.ks * 2));
         ldsm_x4_trans(bV, v_addr + (uint32_t)(blk * 16 * HV * 2));
@@ -453,6 +472,10 @@ __device__ __forceinline__ CtaMap cta_map(const int *cu_seqlens, int T, int N, i
     return m;
 }
 __device__ __forceinline__ long ckpt_slot(const CtaMap &m, int c) { return m.b + m.tok0 / M2RNN_CHUNK + c; }
+// checkpoint half (0: before token 0 of chunk c, 1: before its token 16) of the head at head_off, in (slots,2,N,K,V)
+__device__ __forceinline__ size_t ckpt_off(const CtaMap &m, int c, int half, int N, int K, int V, size_t head_off) {
+    return (size_t)(2 * ckpt_slot(m, c) + half) * N * K * V + head_off;
+}
 
 // clamp to [-c, c] keeping a NaN (fminf/fmaxf would turn it into -c; NaN must reach the trainer's guard, as in the
 // CPU reference): the NaN-propagating min/max of sm_80+, the same two instructions
@@ -478,7 +501,8 @@ __device__ __forceinline__ void st_release_gpu(int *p, int v) {
 // ----------------------------------------------------------------------------------------------------------------
 // CUDA kernels
 
-// Forward. grid (N/HPC, B), block HPC*(K/16) warps. ckpt (slots,N,K,V) fp32 or NULL: H at the start of each chunk.
+// Forward. grid (N/HPC, B), block HPC*(K/16) warps. ckpt (slots,2,N,K,V) fp32 or NULL: H before tokens 0 and 16 of
+// each chunk (the second where the chunk has more than 16 tokens).
 template <int V, int HPC, bool BIG>
 __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
     m2rnn_forward_kernel(floatX *__restrict__ y, float *__restrict__ hT, float *__restrict__ ckpt,
@@ -523,22 +547,16 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (ckpt) { // H at the chunk start, for the backward's recompute
-            float *dst = ckpt + (size_t)ckpt_slot(m, c) * N * K * V + head_off;
-#pragma unroll
-            for (int h = 0; h < NT; h++) {
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    *(float2 *)(dst + frag_offset<V>(row0, t4, h, e)) = make_float2(S[h][e], S[h][e + 1]);
-                }
-            }
-        }
+        // H before tokens 0 and 16, for the backward's recompute
+        if (ckpt) { store_ckpt<V>(ckpt + ckpt_off(m, c, 0, N, K, V, head_off), S, row0, t4); }
         const Stage<V, HPC, false> st(smem + (c & 1) * stage_bytes, K);
         const int ks = st.ks;
         bool done = false;
         if constexpr (V == 16) {
             if (len == M2RNN_CHUNK) {
-                forward_chunk16<V, HPC>(S, aS, bW, st, ybuf, warp, hh, rb, lane);
+                forward_chunk16<V, HPC>(S, aS, bW, st, ybuf, 0, warp, hh, rb, lane);
+                if (ckpt) { store_ckpt<V>(ckpt + ckpt_off(m, c, 1, N, K, V, head_off), S, row0, t4); }
+                forward_chunk16<V, HPC>(S, aS, bW, st, ybuf, 1, warp, hh, rb, lane);
                 done = true;
             }
         }
@@ -572,7 +590,10 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                     st_shared_v2_if(g == 0, yaddr + (uint32_t)((i * NW * V + 8 * h) * 4), acc[0], acc[1]);
                 }
             };
-            for (int i = 0; i < len; i++) { token(i); }
+            for (int i = 0; i < len; i++) {
+                if (i == 16 && ckpt) { store_ckpt<V>(ckpt + ckpt_off(m, c, 1, N, K, V, head_off), S, row0, t4); }
+                token(i);
+            }
         }
         __syncthreads();
         // y = sum over the head's row-block warps; one thread per (token, column pair). The chunk's base pointer is
@@ -643,7 +664,8 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     // rdq: (SUB, NW, 16) this warp's rows of dq
     float *rdk = rdq + SUB * NW * 16;                            // (SUB, NW, 16) this warp's rows of dk
     float *rdv = rdk + SUB * NW * 16;                            // (SUB, NW, V) dv over this warp's rows
-    float *rdf = rdv + SUB * NW * V;                             // (SUB, NW) df over this warp's rows
+    // (SUB, NW) df over this warp's rows; V=16: (SUB, NW, 8) over this warp's rows g and g + 8 (a lane quad's sum)
+    float *rdf = rdv + SUB * NW * V;
 
     const floatX *Wn = W + (size_t)n * V * V;
     uint32_t bW[NS][NT][2], bWT[NS][NT][2];
@@ -667,7 +689,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     const int hist_step = NW * NS * 32;
     uint4 *my_zst = zst + warp * NS * 32 + lane; // step i, slice s at [i * hist_step + s * 32] (ZS only)
     // shared addresses of this lane's partial-sum slots for token 0 of a sub-chunk
-    const uint32_t rdf_a = smem_addr(rdf + warp), rdk_a = smem_addr(rdk + warp * 16 + g);
+    const uint32_t rdf_a = smem_addr(rdf + (V == 16 ? warp * 8 + g : warp)), rdk_a = smem_addr(rdk + warp * 16 + g);
     const uint32_t rdq_a = smem_addr(rdq + warp * 16 + g), rdv_a = smem_addr(rdv + warp * V + 2 * t4);
 
     const int nchunks = CEIL_DIV(m.L, M2RNN_CHUNK);
@@ -679,11 +701,8 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
         cp_async_wait<0>();
         __syncthreads();
 
-        const float *ck = ckpt + (size_t)ckpt_slot(m, c) * N * K * V + head_off;
         float S[NT][4];
         uint32_t aS[NS][4];
-        load_state<V>(S, ck, row0, t4);
-        pack_frag<V>(aS, S);
         // per-lane base pointers into the staged chunk: a token's inputs are base + token * stride
         const floatX *kp = st.k + row0, *qp = st.q + row0, *kbp = st.k + rb * 16 + 2 * t4;
         const floatX *vp = st.v + hh * V + 2 * t4, *dyp = st.dy + hh * V + 2 * t4;
@@ -703,46 +722,44 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
             }
             return in;
         };
-        // chunk pass: states at the starts of sub-chunks 1..3, in registers
         const int nsub = CEIL_DIV(clen, SUB);
-        float st1[NT][4], st2[NT][4], st3[NT][4];
-        for (int jj = 0; jj < nsub - 1; jj++) {
-            if constexpr (V == 16) {
-                const KV8 kv = load_kv8<HPC>(st, jj * SUB, hh, rb, lane);
-#pragma unroll
-                for (int ii = 0; ii < SUB; ii++) {
-                    forward_step8(S, aS, bW, kv, token_mask8(ii, t4), fp[(jj * SUB + ii) * HPC]);
-                }
-            } else {
-#pragma unroll
-                for (int ii = 0; ii < SUB; ii++) { forward_step<V, HPC>(S, aS, bW, token_in(jj * SUB + ii)); }
-            }
-#pragma unroll
-            for (int h = 0; h < NT; h++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    if (jj == 0) { st1[h][e] = S[h][e]; }
-                    if (jj == 1) { st2[h][e] = S[h][e]; }
-                    if (jj == 2) { st3[h][e] = S[h][e]; }
-                }
-            }
-        }
         for (int j = nsub - 1; j >= 0; j--) {
             const int s0 = j * SUB, slen = min(SUB, clen - s0);
-            if (j == 0) {
-                load_state<V>(S, ck, row0, t4);
-            } else {
+            // H before the sub-chunk: a checkpoint (j even: before token 0 or 16), or the 8 steps after one (j odd)
+            load_state<V>(S, ckpt + ckpt_off(m, c, j >> 1, N, K, V, head_off), row0, t4);
+            pack_frag<V>(aS, S);
+            if (j & 1) {
+                if constexpr (V == 16) {
+                    const KV8 kv = load_kv8<HPC>(st, s0 - SUB, hh, rb, lane);
 #pragma unroll
-                for (int h = 0; h < NT; h++) {
+                    for (int ii = 0; ii < SUB; ii++) {
+                        forward_step8(S, aS, bW, kv, token_mask8(ii, t4), fp[(s0 - SUB + ii) * HPC]);
+                    }
+                } else {
 #pragma unroll
-                    for (int e = 0; e < 4; e++) { S[h][e] = (j == 1) ? st1[h][e] : (j == 2) ? st2[h][e] : st3[h][e]; }
+                    for (int ii = 0; ii < SUB; ii++) { forward_step<V, HPC>(S, aS, bW, token_in(s0 - SUB + ii)); }
                 }
             }
-            pack_frag<V>(aS, S);
 #pragma unroll
             for (int s = 0; s < NS; s++) { my_hist[s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]); }
             KV8 kvs; // V=16: the sub-chunk's k and v as MMA fragments, for the recompute and the reverse's Z
             if constexpr (V == 16) { kvs = load_kv8<HPC>(st, s0, hh, rb, lane); }
+            // V=16: the reverse step's other operands, the sub-chunk's 8 tokens as MMA fragments (reloaded each step by
+            // ldmatrix, from this lane's row address: mi = lane / 8 picks the 8x8 matrix, mr = lane % 8 its token row):
+            // aqd: q as the A operand of m16n8k8 (m = row, k = token) and dy as its B (k = token, n = column),
+            // transposed like load_kv8's k and v; ant: dy then v as m16n8k16 B operands with n = token (k = column);
+            // akb: k as one with n = token (k = this warp's 16 rows). dq, dk, dv then accumulate over the sub-chunk in
+            // three MMA tiles, token i in column i (the B operands masked to lanes g == i): tq = dq (row g / g+8, token
+            // 2t4 / 2t4+1), tk = dk likewise, tv = dv (column g / g+8, token 2t4 / 2t4+1), written out once a sub-chunk
+            uint32_t aqd = 0, ant = 0, akb = 0;
+            float tq[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if constexpr (V == 16) {
+                const int mi = lane >> 3, mr = lane & 7;
+                aqd = smem_addr(mi < 2 ? st.q + (s0 + mr) * KS + rb * 16 + mi * 8
+                                       : st.dy + (s0 + mr) * HV + hh * 16 + (mi - 2) * 8);
+                ant = smem_addr((mi < 2 ? st.dy : st.v) + (s0 + mr) * HV + hh * 16 + (mi & 1) * 8);
+                akb = smem_addr(st.k + (s0 + mr) * KS + rb * 16 + (mi & 1) * 8);
+            }
             // recompute: hist entry i+1 = bf16 fragments of H after token s0+i (and with the stash, Z of token s0+i)
             auto recompute = [&](int i) {
                 if constexpr (ZS) {
@@ -772,6 +789,8 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     my_hist[(i + 1) * hist_step + s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]);
                 }
             };
+            // the reverse step for V=32: one token's q, dy, k, v loaded a step, its dq, dk, dv, df partial sums
+            // stored a step (V=16 takes reverse16 below)
             auto reverse = [&](int i) {
                 const int lt = s0 + i;
                 const TokenIn<V, HPC> in = token_in(lt);
@@ -783,31 +802,14 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     aN[s][0] = nx.x; aN[s][1] = nx.y; aN[s][2] = nx.z; aN[s][3] = nx.w;
                 }
                 float Z[NT][4];
-                if constexpr (ZS) {
+                compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
+                // one numeric contract for every build: the reverse step's Z is the forward's, rounded to fp16 as the
+                // V=16 Z stash keeps it (pack_f16x2 / unpack_f16x2, round to nearest)
 #pragma unroll
-                    for (int s = 0; s < NS; s++) { // Z_t as the recompute left it (fp16-rounded)
-                        const uint4 u = my_zst[i * hist_step + s * 32];
-                        const float2 z0 = unpack_f16x2(u.x), z1 = unpack_f16x2(u.y);
-                        const float2 z2 = unpack_f16x2(u.z), z3 = unpack_f16x2(u.w);
-                        Z[2 * s][0] = z0.x; Z[2 * s][1] = z0.y; Z[2 * s][2] = z1.x; Z[2 * s][3] = z1.y;
-                        Z[2 * s + 1][0] = z2.x; Z[2 * s + 1][1] = z2.y; Z[2 * s + 1][2] = z3.x; Z[2 * s + 1][3] = z3.y;
-                    }
-                } else {
-                    if constexpr (V == 16) {
-                        compute_z8(Z, aP, bW, kvs, token_mask8(i, t4)); // bit-identical to the forward's Z_t
-                    } else {
-                        compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
-                    }
-                    // one numeric contract for every build: the reverse step's Z is the forward's, rounded to fp16
-                    // as the Z stash keeps it (pack_f16x2 / unpack_f16x2, round to nearest), so the plain and the
-                    // stash builds give the same gradients bit for bit (deterministic mode) whichever the launcher
-                    // picks for the batch size or the GPU
-#pragma unroll
-                    for (int h = 0; h < NT; h++) {
-                        const float2 lo = unpack_f16x2(pack_f16x2(Z[h][0], Z[h][1]));
-                        const float2 hi = unpack_f16x2(pack_f16x2(Z[h][2], Z[h][3]));
-                        Z[h][0] = lo.x; Z[h][1] = lo.y; Z[h][2] = hi.x; Z[h][3] = hi.y;
-                    }
+                for (int h = 0; h < NT; h++) {
+                    const float2 lo = unpack_f16x2(pack_f16x2(Z[h][0], Z[h][1]));
+                    const float2 hi = unpack_f16x2(pack_f16x2(Z[h][2], Z[h][3]));
+                    Z[h][0] = lo.x; Z[h][1] = lo.y; Z[h][2] = hi.x; Z[h][3] = hi.y;
                 }
                 const float q0 = bf2f(qp[lt * KS]), q1 = bf2f(qp[lt * KS + 8]);
                 // dy of this lane's two columns per n8 tile: also the B fragment of dq's MMA below (k = column)
@@ -880,6 +882,90 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     st_shared_v2_if(g == 0, rdv_a + (uint32_t)((i * NW * V + 8 * h) * 4), acc[0], acc[1]);
                 }
             };
+            // The V=16 reverse step: the same arithmetic as reverse's, with q dy^T, dq, dk and dv as masked MMAs
+            // from the sub-chunk's fragments (no per-token loads of q, dy, k, v; no per-token partial-sum stores but
+            // df's) and df summed over a lane quad (two shuffles) instead of the warp (five)
+            auto reverse16 = [&](int i) {
+                if constexpr (V == 16) { // (the body is compiled for V=16 only)
+                    const float fval = fp[(s0 + i) * HPC], gate = 1.0f - fval;
+                    uint32_t aP[1][4], aN[1][4]; // H_t (before the token) and H_{t+1}, as bf16 fragments
+                    {
+                        const uint4 p = my_hist[i * hist_step], nx = my_hist[(i + 1) * hist_step];
+                        aP[0][0] = p.x; aP[0][1] = p.y; aP[0][2] = p.z; aP[0][3] = p.w;
+                        aN[0][0] = nx.x; aN[0][1] = nx.y; aN[0][2] = nx.z; aN[0][3] = nx.w;
+                    }
+                    float Z[2][4];
+                    if constexpr (ZS) { // Z_t as the recompute left it (fp16-rounded)
+                        const uint4 u = my_zst[i * hist_step];
+                        const float2 z0 = unpack_f16x2(u.x), z1 = unpack_f16x2(u.y);
+                        const float2 z2 = unpack_f16x2(u.z), z3 = unpack_f16x2(u.w);
+                        Z[0][0] = z0.x; Z[0][1] = z0.y; Z[0][2] = z1.x; Z[0][3] = z1.y;
+                        Z[1][0] = z2.x; Z[1][1] = z2.y; Z[1][2] = z3.x; Z[1][3] = z3.y;
+                    } else { // the forward's Z_t bit for bit, rounded to fp16 as the stash keeps it (one contract:
+                             // the plain and the stash builds give the same gradients bit for bit, deterministic mode)
+                        compute_z8(Z, aP, bW, kvs, token_mask8(i, t4));
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const float2 lo = unpack_f16x2(pack_f16x2(Z[h][0], Z[h][1]));
+                            const float2 hi = unpack_f16x2(pack_f16x2(Z[h][2], Z[h][3]));
+                            Z[h][0] = lo.x; Z[h][1] = lo.y; Z[h][2] = hi.x; Z[h][3] = hi.y;
+                        }
+                    }
+                    uint32_t fq[4], fn[4], fk[2];
+                    ldsm_x4_trans(fq, aqd);
+                    ldsm_x4(fn, ant);
+                    ldsm_x2(fk, akb);
+                    const uint32_t tm = token_mask8(i, t4), gm = g == i ? 0xffffffffu : 0u;
+                    float D[2][4], dX[2][4], dfp = 0.0f;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        // q_t dy_t^T: one nonzero product a term, exact, so gc + P rounds once as fmaf(q, dy, gc)
+                        float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma16808(P, fq[0], fq[1], fq[2 + h] & tm);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            float gc = G[h][e];
+                            if (clip > 0.0f) { gc = clamp_nan(gc, clip); }
+                            D[h][e] = gc + P[e];
+                            const float z = Z[h][e];
+                            dX[h][e] = D[h][e] * gate * fmaf(-z, z, 1.0f);
+                            dfp = fmaf(D[h][e], frag_elem<16>(aP, h, e) - z, dfp);
+                        }
+                    }
+                    uint32_t adX[1][4];
+                    pack_frag<16>(adX, dX);
+                    // the recurrence: G <- f D + dX W^T
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) { G[h][e] = fval * D[h][e]; }
+                        mma16816(G[h], adX[0], bWT[0][h][0], bWT[0][h][1]);
+                    }
+                    // off the chain: df over the lane quad (rows g, g + 8), dk = dX v, dq = H_{t+1} dy, dv = dX^T k,
+                    // dW += H_t^T dX
+                    dfp += __shfl_xor_sync(0xffffffffu, dfp, 1);
+                    dfp += __shfl_xor_sync(0xffffffffu, dfp, 2);
+                    st_shared_if(t4 == 0, rdf_a + (uint32_t)(i * NW * 32), dfp);
+                    mma16816(tk, adX[0], fn[2] & gm, fn[3] & gm);
+                    mma16816(tq, aN[0], fn[0] & gm, fn[1] & gm);
+                    // dX^T as an A operand (m = column, k = row) and dX as a B operand (k = row, n = column): movmatrix
+                    const uint32_t x00 = trans8x8(adX[0][0]), x01 = trans8x8(adX[0][1]);
+                    const uint32_t x10 = trans8x8(adX[0][2]), x11 = trans8x8(adX[0][3]);
+                    const uint32_t aXT[4] = {x00, x10, x01, x11};
+                    mma16816(tv, aXT, fk[0] & gm, fk[1] & gm);
+                    const uint32_t aT[4] = {trans8x8(aP[0][0]), trans8x8(aP[0][2]), trans8x8(aP[0][1]),
+                                            trans8x8(aP[0][3])};
+                    mma16816(dWa[0][0], aT, x00, x01);
+                    mma16816(dWa[0][1], aT, x10, x11);
+                }
+            };
+            auto rev = [&](int i) {
+                if constexpr (V == 16) {
+                    reverse16(i);
+                } else {
+                    reverse(i);
+                }
+            };
             if (slen == SUB) {
 #pragma unroll
                 for (int i = 0; i < SUB; i++) { recompute(i); }
@@ -887,10 +973,19 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 // N=84); the others by 2 (unrolled whole, the Z-stash build lost 5% at B=4, N=84 and the 1-head
                 // plain build 5% too). NOTES.md, round 5.
 #pragma unroll((!ZS && HPC == 2) ? SUB : 2)
-                for (int i = SUB - 1; i >= 0; i--) { reverse(i); }
+                for (int i = SUB - 1; i >= 0; i--) { rev(i); }
             } else {
                 for (int i = 0; i < slen; i++) { recompute(i); }
-                for (int i = slen - 1; i >= 0; i--) { reverse(i); }
+                for (int i = slen - 1; i >= 0; i--) { rev(i); }
+            }
+            if constexpr (V == 16) { // the tiles into the partial-sum slots: element e is token 2t4 + (e & 1)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int slot = ((2 * t4 + (e & 1)) * NW + warp) * 16 + g + 8 * (e >> 1);
+                    rdq[slot] = tq[e];
+                    rdk[slot] = tk[e];
+                    rdv[slot] = tv[e];
+                }
             }
             __syncthreads();
             // flush the sub-chunk's sums: dq/dk into the fp32 accumulators, dv, df. The Gq/HPC CTAs of one q/k head
@@ -945,7 +1040,15 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
             for (int idx = threadIdx.x; idx < slen * HPC; idx += blockDim.x) {
                 const int i = idx / HPC, h2 = idx % HPC;
                 float sum = 0.0f;
-                for (int r = 0; r < RB; r++) { sum += rdf[i * NW + h2 * RB + r]; }
+                if constexpr (V == 16) { // the head's warps, each its 8 lane quads
+                    for (int r = 0; r < RB; r++) {
+                        const float4 *p = (const float4 *)(rdf + ((i * NW + h2 * RB + r) * 8));
+                        const float4 a = p[0], b = p[1];
+                        sum += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+                    }
+                } else {
+                    for (int r = 0; r < RB; r++) { sum += rdf[i * NW + h2 * RB + r]; }
+                }
                 df[(stok + i) * N + m.n0 + h2] = sum;
             }
             __syncthreads();
@@ -1119,7 +1222,7 @@ static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc, bool zstas
     const size_t stage = m2rnn_detail::m2rnn_stage_bytes(d->K, d->V, hpc, true);
     const int zs = zstash ? M2RNN_SUB : 0; // fp16 Z entries of the Z-stash backward
     const size_t hist = (size_t)(M2RNN_SUB + 1 + zs) * NW * (d->V / 16) * 32 * 16;
-    const size_t red = (size_t)M2RNN_SUB * NW * (16 + 16 + d->V + 1) * sizeof(float);
+    const size_t red = (size_t)M2RNN_SUB * NW * (16 + 16 + d->V + (d->V == 16 ? 8 : 1)) * sizeof(float);
     return stage + hist + red;
 }
 
@@ -1146,9 +1249,9 @@ template <typename Kernel> static inline int m2rnn_ctas_per_sm(Kernel kernel, in
 }
 
 // The backward comes in two builds for V=16 (see m2rnn_backward_kernel): plain (3 CTAs/SM, 80 registers) and Z stash
-// (2 CTAs/SM, 128 registers, 10-17% faster per wave on the H200). The stash loses only where the plain kernel holds
+// (2 CTAs/SM, 128 registers, 10-20% faster per wave on the H200). The stash loses only where the plain kernel holds
 // the whole grid in one wave and the stash would need a second: B=8, N=84 on 132 SMs is 336 CTAs = 2.55 per SM
-// (plain 7.04 ms vs stash 4.54 + 2.94 ms for its tail wave). dev/bench/NOTES.md has the measurements.
+// (H200: plain 6.25 ms, stash 6.34 with its tail wave). dev/bench/NOTES.md has the measurements.
 template <int V, int HPC, bool BIG>
 static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, int *turn, floatX *dv, float *df, float *dW_part,
                                   float *dh0,
