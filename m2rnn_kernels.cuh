@@ -653,10 +653,16 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     const int n = m.n0 + hh;
 
     extern __shared__ __align__(16) unsigned char smem[];
-    Stage<V, HPC, true> st(smem, K);
+    // ZS: (NW, 32, NT * 4) each lane's accumulator elements of H before the next sub-chunk, copied from its checkpoint
+    // a sub-chunk early (cp.async: the load's latency hides under the flush, and no register holds it meanwhile);
+    // first, so that a lane's slot is a function of the thread index alone. (The plain build loads it when it starts
+    // the sub-chunk: at its 80-register cap the copy's addresses cost it more spills than the latency it hides.)
+    float *my_ckb = (float *)smem + threadIdx.x * NT * 4;
+    unsigned char *const smem_rest = smem + (ZS ? blockDim.x * NT * 4 * sizeof(float) : 0);
+    Stage<V, HPC, true> st(smem_rest, K);
     // bf16 A fragments of H for the sub-chunk, (SUB+1, NW, NS, 32) uint4: lane-private, so no barriers are needed;
     // a lane's fragment slice is 16 contiguous bytes, so one 128-bit access moves it (conflict-free: 8 lanes a phase)
-    uint4 *hist = (uint4 *)(smem + Stage<V, HPC, true>::bytes(K));
+    uint4 *hist = (uint4 *)(smem_rest + Stage<V, HPC, true>::bytes(K));
     // with ZS: Z_t of each recomputed step as fp16 (SUB, NW, NS, 32) uint4, in the same lane-contiguous layout
     uint4 *zst = hist + (SUB + 1) * NW * NS * 32;
     float *rdq = (float *)(zst + (ZS ? SUB : 0) * NW * NS * 32);
@@ -693,6 +699,19 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     const uint32_t rdq_a = smem_addr(rdq + warp * 16 + g), rdv_a = smem_addr(rdv + warp * V + 2 * t4);
 
     const int nchunks = CEIL_DIV(m.L, M2RNN_CHUNK);
+    // ZS: checkpoint half j >> 1 of chunk c (H before sub-chunk j, or 8 steps before it) into my_ckb, one cp.async group
+    auto load_ck = [&](int c, int j) {
+        const float *src = ckpt + ckpt_off(m, c, j >> 1, N, K, V, head_off);
+#pragma unroll
+        for (int h = 0; h < NT; h++) {
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {
+                cp_async8(smem_addr(my_ckb + 4 * h + e), src + frag_offset<V>(row0, t4, h, e));
+            }
+        }
+        cp_async_commit();
+    };
+    if (ZS && nchunks > 0) { load_ck(nchunks - 1, CEIL_DIV(m.L - (nchunks - 1) * M2RNN_CHUNK, SUB) - 1); }
     for (int c = nchunks - 1; c >= 0; c--) {
         const int clen = min(M2RNN_CHUNK, m.L - c * M2RNN_CHUNK);
         const long ctok = m.tok0 + (long)c * M2RNN_CHUNK;
@@ -726,7 +745,16 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
         for (int j = nsub - 1; j >= 0; j--) {
             const int s0 = j * SUB, slen = min(SUB, clen - s0);
             // H before the sub-chunk: a checkpoint (j even: before token 0 or 16), or the 8 steps after one (j odd)
-            load_state<V>(S, ckpt + ckpt_off(m, c, j >> 1, N, K, V, head_off), row0, t4);
+            if constexpr (ZS) {
+                cp_async_wait<0>(); // (this lane's own copies: no barrier)
+#pragma unroll
+                for (int h = 0; h < NT; h++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { S[h][e] = my_ckb[4 * h + e]; }
+                }
+            } else {
+                load_state<V>(S, ckpt + ckpt_off(m, c, j >> 1, N, K, V, head_off), row0, t4);
+            }
             pack_frag<V>(aS, S);
             if (j & 1) {
                 if constexpr (V == 16) {
@@ -987,6 +1015,13 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     rdv[slot] = tv[e];
                 }
             }
+            if constexpr (ZS) { // the next sub-chunk's checkpoint (a chunk before the last is whole: 4 sub-chunks)
+                if (j > 0) {
+                    load_ck(c, j - 1);
+                } else if (c > 0) {
+                    load_ck(c - 1, M2RNN_CHUNK / SUB - 1);
+                }
+            }
             __syncthreads();
             // flush the sub-chunk's sums: dq/dk into the fp32 accumulators, dv, df. The Gq/HPC CTAs of one q/k head
             // add to the same dq/dk rows: with fp32 atomics, or deterministically (DET, m2rnn_deterministic):
@@ -1223,7 +1258,8 @@ static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc, bool zstas
     const int zs = zstash ? M2RNN_SUB : 0; // fp16 Z entries of the Z-stash backward
     const size_t hist = (size_t)(M2RNN_SUB + 1 + zs) * NW * (d->V / 16) * 32 * 16;
     const size_t red = (size_t)M2RNN_SUB * NW * (16 + 16 + d->V + (d->V == 16 ? 8 : 1)) * sizeof(float);
-    return stage + hist + red;
+    const size_t ckb = zstash ? (size_t)NW * 32 * (d->V / 2) * sizeof(float) : 0; // the next sub-chunk's checkpoint
+    return stage + hist + red + ckb;
 }
 
 template <int V, int HPC, bool BIG>

@@ -69,6 +69,9 @@ __device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
 __device__ __forceinline__ void cp_async4(uint32_t saddr, const void *gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(saddr), "l"(gmem));
 }
+__device__ __forceinline__ void cp_async8(uint32_t saddr, const void *gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(saddr), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
