@@ -36,7 +36,8 @@ Design (numbers behind it in dev/bench/NOTES.md):
   K=64, V=16; checkpoints every 32 tokens took half that and 1.75 recomputed steps a token, NOTES.md).
 - The backward has a second build for V=16, the Z stash: the sub-chunk recompute also keeps Z_t as fp16 in shared
   memory, so the reverse step skips its MMA + tanh; 2 CTAs/SM instead of 3, 128 registers instead of 80 (no spills),
-  10-17% faster per wave. The launcher takes it unless it would add a wave (B=8, N=84 on 132 SMs); see NOTES.md.
+  10-20% faster per wave; it also copies each sub-chunk's checkpoint a sub-chunk early (cp.async, under the flush).
+  The launcher takes it unless it would add a wave (B=8, N=84 on 132 SMs); see NOTES.md.
 - One numeric contract for every build: the reverse step's Z is the forward's Z rounded to fp16 (the stash's
   precision; the plain build rounds its recomputed Z the same way), so the gradients do not depend on which build
   the launcher picks for the batch size or the GPU: in deterministic mode the two are equal bit for bit
@@ -699,7 +700,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     const uint32_t rdq_a = smem_addr(rdq + warp * 16 + g), rdv_a = smem_addr(rdv + warp * V + 2 * t4);
 
     const int nchunks = CEIL_DIV(m.L, M2RNN_CHUNK);
-    // ZS: checkpoint half j >> 1 of chunk c (H before sub-chunk j, or 8 steps before it) into my_ckb, one cp.async group
+    // ZS: checkpoint half j >> 1 of chunk c (H before sub-chunk j, or 8 steps before it) into my_ckb, a cp.async group
     auto load_ck = [&](int c, int j) {
         const float *src = ckpt + ckpt_off(m, c, j >> 1, N, K, V, head_off);
 #pragma unroll
