@@ -237,16 +237,21 @@ __host__ __device__ inline bool rmsnorm_row_packs_ok(int C) {
 }
 // out = a' · rsqrt(mean(a'²) + 1e-5) · weight, a' = a + b (b not NULL; a' rounded to floatX, and written to
 // residual_out when not NULL) or a; *rstd = the factor (rstd not NULL). The row in registers; out may be shared memory.
+// WPRE: the weight's packs are loaded with the row's, so a row costs one round trip to memory, not two (a decode
+// step's norms are a few rows each: their time is that latency); the decode products' prologue, where the weight is
+// read by every block and the registers are the product's, loads them after the reduction.
+template <bool WPRE = true>
 __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floatX *residual_out, const floatX *a,
                                                   const floatX *b, const floatX *weight, int C, int lane) {
     const int packs = CEIL_DIV(C, WARP_SIZE * PACK);
-    Pack xs[RMSNORM_FWD_PACKS];
+    Pack xs[RMSNORM_FWD_PACKS], ws[RMSNORM_FWD_PACKS];
     float ss = 0.0f;
 #pragma unroll
     for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
         if (p >= packs) { break; }
         const int i = (p * WARP_SIZE + lane) * PACK;
         if (i >= C) { break; }
+        if constexpr (WPRE) { ws[p] = *(const Pack *)(weight + i); }
         xs[p] = *(const Pack *)(a + i);
         if (b != NULL) {
             const Pack bp = *(const Pack *)(b + i);
@@ -263,7 +268,7 @@ __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floa
         if (p >= packs) { break; }
         const int i = (p * WARP_SIZE + lane) * PACK;
         if (i >= C) { break; }
-        const Pack wp = *(const Pack *)(weight + i);
+        const Pack wp = WPRE ? ws[p] : *(const Pack *)(weight + i);
         Pack o;
         for (int k = 0; k < PACK; k++) { o.v[k] = (floatX)(to_float(xs[p].v[k]) * s * to_float(wp.v[k])); }
         *(Pack *)(out + i) = o;
@@ -366,7 +371,7 @@ __global__ void __launch_bounds__(256)
         if (warp < M) { // then normalized in place (rmsnorm_row_packs reads a lane's packs before it writes them)
             const bool first = blockIdx.x == 0;
             const size_t r0 = (size_t)warp * IC;
-            rmsnorm_row_packs(rows + r0, first ? nrm.rstd + warp : NULL,
+            rmsnorm_row_packs<false>(rows + r0, first ? nrm.rstd + warp : NULL,
                               first && !gate && nrm.branch != NULL ? nrm.x_out + r0 : NULL, gate ? rows + r0 : nrm.x + r0,
                               !gate && nrm.branch != NULL ? nrm.branch + r0 : NULL, nrm.w, IC, lane);
         }
@@ -627,7 +632,8 @@ __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, floatX *residua
 
 static void rmsnorm_forward(floatX *out, float *rstd, floatX *residual_out, const floatX *a, const floatX *b,
                             const floatX *weight, int M, int C, cudaStream_t stream) {
-    const int block = 256, rows_per_block = block / WARP_SIZE;
+    // a warp a row either way; few rows (a decode step's): 2 a block, so they spread over 4× the SMs (B=64: 32 blocks)
+    const int block = M < 1024 ? 64 : 256, rows_per_block = block / WARP_SIZE;
     launch_k(rmsnorm_forward_kernel, CEIL_DIV(M, rows_per_block), block, 0, stream, out, rstd, residual_out, a, b,
              weight, M, C);
 }
