@@ -372,8 +372,9 @@ __global__ void __launch_bounds__(256)
             const bool first = blockIdx.x == 0;
             const size_t r0 = (size_t)warp * IC;
             rmsnorm_row_packs<false>(rows + r0, first ? nrm.rstd + warp : NULL,
-                              first && !gate && nrm.branch != NULL ? nrm.x_out + r0 : NULL, gate ? rows + r0 : nrm.x + r0,
-                              !gate && nrm.branch != NULL ? nrm.branch + r0 : NULL, nrm.w, IC, lane);
+                                     first && !gate && nrm.branch != NULL ? nrm.x_out + r0 : NULL,
+                                     gate ? rows + r0 : nrm.x + r0, !gate && nrm.branch != NULL ? nrm.branch + r0 : NULL,
+                                     nrm.w, IC, lane);
         }
         __syncthreads();
         inp = rows;
