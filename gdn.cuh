@@ -800,9 +800,7 @@ __global__ void __launch_bounds__(256, MI == 1 ? 2 : 1)
         }
         { // Vn = U − W h_c, columns 32g..32g+31
             float acc[16];
-#pragma unroll
-            for (int e = 0; e < 16; e++) { acc[e] = 0.0f; }
-            tiles::wgmma_pin(acc);
+            tiles::wgmma_zero(acc);
             tiles::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < K / 16; kk++) {
@@ -950,10 +948,8 @@ __global__ void __launch_bounds__(128)
     __syncthreads(); // (the mbarrier initialized, the decays in)
     tiles::mbar_wait(mbar, 0);
     float acc[32], acc2[32];
-#pragma unroll
-    for (int e = 0; e < 32; e++) { acc[e] = 0.0f; acc2[e] = 0.0f; }
-    tiles::wgmma_pin(acc);
-    tiles::wgmma_pin(acc2);
+    tiles::wgmma_zero(acc);
+    tiles::wgmma_zero(acc2);
     tiles::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
@@ -1326,10 +1322,8 @@ __global__ void __launch_bounds__(256, MI == 1 ? 2 : 1)
         __syncthreads();
         { // dVn = scale Pᵀ do + (e^{G_L − G} ∘ k) dh, columns 32g..32g+31
             float a1[16], a2[16];
-#pragma unroll
-            for (int e = 0; e < 16; e++) { a1[e] = 0.0f; a2[e] = 0.0f; }
-            tiles::wgmma_pin(a1);
-            tiles::wgmma_pin(a2);
+            tiles::wgmma_zero(a1);
+            tiles::wgmma_zero(a2);
             tiles::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < GDN_L / 16; kk++) {
@@ -1611,10 +1605,8 @@ __global__ void __launch_bounds__(256, 2)
         tiles::tma_load_3d(ak, &tmK, kb, h, tok, mbar + 16);
     }
     float a0[32], a1[32]; // warpgroup 0: do hᵀ (→ dq), dVn hᵀ (→ −dW); warpgroup 1: Vn dhᵀ (→ dk), do Vnᵀ (→ dSc)
-#pragma unroll
-    for (int e = 0; e < 32; e++) { a0[e] = 0.0f; a1[e] = 0.0f; }
-    tiles::wgmma_pin(a0);
-    tiles::wgmma_pin(a1);
+    tiles::wgmma_zero(a0);
+    tiles::wgmma_zero(a1);
     float sdot = 0.0f; // ⟨h_c, dh⟩ over this K tile: this thread's share
     for (int vt = 0; vt < NVT; vt++) {
         const int buf = vt & 1;

@@ -447,6 +447,18 @@ static size_t mamba2_pass_wg_smem(int N) {
 #endif
 
 // ----------------------------------------------------------------------------------------------------------------
+// a chunk scan's CTA (either form): blockIdx.x = (chunk slot, group g, block of MAMBA2_SCAN_HB of its heads) →
+// the sequence b, its chunk c, g and the heads [h0, h1); false for a slot past the sequences' chunks
+__device__ __forceinline__ bool mamba2_scan_cta(const int *cu_seqlens, int B, int T, int H, int G, int *b, int *c,
+                                                ChunkSeq *seq, int *g, int *h0, int *h1) {
+    const int hpg = H / G, blocks = CEIL_DIV(hpg, MAMBA2_SCAN_HB), hb = blockIdx.x % (G * blocks);
+    *g = hb / blocks;
+    if (!chunk_at_slot<MAMBA2_L>(cu_seqlens, B, T, blockIdx.x / (G * blocks), b, c, seq)) { return false; }
+    *h0 = *g * hpg + (hb - *g * blocks) * MAMBA2_SCAN_HB;
+    *h1 = min(*h0 + MAMBA2_SCAN_HB, (*g + 1) * hpg);
+    return true;
+}
+
 // the chunk scan: one CTA per (block of MAMBA2_SCAN_HB heads of one group, chunk slot), the head blocks of a chunk
 // side by side (they share its B and C rows in L2), 4 warps; C Bᵀ once per
 // CTA (fp32, in the space of B once B is read), then per head
@@ -458,11 +470,9 @@ __global__ void __launch_bounds__(128) mamba2_chunk_scan_kernel(floatX *y, const
                                                                 const int *cu_seqlens, int B, int T, int H, int P,
                                                                 int N, int G) {
     extern __shared__ __align__(16) unsigned char m2_smem[];
-    int b, c;
+    int b, c, g, h0, h1;
     ChunkSeq seq;
-    const int hpg = H / G, blocks = CEIL_DIV(hpg, MAMBA2_SCAN_HB), hb = blockIdx.x % (G * blocks), g = hb / blocks;
-    if (!chunk_at_slot<MAMBA2_L>(cu_seqlens, B, T, blockIdx.x / (G * blocks), &b, &c, &seq)) { return; }
-    const int h0 = g * hpg + (hb - g * blocks) * MAMBA2_SCAN_HB, h1 = min(h0 + MAMBA2_SCAN_HB, (g + 1) * hpg);
+    if (!mamba2_scan_cta(cu_seqlens, B, T, H, G, &b, &c, &seq, &g, &h0, &h1)) { return; }
     const int Np = mamba2_pad(N), Pp = mamba2_pad(P), ldN = Np + 8, ldP = Pp + 8, warp = threadIdx.x / 32;
     const int t0 = c * MAMBA2_L, valid = min(MAMBA2_L, seq.len - t0);
     const long tok0 = seq.tok0 + t0, HP = (long)H * P, cs = seq.cslot + c;
@@ -561,11 +571,9 @@ __global__ void __launch_bounds__(128)
     constexpr int P = 64, N = 64 * NB;
     constexpr uint32_t TILE = 8192, HBUF = (1 + NB) * TILE; // a head's buffer: x, S_start's NB tiles
     extern __shared__ __align__(16) unsigned char m2_smem[];
-    int b, c;
+    int b, c, g, h0, h1;
     ChunkSeq seq;
-    const int hpg = H / G, blocks = CEIL_DIV(hpg, MAMBA2_SCAN_HB), hb = blockIdx.x % (G * blocks), g = hb / blocks;
-    if (!chunk_at_slot<MAMBA2_L>(cu_seqlens, B, T, blockIdx.x / (G * blocks), &b, &c, &seq)) { return; }
-    const int h0 = g * hpg + (hb - g * blocks) * MAMBA2_SCAN_HB, h1 = min(h0 + MAMBA2_SCAN_HB, (g + 1) * hpg);
+    if (!mamba2_scan_cta(cu_seqlens, B, T, H, G, &b, &c, &seq, &g, &h0, &h1)) { return; }
     const int t0 = c * MAMBA2_L, valid = min(MAMBA2_L, seq.len - t0), tok0 = (int)(seq.tok0 + t0), warp = threadIdx.x >> 5;
     const long HP = (long)H * P, cs = seq.cslot + c;
     // from a 1024-byte boundary: C (NB tiles), B (NB), two head buffers, M, y; the cumsums and dt (2 × 64 fp32 each);
@@ -606,9 +614,7 @@ __global__ void __launch_bounds__(128)
     issue_head(0, 0);
     if (h1 - h0 > 1) { issue_head(1, 1); }
     float cb[32]; // C Bᵀ: row 16·warp + acc_row(i), column acc_col(j, i), element 4j + i
-#pragma unroll
-    for (int e = 0; e < 32; e++) { cb[e] = 0.0f; }
-    tiles::wgmma_pin(cb);
+    tiles::wgmma_zero(cb);
     tiles::mbar_wait(mbCB, 0);
     tiles::wgmma_fence();
 #pragma unroll
@@ -641,9 +647,7 @@ __global__ void __launch_bounds__(128)
         tiles::fence_proxy_async(); // M and x's zeroed rows before the tensor cores read them
         __syncthreads();
         float acc[32];
-#pragma unroll
-        for (int e = 0; e < 32; e++) { acc[e] = 0.0f; }
-        tiles::wgmma_pin(acc);
+        tiles::wgmma_zero(acc);
         tiles::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < N / 16; kk++) { // C S_startᵀ

@@ -255,6 +255,12 @@ template <int N> __device__ __forceinline__ void wgmma_pin(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) { asm volatile("" : "+f"(d[i])::"memory"); }
 }
+// a fresh accumulator: zeros, pinned (the products that follow accumulate onto them)
+template <int N> __device__ __forceinline__ void wgmma_zero(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) { d[i] = 0.0f; }
+    wgmma_pin(d);
+}
 template <int N> __device__ __forceinline__ void wgmma_wait() {
 #if TILES_SM90A
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
