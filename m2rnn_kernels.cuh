@@ -194,6 +194,17 @@ __device__ __forceinline__ void store_ckpt(float *dst, const float (&S)[V / 8][4
     }
 }
 
+// Z rounded to fp16 and back (round to nearest): the Z stash's precision, which the plain build's reverse step
+// applies to its recomputed Z so that every build follows one numeric contract
+template <int V> __device__ __forceinline__ void round_f16(float (&Z)[V / 8][4]) {
+#pragma unroll
+    for (int h = 0; h < V / 8; h++) {
+        const float2 lo = unpack_f16x2(pack_f16x2(Z[h][0], Z[h][1]));
+        const float2 hi = unpack_f16x2(pack_f16x2(Z[h][2], Z[h][3]));
+        Z[h][0] = lo.x; Z[h][1] = lo.y; Z[h][2] = hi.x; Z[h][3] = hi.y;
+    }
+}
+
 // Z = tanh(S W + k v^T) for the warp's 16 rows (aS: bf16 A fragments of S; bW: W as B fragments)
 template <int V>
 __device__ __forceinline__ void compute_z(float (&Z)[V / 8][4], const uint32_t (&aS)[V / 16][4],
@@ -818,28 +829,25 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     my_hist[(i + 1) * hist_step + s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]);
                 }
             };
-            // the reverse step for V=32: one token's q, dy, k, v loaded a step, its dq, dk, dv, df partial sums
-            // stored a step (V=16 takes reverse16 below)
-            auto reverse = [&](int i) {
-                const int lt = s0 + i;
-                const TokenIn<V, HPC> in = token_in(lt);
-                uint32_t aP[NS][4], aN[NS][4]; // H_t (before the token) and H_{t+1}, as bf16 fragments
+            // hist entries i and i + 1 (H before and after token s0 + i) as A fragments
+            auto hist_frags = [&](int i, uint32_t (&aP)[NS][4], uint32_t (&aN)[NS][4]) {
 #pragma unroll
                 for (int s = 0; s < NS; s++) {
                     const uint4 p = my_hist[i * hist_step + s * 32], nx = my_hist[(i + 1) * hist_step + s * 32];
                     aP[s][0] = p.x; aP[s][1] = p.y; aP[s][2] = p.z; aP[s][3] = p.w;
                     aN[s][0] = nx.x; aN[s][1] = nx.y; aN[s][2] = nx.z; aN[s][3] = nx.w;
                 }
+            };
+            // the reverse step for V=32: one token's q, dy, k, v loaded a step, its dq, dk, dv, df partial sums
+            // stored a step (V=16 takes reverse16 below)
+            auto reverse = [&](int i) {
+                const int lt = s0 + i;
+                const TokenIn<V, HPC> in = token_in(lt);
+                uint32_t aP[NS][4], aN[NS][4]; // H_t (before the token) and H_{t+1}, as bf16 fragments
+                hist_frags(i, aP, aN);
                 float Z[NT][4];
                 compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
-                // one numeric contract for every build: the reverse step's Z is the forward's, rounded to fp16 as the
-                // V=16 Z stash keeps it (pack_f16x2 / unpack_f16x2, round to nearest)
-#pragma unroll
-                for (int h = 0; h < NT; h++) {
-                    const float2 lo = unpack_f16x2(pack_f16x2(Z[h][0], Z[h][1]));
-                    const float2 hi = unpack_f16x2(pack_f16x2(Z[h][2], Z[h][3]));
-                    Z[h][0] = lo.x; Z[h][1] = lo.y; Z[h][2] = hi.x; Z[h][3] = hi.y;
-                }
+                round_f16<V>(Z);                               // (one numeric contract: round_f16's comment)
                 const float q0 = bf2f(qp[lt * KS]), q1 = bf2f(qp[lt * KS + 8]);
                 // dy of this lane's two columns per n8 tile: also the B fragment of dq's MMA below (k = column)
                 uint32_t dyw[NT];
@@ -918,11 +926,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 if constexpr (V == 16) { // (the body is compiled for V=16 only)
                     const float fval = fp[(s0 + i) * HPC], gate = 1.0f - fval;
                     uint32_t aP[1][4], aN[1][4]; // H_t (before the token) and H_{t+1}, as bf16 fragments
-                    {
-                        const uint4 p = my_hist[i * hist_step], nx = my_hist[(i + 1) * hist_step];
-                        aP[0][0] = p.x; aP[0][1] = p.y; aP[0][2] = p.z; aP[0][3] = p.w;
-                        aN[0][0] = nx.x; aN[0][1] = nx.y; aN[0][2] = nx.z; aN[0][3] = nx.w;
-                    }
+                    hist_frags(i, aP, aN);
                     float Z[2][4];
                     if constexpr (ZS) { // Z_t as the recompute left it (fp16-rounded)
                         const uint4 u = my_zst[i * hist_step];
@@ -933,12 +937,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     } else { // the forward's Z_t bit for bit, rounded to fp16 as the stash keeps it (one contract:
                              // the plain and the stash builds give the same gradients bit for bit, deterministic mode)
                         compute_z8(Z, aP, bW, kvs, token_mask8(i, t4));
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const float2 lo = unpack_f16x2(pack_f16x2(Z[h][0], Z[h][1]));
-                            const float2 hi = unpack_f16x2(pack_f16x2(Z[h][2], Z[h][3]));
-                            Z[h][0] = lo.x; Z[h][1] = lo.y; Z[h][2] = hi.x; Z[h][3] = hi.y;
-                        }
+                        round_f16<16>(Z);
                     }
                     uint32_t fq[4], fn[4], fk[2];
                     ldsm_x4_trans(fq, aqd);
