@@ -2308,13 +2308,9 @@ __global__ void __launch_bounds__(GDN_STEP_WARPS * WARP_SIZE)
     __shared__ float2 red[2][NW][WARP_SIZE];   // per-warp partial sums: Sᵀk, then the new Sᵀq
     const int h = blockIdx.y, b = blockIdx.z, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const long r = (long)b * H + h;
-    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
-    pdl_trigger();
-    for (int i = threadIdx.x; i < NW * RM; i += blockDim.x) {
-        sq[i] = i < K ? (float)q[r * K + i] : 0.0f;
-        sk[i] = i < K ? (float)k[r * K + i] : 0.0f;
-    }
-    __syncthreads();
+    // the state rows before the wait, so their reads overlap the kernel before (the conv and norms): that kernel lets
+    // this one start only after its own wait (everything before it has completed), and nothing in between writes the
+    // state (this layer's step of the token before is one of those completed). q, k, v, β and α are its outputs.
     const int j = blockIdx.x * 2 * WARP_SIZE + 2 * lane;
     const bool c0 = j < V, c1 = j + 1 < V;
     const int j0 = c0 ? j : V - 1, j1 = c1 ? j + 1 : V - 1; // in-bounds columns for the loads
@@ -2336,6 +2332,13 @@ __global__ void __launch_bounds__(GDN_STEP_WARPS * WARP_SIZE)
         s0[t] = i < K && c0 ? x0 : 0.0f;
         s1[t] = i < K && c1 ? x1 : 0.0f;
     }
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
+    for (int i = threadIdx.x; i < NW * RM; i += blockDim.x) {
+        sq[i] = i < K ? (float)q[r * K + i] : 0.0f;
+        sk[i] = i < K ? (float)k[r * K + i] : 0.0f;
+    }
+    __syncthreads();
     float p0 = 0.0f, p1 = 0.0f;
 #pragma unroll
     for (int t = 0; t < RM; t++) {
