@@ -334,10 +334,20 @@ __device__ __forceinline__ void gate_rows_block(floatX *rows, const GemvNorm *n,
     }
 }
 
-template <int M, bool GLU, bool NORM, int R>
+// An epilogue past the GEMV's store (a mixer's elementwise step work on its in-projection's outputs, one launch
+// instead of two): load(lane, o0, R, M) before the dependency wait, for lane i < M·R the operands of output row
+// o0 + i % R of sequence i / R (read-only inputs and state no kernel before it in the step writes); apply(m, o, y) on
+// that lane after the store, y the stored (rounded) output. This one does nothing.
+struct GemvNoEpilogue {
+    static constexpr bool ACTIVE = false;
+    __device__ __forceinline__ void load(int lane, int o0, int R, int M) {}
+    __device__ __forceinline__ void apply(int m, int o, floatX y) {}
+};
+
+template <int M, bool GLU, bool NORM, int R, class Epi = GemvNoEpilogue>
 __global__ void __launch_bounds__(256)
     matmul_gemv_kernel(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC,
-                       GemvNorm nrm) {
+                       GemvNorm nrm, Epi epi) {
     extern __shared__ __align__(16) unsigned char gemv_rows[]; // NORM: (M, IC) the normed input rows
     constexpr int NS = GLU ? 2 : 1; // weight row sets: (gate, up) or one
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -359,6 +369,8 @@ __global__ void __launch_bounds__(256)
             for (int k = lane * LINE; k < IC; k += WARP_SIZE * LINE) { prefetch_l2(wrow[s][r] + k); }
         }
     }
+    Epi ep = epi; // (its per-lane operands in registers)
+    if constexpr (Epi::ACTIVE) { ep.load(lane, o0, R, M); }
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
     pdl_trigger();
     if constexpr (NORM) {
@@ -421,21 +433,26 @@ __global__ void __launch_bounds__(256)
             floatX o = y;
             if constexpr (GLU) { o = (floatX)(silu_f(to_float(y)) * to_float((floatX)warp_reduce_sum(acc[NS - 1][r][m]))); }
             if (lane == 0 && o0 + r < OC) { out[(size_t)m * out_stride + o0 + r] = o; }
+            if constexpr (Epi::ACTIVE) {
+                if (lane == m * R + r && o0 + r < OC) { ep.apply(m, o0 + r, o); }
+            }
         }
     }
 }
-// nrm NULL: the input rows are inp; else made from nrm (inp unused)
-template <bool GLU>
+// nrm NULL: the input rows are inp; else made from nrm (inp unused). epi (not NULL): an epilogue, with nrm only
+template <bool GLU, class Epi = GemvNoEpilogue>
 static bool matmul_gemv_launch(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC,
-                               int OC, const GemvNorm *nrm, cudaStream_t stream) {
+                               int OC, const GemvNorm *nrm, cudaStream_t stream, const Epi *epi = NULL) {
     const size_t smem = nrm != NULL ? (size_t)M * IC * sizeof(floatX) : 0;
     if (M < 1 || M > GEMV_MAX_M || IC % PACK != 0 || (uintptr_t)weight % 16 != 0) { return false; }
+    if (epi != NULL && (nrm == NULL || GLU)) { return false; }
     if (nrm == NULL && (uintptr_t)inp % 16 != 0) { return false; }
     if (nrm != NULL && (!rmsnorm_row_packs_ok(IC) || smem > 48 * 1024 ||
                         ((uintptr_t)nrm->x | (uintptr_t)nrm->branch | (uintptr_t)nrm->x_out | (uintptr_t)nrm->w) % 16 != 0)) {
         return false;
     }
     const GemvNorm none = {}, n = nrm != NULL ? *nrm : none;
+    const GemvNoEpilogue no_epi;
     // output rows a warp: 1 for a plain product of ≤ 2048 outputs (4× the blocks of R = 4: an H100's 1024-output GEMV
     // 4.9 → 3.2 µs at IC = 2752), else 2 (a prologue is made by every block: more blocks cost more there); the sums
     // are the same whatever R (each row's own lane order)
@@ -443,15 +460,18 @@ static bool matmul_gemv_launch(floatX *out, int out_stride, const floatX *inp, c
     const unsigned grid = (unsigned)CEIL_DIV(OC, 8 * R);
 #define GEMV_CASE(MM)                                                                                                  \
     case MM:                                                                                                           \
-        if (nrm != NULL) {                                                                                             \
+        if (epi != NULL) {                                                                                             \
+            launch_k(matmul_gemv_kernel<MM, GLU, true, 2, Epi>, grid, 256, smem, stream, out, out_stride, inp, weight,  \
+                     IC, OC, n, *epi);                                                                                 \
+        } else if (nrm != NULL) {                                                                                      \
             launch_k(matmul_gemv_kernel<MM, GLU, true, 2>, grid, 256, smem, stream, out, out_stride, inp, weight, IC,   \
-                     OC, n);                                                                                           \
+                     OC, n, no_epi);                                                                                   \
         } else if (R == 1) {                                                                                           \
             launch_k(matmul_gemv_kernel<MM, GLU, false, 1>, grid, 256, 0, stream, out, out_stride, inp, weight, IC, OC, \
-                     n);                                                                                               \
+                     n, no_epi);                                                                                       \
         } else {                                                                                                       \
             launch_k(matmul_gemv_kernel<MM, GLU, false, 2>, grid, 256, 0, stream, out, out_stride, inp, weight, IC, OC, \
-                     n);                                                                                               \
+                     n, no_epi);                                                                                       \
         }                                                                                                              \
         break
     switch (M) {
@@ -1170,14 +1190,19 @@ static inline GemvNorm step_gemv_norm(const StepInput *in) {
 }
 // out (B, OC), rows out_stride apart, = rows @ weightᵀ: in a decode step of up to GEMV_MAX_M sequences with the norm
 // in the product's prologue (the rows are then not stored), else the rows made first and matmul_forward_strided
-static void step_product(floatX *out, int out_stride, StepInput *in, const floatX *weight, int B, int C, int OC,
-                         const Runtime *rt) {
+// With epi (not NULL): true when the GEMV took the epilogue too (else the caller does its work).
+template <class Epi = GemvNoEpilogue>
+static bool step_product(floatX *out, int out_stride, StepInput *in, const floatX *weight, int B, int C, int OC,
+                         const Runtime *rt, const Epi *epi = NULL) {
     // (not for the LM head: its thousands of blocks would each make the rows again, B·C·4 bytes of L2 reads a block)
     if (!in->ready && rt->decode_step && OC <= 16384) {
         const GemvNorm n = step_gemv_norm(in);
-        if (matmul_gemv_launch<false>(out, out_stride, NULL, weight, B, C, OC, &n, rt->stream)) { return; }
+        if (matmul_gemv_launch<false, Epi>(out, out_stride, NULL, weight, B, C, OC, &n, rt->stream, epi)) {
+            return epi != NULL;
+        }
     }
     matmul_forward_strided(out, out_stride, step_input_rows(in, B, C, rt->stream), weight, B, C, OC, rt);
+    return false;
 }
 // h (B, F) = SwiGLU of the rows through up_w (2F, C), in one GEMV with the SwiGLU epilogue (and the norm in its
 // prologue unless the rows are ready); false (nothing launched) where that kernel cannot take the shape

@@ -262,15 +262,33 @@ static void conv1d_silu_backward(floatX *dx, float *dw, float *dbias, float *scr
 // One token of B sequences: act (B, CD) = SiLU(conv) over the new input x (B rows, stride x_stride) and the last W−1
 // inputs of each sequence in state (fp32 (W−1, CD), state_stride floats apart), which then shifts by one token. The
 // sum runs in the forward's order and pre is rounded to floatX as the forward stores it, so act matches the forward.
-// Channel c of sequence b (s: that sequence's window); the kernel below, and fused into a mixer's step kernels
+// The output of one channel: SiLU of bias + Σ_{j<W−1} tap(j)·win(j) + tap_last·xc in that order, win(j) the
+// window's value j (oldest first), tap(j) tap j as float; MAXW > 0: at most MAXW taps, the loop unrolled (win and tap
+// may read registers: the M²RNN in-projection's epilogue), 0: any W. Then channel c of sequence b (s: that sequence's
+// window): the kernel below, and fused into a mixer's step kernels.
+template <int MAXW, class WinAt, class TapAt>
+__device__ __forceinline__ floatX conv1d_silu_step_out(WinAt win, TapAt tap, float tap_last, float bias, float xc,
+                                                       int W) {
+    float acc = bias;
+    if constexpr (MAXW > 0) {
+#pragma unroll
+        for (int j = 0; j < MAXW - 1; j++) {
+            if (j < W - 1) { acc += tap(j) * win(j); }
+        }
+    } else {
+        for (int j = 0; j < W - 1; j++) { acc += tap(j) * win(j); }
+    }
+    acc += tap_last * xc;
+    return (floatX)silu_f(to_float((floatX)acc));
+}
 __device__ __forceinline__ void conv1d_silu_step_channel(floatX *act, float *s, const floatX *x, const floatX *w,
                                                          const floatX *bias, int b, int c, int CD, int W,
                                                          int x_stride) {
     const float xc = to_float(x[(long)b * x_stride + c]);
-    float acc = bias != NULL ? to_float(bias[c]) : 0.0f;
-    for (int j = 0; j < W - 1; j++) { acc += to_float(w[c * W + j]) * s[j * CD + c]; }
-    acc += to_float(w[c * W + W - 1]) * xc;
-    act[(long)b * CD + c] = (floatX)silu_f(to_float((floatX)acc));
+    const floatX *wc = w + (long)c * W;
+    act[(long)b * CD + c] = conv1d_silu_step_out<0>([&](int j) { return s[j * CD + c]; },
+                                                    [&](int j) { return to_float(wc[j]); }, to_float(wc[W - 1]),
+                                                    bias != NULL ? to_float(bias[c]) : 0.0f, xc, W);
     for (int j = 0; j + 1 < W - 1; j++) { s[j * CD + c] = s[(j + 1) * CD + c]; }
     if (W > 1) { s[(W - 2) * CD + c] = xc; }
 }

@@ -7,7 +7,8 @@ also runs through matmul_forward_strided with rt.decode_step set (the dispatch t
 programmatically (launch_pdl, cuda_common.h) as a chain of products that feed each other, against the same chain
 launched the ordinary way: bit for bit, and twice the same bits (no atomics). The SwiGLU form (matmul_gemv_glu) is
 held to the plain product of the 2F rows followed by the pointwise kernel, bit for bit, and the M²RNN step's fused conv
-+ decay gate (m2rnn_step_prep) to the conv step and the gate kernels: activations, gates and windows bit for bit; and
++ decay gate (m2rnn_step_prep) to the conv step and the gate kernels: activations, gates and windows bit for bit, and
+the same work in the in-projection's epilogue (M2RNNStepEpilogue) to the product followed by that kernel; and
 a product with the residual RMSNorm in its prologue (step_product, step_product_glu) to rmsnorm_forward + the GEMV,
 and the M²RNN step's output gate and mixer norm in the out-projection's prologue (GemvNorm's gate) to
 output_gate_forward + rmsnorm_forward + the GEMV; the GDN step's conv, q/k L2 norms and gates in one kernel
@@ -203,6 +204,68 @@ static void run_prep_case(Runtime *rt, int B, int CD, int N, int W) {
     for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(act[i])); cudaCheck(cudaFree(f[i])); cudaCheck(cudaFree(win[i])); }
 }
 
+// the M²RNN step's conv + decay gate in the in-projection's epilogue (step_product with M2RNNStepEpilogue) = the
+// product with the norm in its prologue, then m2rnn_step_prep: the projection, activations, gates, windows, x + branch
+// and the 1/rms bit for bit (R = CD + N + G rows, G of them past the gates, as the output gate's inputs are)
+static void run_conv_epi_case(Runtime *rt, int B, int C, int CD, int N, int G, int W) {
+    char name[96];
+    uint64_t seed = 0xe9105 ^ ((uint64_t)B << 32) ^ ((uint64_t)CD << 8) ^ (uint64_t)N;
+    const int R = CD + N + G, Rs = (R + 7) / 8 * 8;
+    const long stride = (long)(W - 1) * CD + 16; // a sequence's window, then room (as a decode state has its H)
+    const size_t nx = (size_t)B * C, nw = (size_t)R * C;
+    floatX *hx = (floatX *)mallocCheck(nx * sizeof(floatX)), *hb = (floatX *)mallocCheck(nx * sizeof(floatX));
+    floatX *hw = (floatX *)mallocCheck(nw * sizeof(floatX)), *hn = (floatX *)mallocCheck((size_t)C * sizeof(floatX));
+    floatX *hc = (floatX *)mallocCheck((size_t)CD * W * sizeof(floatX));
+    float *hs = (float *)mallocCheck((size_t)B * stride * sizeof(float)), *ha = (float *)mallocCheck(2 * (size_t)N * sizeof(float));
+    for (size_t i = 0; i < nx; i++) { hx[i] = (floatX)(2.0f * frand(&seed)); hb[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < nw; i++) { hw[i] = (floatX)(2.0f * frand(&seed) / sqrtf((float)C)); }
+    for (int i = 0; i < C; i++) { hn[i] = (floatX)(1.0f + 0.5f * frand(&seed)); }
+    for (size_t i = 0; i < (size_t)CD * W; i++) { hc[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < (size_t)B * stride; i++) { hs[i] = (float)(floatX)frand(&seed); }
+    for (int i = 0; i < 2 * N; i++) { ha[i] = frand(&seed); }
+    floatX *dx = upload(hx, nx), *db = upload(hb, nx), *dw = upload(hw, nw), *dn = upload(hn, (size_t)C);
+    floatX *dc = upload(hc, (size_t)CD * W), *proj[2], *act[2], *xo[2], *rows;
+    float *win[2], *f[2], *rs[2], *dA;
+    cudaCheck(cudaMalloc(&dA, 2 * (size_t)N * sizeof(float)));
+    cudaCheck(cudaMemcpy(dA, ha, 2 * (size_t)N * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMalloc(&rows, nx * sizeof(floatX)));
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaMalloc(&proj[i], (size_t)B * Rs * sizeof(floatX)));
+        cudaCheck(cudaMemset(proj[i], 0, (size_t)B * Rs * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&act[i], (size_t)B * CD * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&f[i], (size_t)B * N * sizeof(float)));
+        cudaCheck(cudaMalloc(&xo[i], nx * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&rs[i], (size_t)B * sizeof(float)));
+        cudaCheck(cudaMalloc(&win[i], (size_t)B * stride * sizeof(float)));
+        cudaCheck(cudaMemcpy(win[i], hs, (size_t)B * stride * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    rt->decode_step = 1;
+    bool fused = false;
+    for (int i = 0; i < 2; i++) { // 0: the product, then m2rnn_step_prep; 1: the epilogue
+        StepInput in = {rows, dx, db, dn, xo[i], rs[i], 0};
+        const M2RNNStepEpilogue epi = {act[i], win[i], stride, dc, f[i], dA, dA + N, CD, W, N};
+        if (i == 0) {
+            step_product(proj[0], Rs, &in, dw, B, C, R, rt);
+            m2rnn_step_prep(act[0], win[0], stride, f[0], proj[0], dc, dA, dA + N, B, CD, W, N, Rs, rt->stream);
+        } else {
+            fused = step_product(proj[1], Rs, &in, dw, B, C, R, rt, &epi);
+        }
+    }
+    rt->decode_step = 0;
+    cudaCheck(cudaStreamSynchronize(rt->stream));
+    const size_t sizes[6] = {(size_t)B * Rs * sizeof(floatX), (size_t)B * CD * sizeof(floatX), (size_t)B * N * sizeof(float),
+                             (size_t)B * stride * sizeof(float), nx * sizeof(floatX), (size_t)B * sizeof(float)};
+    const void *const bufs[6][2] = {{proj[0], proj[1]}, {act[0], act[1]}, {f[0], f[1]},
+                                    {win[0], win[1]}, {xo[0], xo[1]}, {rs[0], rs[1]}};
+    const bool same = fused && same_device_bytes(bufs, sizes, 6);
+    snprintf(name, sizeof(name), "M2RNN conv + gate in the product B=%d CD=%d N=%d W=%d", B, CD, N, W);
+    test_result(same, name, "= product + step prep kernel (projection, conv, gates, windows, norm): %s",
+                !fused ? "NOT FUSED" : same ? "bit for bit" : "DIFFER");
+    free(hx); free(hb); free(hw); free(hn); free(hc); free(hs); free(ha);
+    for (floatX *p : {dx, db, dw, dn, dc, rows, proj[0], proj[1], act[0], act[1], xo[0], xo[1]}) { cudaCheck(cudaFree(p)); }
+    for (float *p : {win[0], win[1], f[0], f[1], rs[0], rs[1], dA}) { cudaCheck(cudaFree(p)); }
+}
+
 // a product of the rows RMSNorm(x + branch) . w with the norm in the GEMV's prologue (step_product, a decode step) =
 // rmsnorm_forward then the GEMV: the output, x + branch and the 1/rms, bit for bit; and the SwiGLU form likewise
 static void run_norm_case(Runtime *rt, int M, int C, int OC, int with_branch) {
@@ -368,6 +431,10 @@ int main(void) {
     run_norm_case(&rt, 3, 1344, 77, 0);
     run_prep_case(&rt, 1, 1472, 84, 4);
     run_prep_case(&rt, 5, 200, 7, 2);
+    run_conv_epi_case(&rt, 1, 1024, 1472, 84, 1344, 4); // the 410M Hybrid M²RNN's in-projection
+    run_conv_epi_case(&rt, 8, 1024, 1472, 84, 1344, 4);
+    run_conv_epi_case(&rt, 3, 96, 40, 7, 13, 2);
+    run_conv_epi_case(&rt, 5, 64, 24, 3, 5, 3);
     run_gate_norm_case(&rt, 1, 1344, 1024, 1472, 2904); // the 410M Hybrid M²RNN's out-projection
     run_gate_norm_case(&rt, 8, 1344, 1024, 1472, 2904);
     run_gate_norm_case(&rt, 3, 256, 77, 300, 517);
