@@ -45,10 +45,12 @@ __global__ void rope_table_kernel(float2 *tab, int T, int HS, float theta) {
 // from tab; or, decoding (tab NULL, angles computed), at pos[r / T] + r % T: sequence r / T's T new tokens. A block
 // row (threadIdx.y) takes one token row, its threads the row's (head, chunk) pairs; a thread takes PACK pairs
 // (16-byte loads) where HS/2 is a multiple of PACK, else one. TABLE: the angles from tab (training); else computed in
-// double (decoding).
+// double (decoding), and with a cache (not NULL) the rotated k and the v of each row also stored there as
+// attention_append_kernel does (one launch instead of two, the same bits).
 template <bool TABLE>
 __global__ void attention_rope_kernel(floatX *qkv, int rows, int T, const float2 *tab, const int *pos, int NH, int NKV,
-                                      int HS, float theta, int inverse) {
+                                      int HS, float theta, int inverse, floatX *cache = NULL, long seq_stride = 0,
+                                      int context = 0) {
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
     pdl_trigger();
     const int half = HS / 2, heads = NH + NKV, per = half % PACK == 0 ? PACK : 1, chunks = half / per;
@@ -56,6 +58,21 @@ __global__ void attention_rope_kernel(floatX *qkv, int rows, int T, const float2
     if (r >= rows) { return; }
     const int t = pos != NULL ? pos[r / T] + r % T : r % T;
     floatX *row = qkv + (long)r * (NH + 2 * NKV) * HS;
+    const int kv = NKV * HS;
+    floatX *kc = cache != NULL ? cache + (long)(r / T) * seq_stride + (long)t * kv : NULL; // this row's cache slot
+    // (16-byte pieces where the slot and the row allow them: the append is one round trip, not one a 2-byte element)
+    const bool kc16 = kc != NULL && per == PACK && ((uintptr_t)kc | (uintptr_t)(kc + (long)context * kv)) % 16 == 0;
+    if (kc != NULL) { // the values as they are
+        const floatX *vr = row + NH * HS + kv;
+        floatX *vc = kc + (long)context * kv;
+        if (kc16 && kv % PACK == 0 && (uintptr_t)vr % 16 == 0) {
+            for (int e = threadIdx.x * PACK; e < kv; e += blockDim.x * PACK) {
+                *(Pack *)(vc + e) = *(const Pack *)(vr + e);
+            }
+        } else {
+            for (int e = threadIdx.x; e < kv; e += blockDim.x) { vc[e] = vr[e]; }
+        }
+    }
     const float2 *angles = TABLE ? tab + (long)t * half : NULL;
     for (int e = threadIdx.x; e < heads * chunks; e += blockDim.x) {
         const int h = e / chunks, c = e - h * chunks;
@@ -88,30 +105,42 @@ __global__ void attention_rope_kernel(floatX *qkv, int rows, int T, const float2
             x[0] = lo.v[0];
             x[half] = hi.v[0];
         }
+        if (kc != NULL && h >= NH) { // a rotated key: into the cache too
+            floatX *y = kc + (h - NH) * HS + c * per;
+            if (kc16) {
+                *(Pack *)y = lo;
+                *(Pack *)(y + half) = hi;
+            } else {
+                for (int k = 0; k < per; k++) {
+                    y[k] = lo.v[k];
+                    y[half + k] = hi.v[k];
+                }
+            }
+        }
     }
 }
 
-// rows of qkv rotated at positions r % T (tab: a (T, HS/2) float2 scratch the table is written to) or, decoding,
-// pos[r / T] + r % T
-static void attention_rope(floatX *qkv, long rows, int T, float2 *tab, const int *pos, const ModelConfig *c,
-                           int inverse, cudaStream_t stream) {
-    const int HS = c->attn.head_dim, half = HS / 2, per = half % PACK == 0 ? PACK : 1;
-    if (pos == NULL) {
-        rope_table_kernel<<<(unsigned)CEIL_DIV((long)T * half, 256L), 256, 0, stream>>>(tab, T, HS, c->attn.rope_theta);
-        cudaCheck(cudaGetLastError());
-    }
-    // a row's (head, chunk) pairs across threadIdx.x (a multiple of 32, at most 256), 256 threads a block
+// the rotation kernel's shape for `rows` token rows: a row's (head, chunk) pairs across threadIdx.x (a multiple of 32,
+// at most 256), 256 threads a block
+static void attention_rope_shape(dim3 *grid, dim3 *block, long rows, const ModelConfig *c) {
+    const int half = c->attn.head_dim / 2, per = half % PACK == 0 ? PACK : 1;
     const int pairs = (c->attn.heads + c->attn.kv_heads) * (half / per);
     const int bx = pairs >= 256 ? 256 : CEIL_DIV(pairs, WARP_SIZE) * WARP_SIZE, by = 256 / bx;
-    const dim3 grid((unsigned)CEIL_DIV(rows, (long)by)), block(bx, by);
-    if (pos == NULL) {
-        attention_rope_kernel<true><<<grid, block, 0, stream>>>(qkv, (int)rows, T, tab, NULL, c->attn.heads,
-                                                                c->attn.kv_heads, HS, c->attn.rope_theta, inverse);
-        cudaCheck(cudaGetLastError());
-    } else { // (decoding)
-        launch_k(attention_rope_kernel<false>, grid, block, 0, stream, qkv, (int)rows, T, (const float2 *)NULL, pos,
-                 c->attn.heads, c->attn.kv_heads, HS, c->attn.rope_theta, inverse);
-    }
+    *grid = dim3((unsigned)CEIL_DIV(rows, (long)by));
+    *block = dim3(bx, by);
+}
+
+// rows of qkv rotated at positions r % T (tab: a (T, HS/2) float2 scratch the table is written to)
+static void attention_rope(floatX *qkv, long rows, int T, float2 *tab, const ModelConfig *c, int inverse,
+                           cudaStream_t stream) {
+    const int HS = c->attn.head_dim;
+    rope_table_kernel<<<(unsigned)CEIL_DIV((long)T * (HS / 2), 256L), 256, 0, stream>>>(tab, T, HS, c->attn.rope_theta);
+    cudaCheck(cudaGetLastError());
+    dim3 grid, block;
+    attention_rope_shape(&grid, &block, rows, c);
+    attention_rope_kernel<true><<<grid, block, 0, stream>>>(qkv, (int)rows, T, tab, NULL, c->attn.heads,
+                                                            c->attn.kv_heads, HS, c->attn.rope_theta, inverse);
+    cudaCheck(cudaGetLastError());
 }
 
 // decoding: the new tokens (qkv (B·T, W) rows, already rotated; T a sequence) appended to each sequence's cache at
@@ -136,6 +165,21 @@ static void attention_append(floatX *cache, long seq_stride, const floatX *qkv, 
     const long n = (long)B * T * c->attn.kv_heads * c->attn.head_dim;
     launch_k(attention_append_kernel, (unsigned)CEIL_DIV(n, 256L), 256, 0, stream, cache, seq_stride, qkv, pos, B, T,
              c->attn.heads, c->attn.kv_heads, c->attn.head_dim, context);
+}
+
+// decoding: B sequences' T new token rows of qkv rotated at their positions (with RoPE) and appended to the caches,
+// in one launch (the rotation's kernel stores the keys and values too) or, without RoPE, the append alone
+static void attention_rope_append(floatX *qkv, floatX *cache, long seq_stride, const int *pos, int B, int T,
+                                  const ModelConfig *c, int context, cudaStream_t stream) {
+    if (!c->attn.rope) {
+        attention_append(cache, seq_stride, qkv, pos, B, T, c, context, stream);
+        return;
+    }
+    const long rows = (long)B * T;
+    dim3 grid, block;
+    attention_rope_shape(&grid, &block, rows, c);
+    launch_k(attention_rope_kernel<false>, grid, block, 0, stream, qkv, (int)rows, T, (const float2 *)NULL, pos,
+             c->attn.heads, c->attn.kv_heads, c->attn.head_dim, c->attn.rope_theta, 0, cache, seq_stride, context);
 }
 
 #if !FLOATX_IS_FP32
@@ -467,7 +511,7 @@ static void attention_mixer_forward(floatX *out, void *acts, void *scratch, cons
     const int BT = B * T, C = c->d_model, NH = c->attn.heads, HS = c->attn.head_dim, inner = NH * HS;
     const int W = (NH + 2 * c->attn.kv_heads) * HS;
     matmul_forward(a.qkv, inp, w->qkv_w, BT, C, W, rt);
-    if (c->attn.rope) { attention_rope(a.qkv, BT, T, s.rope_tab, NULL, c, 0, rt->stream); }
+    if (c->attn.rope) { attention_rope(a.qkv, BT, T, s.rope_tab, c, 0, rt->stream); }
 #if !FLOATX_IS_FP32
     attention_core_forward(&a, c, B, T, rt);
 #else
@@ -489,7 +533,7 @@ static void attention_mixer_backward(floatX *dinp, void *scratch, const floatX *
     const int W = (NH + 2 * c->attn.kv_heads) * HS;
     matmul_backward(s.d_attn_y, g->out_w, dout, a.attn_y, w->out_w, BT, inner, C, 0, rt);
     attention_core_backward(&s, &a, c, B, T, rt);
-    if (c->attn.rope) { attention_rope(s.d_qkv, BT, T, s.rope_tab, NULL, c, 1, rt->stream); } // a rotation's adjoint
+    if (c->attn.rope) { attention_rope(s.d_qkv, BT, T, s.rope_tab, c, 1, rt->stream); } // a rotation's adjoint
     matmul_backward(dinp, g->qkv_w, s.d_qkv, inp, w->qkv_w, BT, C, W, 0, rt);
 }
 
@@ -515,8 +559,7 @@ static void attention_mixer_step(floatX *out, void *state, void *work, StepInput
     const long seq = (long)(attention_mixer_state_bytes(c, context) / sizeof(floatX)); // elements a sequence
     floatX *cache = (floatX *)state;
     step_product(a.qkv, W, in, w->qkv_w, B, C, W, rt);
-    if (c->attn.rope) { attention_rope(a.qkv, B, 1, NULL, pos, c, 0, rt->stream); }
-    attention_append(cache, seq, a.qkv, pos, B, 1, c, context, rt->stream);
+    attention_rope_append(a.qkv, cache, seq, pos, B, 1, c, context, rt->stream);
     const float scale = 1.0f / sqrtf((float)HS);
 #if !FLOATX_IS_FP32
     // sequence b's split workspace follows its cache (seq elements, i.e. seq / 2 floats, apart)
@@ -560,8 +603,7 @@ static void attention_mixer_advance(floatX *out, void *state, void *work, const 
     attention_scratch_layout(&s, (char *)work + acts_bytes, c, B, T);
     int *lens = (int *)s.D; // B ints in the D scratch (B·T·NH floats)
     matmul_forward(a.qkv, inp, w->qkv_w, BT, C, W, rt);
-    if (c->attn.rope) { attention_rope(a.qkv, BT, T, NULL, pos, c, 0, rt->stream); }
-    attention_append(cache, seq, a.qkv, pos, B, T, c, context, rt->stream);
+    attention_rope_append(a.qkv, cache, seq, pos, B, T, c, context, rt->stream);
     attention_lens_kernel<<<CEIL_DIV(B, 128), 128, 0, rt->stream>>>(lens, pos, B, T);
     cudaCheck(cudaGetLastError());
     AttnDims d;

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
         floatX *qkv = bench_alloc_x((long)M * 3 * C, 3);
         float2 *tab = NULL;
         cudaCheck(cudaMalloc(&tab, (size_t)T * HS / 2 * sizeof(float2)));
-        const float ms = bench_median([&] { attention_rope(qkv, M, T, tab, NULL, &c, 0, s); }, repeats);
+        const float ms = bench_median([&] { attention_rope(qkv, M, T, tab, &c, 0, s); }, repeats);
         report("RoPE (table + rotation)", ms, (double)M * 2 * C * 2 * 2, 48);
         cudaFree(qkv);
         cudaFree(tab);
