@@ -27,6 +27,7 @@ Without a GPU it prints a SKIP line and exits 0.
 #include "m2rnn.cuh"
 #include "gate.cuh"
 #include "gdn.cuh"
+#include "attention.cuh"
 #include "test/test_common.h"
 
 #if FLOATX_IS_FP32
@@ -357,6 +358,50 @@ static void run_gate_norm_case(Runtime *rt, int M, int NV, int OC, int vs, int g
     cudaCheck(cudaFree(rs[0])); cudaCheck(cudaFree(rs[1]));
 }
 
+// RoPE and the cache append in one kernel (attention_rope_append) = the rotation kernel then attention_append_kernel:
+// the rotated qkv rows and both caches bit for bit (B sequences of T new tokens at distinct positions; HS = 64 takes
+// the 16-byte pieces, HS = 12 the element path)
+static void run_rope_append_case(Runtime *rt, int B, int T, int NH, int NKV, int HS, int context, int room) {
+    char name[96];
+    uint64_t seed = 0x40be ^ ((uint64_t)B << 32) ^ ((uint64_t)NH << 16) ^ ((uint64_t)HS << 4) ^ (uint64_t)T;
+    ModelConfig c;
+    memset(&c, 0, sizeof(c));
+    c.attn.heads = NH;
+    c.attn.kv_heads = NKV;
+    c.attn.head_dim = HS;
+    c.attn.rope = 1;
+    c.attn.rope_theta = 10000.0f;
+    const int W = (NH + 2 * NKV) * HS, kv = NKV * HS;
+    const long seq = 2L * context * kv + room; // keys, values, room (as a decode state has; 4: slots not 16-byte aligned)
+    const size_t nq = (size_t)B * T * W, nc = (size_t)B * seq;
+    floatX *hq = (floatX *)mallocCheck(nq * sizeof(floatX)), *hc = (floatX *)mallocCheck(nc * sizeof(floatX));
+    for (size_t i = 0; i < nq; i++) { hq[i] = (floatX)(2.0f * frand(&seed)); }
+    for (size_t i = 0; i < nc; i++) { hc[i] = (floatX)frand(&seed); }
+    int hp[8];
+    for (int b = 0; b < B; b++) { hp[b] = (b * 37 + 5) % (context - T); }
+    int *dp;
+    cudaCheck(cudaMalloc(&dp, B * sizeof(int)));
+    cudaCheck(cudaMemcpy(dp, hp, B * sizeof(int), cudaMemcpyHostToDevice));
+    floatX *q[2] = {upload(hq, nq), upload(hq, nq)}, *cache[2] = {upload(hc, nc), upload(hc, nc)};
+    dim3 grid, block;
+    attention_rope_shape(&grid, &block, (long)B * T, &c);
+    attention_rope_kernel<false><<<grid, block, 0, rt->stream>>>(q[0], B * T, T, (const float2 *)NULL, dp, NH, NKV, HS,
+                                                                c.attn.rope_theta, 0);
+    cudaCheck(cudaGetLastError());
+    attention_append(cache[0], seq, q[0], dp, B, T, &c, context, rt->stream);
+    attention_rope_append(q[1], cache[1], seq, dp, B, T, &c, context, rt->stream);
+    cudaCheck(cudaStreamSynchronize(rt->stream));
+    const void *const bufs[2][2] = {{q[0], q[1]}, {cache[0], cache[1]}};
+    const size_t sizes[2] = {nq * sizeof(floatX), nc * sizeof(floatX)};
+    const bool same = same_device_bytes(bufs, sizes, 2);
+    snprintf(name, sizeof(name), "RoPE + cache append B=%d T=%d NH=%d NKV=%d HS=%d%s", B, T, NH, NKV, HS,
+             room % 8 ? " unaligned" : "");
+    test_result(same, name, "= rotation kernel + append kernel (rows, keys, values): %s", same ? "bit for bit" : "DIFFER");
+    free(hq); free(hc);
+    for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(q[i])); cudaCheck(cudaFree(cache[i])); }
+    cudaCheck(cudaFree(dp));
+}
+
 // the GDN step's conv + q/k L2 norms + gates in one kernel (gdn_step_prep) = the four kernels (gdn_step_prep_unfused):
 // the conv outputs, the windows, qn, kn, their 1/norms and both gates bit for bit
 static void run_gdn_prep_case(Runtime *rt, int B, int H, int K, int V, int W, int neg) {
@@ -443,6 +488,10 @@ int main(void) {
         run_gdn_prep_case(&rt, 5, 16, 128, 128, 4, 1);
     }
     run_gdn_prep_case(&rt, 3, 3, 64, 40, 3, 0);
+    run_rope_append_case(&rt, 1, 1, 16, 16, 64, 1024, 8); // the 410M Transformer++'s layer, a decode step
+    run_rope_append_case(&rt, 5, 1, 8, 2, 64, 300, 4);    // GQA, sequences' slots not 16-byte aligned
+    run_rope_append_case(&rt, 2, 7, 4, 4, 64, 100, 8);    // a prefill chunk
+    run_rope_append_case(&rt, 3, 2, 6, 3, 12, 50, 8);     // the element path
     runtime_free(&rt);
     return test_summary(SUITE);
 }
