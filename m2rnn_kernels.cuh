@@ -182,9 +182,22 @@ __device__ __forceinline__ void store_state(float *dst, const float (&S)[V / 8][
     }
 }
 
-// the warp's 16 rows of a head's state as a checkpoint (accumulator layout, pairs of columns a store)
+// load_state / store_state a pair of columns at a time (float2), for a block known to be 8-byte aligned (the
+// checkpoints; the decode step's states, whose stride m2rnn_step checks)
 template <int V>
-__device__ __forceinline__ void store_ckpt(float *dst, const float (&S)[V / 8][4], int row0, int t4) {
+__device__ __forceinline__ void load_state_pairs(float (&S)[V / 8][4], const float *src, int row0, int t4) {
+#pragma unroll
+    for (int h = 0; h < V / 8; h++) {
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            const float2 x = *(const float2 *)(src + frag_offset<V>(row0, t4, h, e));
+            S[h][e] = x.x;
+            S[h][e + 1] = x.y;
+        }
+    }
+}
+template <int V>
+__device__ __forceinline__ void store_state_pairs(float *dst, const float (&S)[V / 8][4], int row0, int t4) {
 #pragma unroll
     for (int h = 0; h < V / 8; h++) {
 #pragma unroll
@@ -560,14 +573,14 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
         }
         __syncthreads();
         // H before tokens 0 and 16, for the backward's recompute
-        if (ckpt) { store_ckpt<V>(ckpt + ckpt_off(m, c, 0, N, K, V, head_off), S, row0, t4); }
+        if (ckpt) { store_state_pairs<V>(ckpt + ckpt_off(m, c, 0, N, K, V, head_off), S, row0, t4); }
         const Stage<V, HPC, false> st(smem + (c & 1) * stage_bytes, K);
         const int ks = st.ks;
         bool done = false;
         if constexpr (V == 16) {
             if (len == M2RNN_CHUNK) {
                 forward_chunk16<V, HPC>(S, aS, bW, st, ybuf, 0, warp, hh, rb, lane);
-                if (ckpt) { store_ckpt<V>(ckpt + ckpt_off(m, c, 1, N, K, V, head_off), S, row0, t4); }
+                if (ckpt) { store_state_pairs<V>(ckpt + ckpt_off(m, c, 1, N, K, V, head_off), S, row0, t4); }
                 forward_chunk16<V, HPC>(S, aS, bW, st, ybuf, 1, warp, hh, rb, lane);
                 done = true;
             }
@@ -603,7 +616,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
                 }
             };
             for (int i = 0; i < len; i++) {
-                if (i == 16 && ckpt) { store_ckpt<V>(ckpt + ckpt_off(m, c, 1, N, K, V, head_off), S, row0, t4); }
+                if (i == 16 && ckpt) { store_state_pairs<V>(ckpt + ckpt_off(m, c, 1, N, K, V, head_off), S, row0, t4); }
                 token(i);
             }
         }
@@ -1156,15 +1169,7 @@ __global__ void __launch_bounds__(512)
     if (live) {
         float *Hn = state + (size_t)b * state_stride + (size_t)n * K * V;
         float S[NT][4];
-#pragma unroll
-        for (int h = 0; h < NT; h++) {
-#pragma unroll
-            for (int e = 0; e < 4; e += 2) {
-                const float2 x = *(const float2 *)(Hn + frag_offset<V>(row0, t4, h, e));
-                S[h][e] = x.x;
-                S[h][e + 1] = x.y;
-            }
-        }
+        load_state_pairs<V>(S, Hn, row0, t4);
         uint32_t aS[NS][4];
         pack_frag<V>(aS, S);
         const floatX *kb = k + b * sk + (long)qh * K, *qb = q + b * sq + (long)qh * K, *vb = v + b * sv + (long)n * V;
@@ -1180,13 +1185,7 @@ __global__ void __launch_bounds__(512)
             in.vv[h][1] = bf_hi(u);
         }
         forward_step<V, 1>(S, aS, bW, in);
-#pragma unroll
-        for (int h = 0; h < NT; h++) {
-#pragma unroll
-            for (int e = 0; e < 4; e += 2) {
-                *(float2 *)(Hn + frag_offset<V>(row0, t4, h, e)) = make_float2(S[h][e], S[h][e + 1]);
-            }
-        }
+        store_state_pairs<V>(Hn, S, row0, t4);
         // y partial over this warp's rows, as the forward's one-token path: A = q broadcast over output rows 0..7
         uint32_t aq[4];
         aq[0] = *(const uint32_t *)(qb + rb * 16 + 2 * t4);
