@@ -464,8 +464,8 @@ static void m2rnn_step_prep(floatX *act, float *window, long state_stride, float
 // head o − CD's decay gate input, and the lane that holds row o of sequence m makes its conv output and shifts its
 // window (conv1d_silu_step_out) or makes its gate (decay_gate_value) from the rounded product, so the same bits as the
 // product followed by m2rnn_step_prep (test_decode_gpu). The window values, taps and gate parameters are read before
-// the GEMV's dependency wait (nothing before it in the step writes them).
-#define M2RNN_EPI_MAX_W CONV_MAX_W
+// the GEMV's dependency wait (nothing before it in the step writes them). Conv widths up to CONV_MAX_W (the lane's
+// window and taps are registers).
 struct M2RNNStepEpilogue {
     static constexpr bool ACTIVE = true;
     floatX *act;              // (M, CD) the conv's SiLU outputs
@@ -475,7 +475,7 @@ struct M2RNNStepEpilogue {
     float *f;                 // (M, N) the decay gates
     const float *A_log, *dt_bias; // (N)
     int CD, W, N;
-    float win[M2RNN_EPI_MAX_W - 1], tap[M2RNN_EPI_MAX_W - 1], tap_last, a_log, dtb; // the lane's operands
+    float win[CONV_MAX_W - 1], tap[CONV_MAX_W - 1], tap_last, a_log, dtb; // the lane's operands
     __device__ __forceinline__ void load(int lane, int o0, int R, int M) {
         const int m = lane / R, o = o0 + lane % R;
         if (m >= M) { return; }
@@ -483,7 +483,7 @@ struct M2RNNStepEpilogue {
             const float *s = window + (long)m * stride;
             const floatX *wc = conv_w + (long)o * W;
 #pragma unroll
-            for (int j = 0; j < M2RNN_EPI_MAX_W - 1; j++) {
+            for (int j = 0; j < CONV_MAX_W - 1; j++) {
                 if (j < W - 1) {
                     win[j] = s[(long)j * CD + o];
                     tap[j] = to_float(wc[j]);
@@ -498,12 +498,12 @@ struct M2RNNStepEpilogue {
     __device__ __forceinline__ void apply(int m, int o, floatX y) {
         const float xc = to_float(y);
         if (o < CD) {
-            act[(long)m * CD + o] = conv1d_silu_step_out<M2RNN_EPI_MAX_W>([&](int j) { return win[j]; },
-                                                                          [&](int j) { return tap[j]; }, tap_last,
-                                                                          0.0f, xc, W);
+            act[(long)m * CD + o] = conv1d_silu_step_out<CONV_MAX_W>([&](int j) { return win[j]; },
+                                                                     [&](int j) { return tap[j]; }, tap_last, 0.0f,
+                                                                     xc, W);
             float *s = window + (long)m * stride;
 #pragma unroll
-            for (int j = 0; j + 1 < M2RNN_EPI_MAX_W - 1; j++) {
+            for (int j = 0; j + 1 < CONV_MAX_W - 1; j++) {
                 if (j + 1 < W - 1) { s[(long)j * CD + o] = win[j + 1]; }
             }
             if (W > 1) { s[(long)(W - 2) * CD + o] = xc; }
@@ -529,7 +529,7 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in
     // the conv and the decay gate in the in-projection's epilogue where the GEMV takes the product, else their kernel
     const M2RNNStepEpilogue epi = {a.conv_act, window, stride, w->conv_w, a.f, w32->A_log, w32->dt_bias, CD,
                                    c->m2rnn.conv, N};
-    if (!step_product(a.proj, Rs, in, w->in_w, B, C, R, rt, c->m2rnn.conv <= M2RNN_EPI_MAX_W ? &epi : NULL)) {
+    if (!step_product(a.proj, Rs, in, w->in_w, B, C, R, rt, c->m2rnn.conv <= CONV_MAX_W ? &epi : NULL)) {
         m2rnn_step_prep(a.conv_act, window, stride, a.f, a.proj, w->conv_w, w32->A_log, w32->dt_bias, B, CD,
                         c->m2rnn.conv, N, Rs, stream);
     }
