@@ -365,6 +365,11 @@ build/bench_decode_matmul: dev/bench/bench_decode_matmul.cu dev/bench/bench_comm
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
 
+# the decode step's skinny tensor-core product (9-64 rows) against cuBLASLt's dispatch on the 410M shapes
+build/bench_skinny: dev/bench/bench_skinny.cu dev/bench/bench_common.cuh $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+
 # a prototype of the persistent decode step: a chain of the layer products as GEMV kernels in a graph vs one
 # cooperative kernel streaming each CTA's weight rows into a shared-memory ring (dev/bench/NOTES.md)
 build/bench_persistent: dev/bench/bench_persistent.cu dev/bench/bench_common.cuh $(TRAINER_GPU_HEADERS)
@@ -379,7 +384,7 @@ build/bench_tp: dev/bench/bench_tp.cu dev/bench/bench_common.cuh train_m2rnn.cu 
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) $(TRAINER_PARALLEL) -o $@ $< $(NVCC_LDLIBS) $(TRAINER_PARALLEL_LIBS)
 
-CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_memory_kernels build/bench_infer build/bench_decode_matmul build/bench_persistent build/bench_moe build/bench_gdn build/bench_tp
+CUDA_PROGRAMS += $(TRAINER_PROGRAMS) build/bench_train_step build/bench_memory_kernels build/bench_infer build/bench_decode_matmul build/bench_skinny build/bench_persistent build/bench_moe build/bench_gdn build/bench_tp
 CUDA_TESTS += $(TRAINER_TESTS)
 
 # ---------------------------------------------------------------------------------------------------------------

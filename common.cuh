@@ -1,6 +1,7 @@
 /*
 common.cuh: the GPU foundation every layer uses, mirroring ref/common.h: the runtime context (device, stream,
-cuBLASLt handle and workspace: no global device or stream), cuBLASLt matmuls, the embedding (forward, deterministic
+cuBLASLt handle and workspace: no global device or stream), cuBLASLt matmuls (and a decode step's own GEMV and skinny
+tensor-core products), the embedding (forward, deterministic
 backward), RMSNorm with the residual add fused in, the classifier (cross-entropy over the real vocabulary of the
 padded one, its gradient written in place of the logits, probabilities never stored), AdamW on fp32 master weights,
 the global gradient norm, fixed-order partial reductions; and the small interface every layer kind implements
@@ -19,6 +20,7 @@ reproducible on a given GPU.
 #include <cublas_v2.h>
 
 #include "cuda_common.h"
+#include "tiles.cuh"
 #include "model.h"
 #include "utils.h"
 
@@ -491,10 +493,188 @@ static bool matmul_gemv_glu(floatX *h, const floatX *inp, const floatX *up_w, in
     return matmul_gemv_launch<true>(h, F, inp, up_w, M, IC, F, NULL, stream);
 }
 
-// out (M, OC) = inp (M, IC) @ weightᵀ, weight (OC, IC), all row-major; out's rows are out_stride ≥ OC apart
+// ----------------------------------------------------------------------------------------------------------------
+// The skinny product: a decode step's product of 9..64 token rows on the tensor cores, taken by
+// matmul_forward_strided in a decode step where cuBLASLt would need a thin second product (OC not a multiple of 8:
+// the M²RNN and GDN in-projections; M2RNN_SKINNY=0 for cuBLASLt there too). Its speed against cuBLASLt:
+// dev/bench/bench_skinny.cu, NOTES.md (inference round 7).
+// A CTA of 4 warps takes 64 output rows and one K slice (≤ SK_NKB blocks of 32); a warp 16 rows with m16n8k16,
+// A = its weight rows loaded from global memory straight into fragments (one 16-byte load a row a 32-wide k block
+// gives a thread its k pairs for two k16 steps: within each block, MMA k slots (2t, 2t+1), (2t+8, 2t+9) of step s
+// hold physical k 8t + 4s + {0,1}, {2,3}; a bijection, applied to both operands), B = the token rows of the slice
+// staged once a CTA in shared memory by cp.async, 8·MT tokens in MT n-tiles. The weight loads are issued before the
+// dependency wait (programmatic launch: under the kernel before's tail). K is split over the S CTAs of a thread block
+// cluster: each writes its fp32 partial tile to its own shared memory, and after a cluster barrier CTA r sums the r-th
+// share of the tile's outputs over the S partials in split order through distributed shared memory, so the result
+// is the same whichever CTA sums it (deterministic, launch order and programmatic launch alike).
+#if !FLOATX_IS_FP32
+#define SK_ROWS 64 // output rows a CTA: 4 warps × 16
+#define SK_KB 32   // a k block: one 16-byte piece of a row a thread of a quad
+#define SK_NKB 12  // k blocks a CTA at most (its weight fragments in registers: 2·SK_NKB 16-byte loads a thread)
+#define SK_MAX_S 8 // K splits: the CTAs of a cluster (the portable most)
+#define SK_RED_LD (SK_ROWS + 4) // floats a token row of a CTA's partial tile (conflict-free stores of the fragments)
+
+// y (M, OC) rows y_stride apart = x (M, IC) @ wᵀ. Grid (tiles, S) in clusters (1, S): the S CTAs of a cluster take
+// one tile's K in S slices of nkb k blocks (the last possibly shorter) and sum their fp32 partials through each
+// other's shared memory, CTA r the r-th share of the tile's outputs, each output in split order (so the result does
+// not depend on which CTA sums it or when); xs_ld: a token row of the staged slice, in elements.
+template <int MT>
+__global__ void __launch_bounds__(128, 2)
+    skinny_kernel(floatX *y, int y_stride, const floatX *x, const floatX *w, int M, int IC, int OC, int nkb_per,
+                  int xs_ld) {
+    using namespace tiles;
+    extern __shared__ __align__(16) unsigned char sk_smem[];
+    // (8·MT, xs_ld) the token rows' K slice; rows ≡ 64 mod 128 bytes apart, so the 8 lanes of each phase of a
+    // 16-byte load (rows g, g + 1, four pieces each) fall in distinct banks. Reused after the MMAs as red.
+    floatX *xs = (floatX *)sk_smem;
+    // (8·MT, SK_RED_LD) this CTA's fp32 partial, token-major
+    float *red = (float *)sk_smem;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t4 = lane % 4;
+    const int tile = blockIdx.x, split = blockIdx.y, S = gridDim.y; // split = the CTA's rank in its cluster
+    const int kb0 = split * nkb_per, nkb = min(nkb_per, IC / SK_KB - kb0), k0 = kb0 * SK_KB;
+    const int o0 = tile * SK_ROWS + warp * 16;
+    // the weight rows g and g + 8 of this warp, a 16-byte piece a k block, in flight first (rows past OC clamped)
+    uint4 wa[SK_NKB], wb[SK_NKB];
+    const floatX *ra = w + (size_t)min(o0 + g, OC - 1) * IC + k0 + 8 * t4;
+    const floatX *rb = w + (size_t)min(o0 + g + 8, OC - 1) * IC + k0 + 8 * t4;
+#pragma unroll
+    for (int kb = 0; kb < SK_NKB; kb++) {
+        if (kb < nkb) {
+            wa[kb] = __ldg((const uint4 *)(ra + kb * SK_KB));
+            wb[kb] = __ldg((const uint4 *)(rb + kb * SK_KB));
+        }
+    }
+    // the weights do not depend on the kernel before (a decode step launches this one programmatically: the loads
+    // above run under that kernel's tail); the token rows and the outputs do
+    pdl_wait();
+    pdl_trigger();
+    // the token rows' slice (rows past M zero)
+    const int pieces = nkb * SK_KB / 8;
+    for (int i = threadIdx.x; i < 8 * MT * pieces; i += blockDim.x) {
+        const int r = i / pieces, c = (i % pieces) * 8;
+        floatX *dst = xs + r * xs_ld + c;
+        if (r < M) { cp_async16(smem_addr(dst), x + (size_t)r * IC + k0 + c); }
+        else { *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u); }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    float acc[MT][4];
+#pragma unroll
+    for (int j = 0; j < MT; j++) { acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f; }
+#pragma unroll
+    for (int kb = 0; kb < SK_NKB; kb++) {
+        if (kb >= nkb) { break; }
+        const uint32_t a0[4] = {wa[kb].x, wb[kb].x, wa[kb].y, wb[kb].y}; // k step 0: physical 8t4 + 0..3
+        const uint32_t a1[4] = {wa[kb].z, wb[kb].z, wa[kb].w, wb[kb].w}; // k step 1: 8t4 + 4..7
+#pragma unroll
+        for (int j = 0; j < MT; j++) {
+            const uint4 bx = *(const uint4 *)(xs + (8 * j + g) * xs_ld + kb * SK_KB + 8 * t4);
+            mma16816(acc[j], a0, bx.x, bx.y);
+            mma16816(acc[j], a1, bx.z, bx.w);
+        }
+    }
+    __syncthreads(); // every warp's reads of xs done: red overwrites it
+    // acc[j]: rows warp·16 + g (0, 1) and + 8 (2, 3), tokens 8j + 2t4 (0, 2) and + 1 (1, 3)
+#pragma unroll
+    for (int j = 0; j < MT; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            red[(8 * j + 2 * t4 + (e & 1)) * SK_RED_LD + warp * 16 + g + (e >= 2 ? 8 : 0)] = acc[j][e];
+        }
+    }
+    cluster_sync(); // every CTA's partial written
+    // this CTA's share: groups of 4 outputs (one token, 4 rows) i ≡ split mod S, summed over the S partials in order
+    const uint32_t red_s = smem_addr(red);
+    const int groups = 8 * MT * SK_ROWS / 4;
+    for (int i = split * blockDim.x + threadIdx.x; i < groups; i += S * blockDim.x) {
+        const int m = i / (SK_ROWS / 4), c = (i % (SK_ROWS / 4)) * 4;
+        const uint32_t off = red_s + (uint32_t)(m * SK_RED_LD + c) * 4u;
+        float4 s = ld_dsmem_f4(off, 0);
+        for (int r = 1; r < S; r++) {
+            const float4 v = ld_dsmem_f4(off, (uint32_t)r);
+            s.x += v.x;
+            s.y += v.y;
+            s.z += v.z;
+            s.w += v.w;
+        }
+        const int o = tile * SK_ROWS + c;
+        if (m < M) {
+            floatX *yr = y + (size_t)m * y_stride + o;
+            if (o < OC) { yr[0] = (floatX)s.x; }
+            if (o + 1 < OC) { yr[1] = (floatX)s.y; }
+            if (o + 2 < OC) { yr[2] = (floatX)s.z; }
+            if (o + 3 < OC) { yr[3] = (floatX)s.w; }
+        }
+    }
+    cluster_sync(); // no CTA leaves while the others read its partial
+}
+
+// K splits for a shape: the fewest whose slices fit the registers, then more while the grid is under 1.5 CTAs an SM
+// (at most SK_MAX_S); no empty split. 0 where IC needs more than SK_MAX_S slices.
+static int skinny_splits(int IC, int OC, int sms) {
+    const int tiles = CEIL_DIV(OC, SK_ROWS), nkb = IC / SK_KB;
+    int S = CEIL_DIV(nkb, SK_NKB);
+    if (S > SK_MAX_S) { return 0; }
+    while (S < SK_MAX_S && S < nkb && 2L * tiles * S < 3L * sms) { S++; }
+    return CEIL_DIV(nkb, CEIL_DIV(nkb, S));
+}
+// false (nothing launched) where the shape does not fit the kernel
+static bool skinny_product(floatX *y, int y_stride, const floatX *x, const floatX *w, int M, int IC, int OC,
+                           int S, cudaStream_t stream) {
+    if (M < 1 || M > 64 || IC % SK_KB != 0 || S < 1 || S > SK_MAX_S || ((uintptr_t)x | (uintptr_t)w) % 16 != 0) {
+        return false;
+    }
+    const int nkb = IC / SK_KB, per = CEIL_DIV(nkb, S);
+    if (per > SK_NKB || CEIL_DIV(nkb, per) != S) { return false; }
+    const int MT = M <= 16 ? 2 : M <= 32 ? 4 : 8;
+    const int xs_ld = per * SK_KB + (per % 2 == 0 ? 32 : 0); // 64·per (+ 64) bytes: ≡ 64 mod 128
+    const size_t xs_bytes = (size_t)8 * MT * xs_ld * sizeof(floatX), red_bytes = (size_t)8 * MT * SK_RED_LD * 4;
+    const size_t smem = xs_bytes > red_bytes ? xs_bytes : red_bytes;
+    static bool smem_set = false;
+    if (!smem_set) { // the MT = 8 instance's 12 k blocks: 53 KB
+        const int most = 8 * 8 * (SK_NKB * SK_KB + 32) * (int)sizeof(floatX);
+        cudaCheck(cudaFuncSetAttribute(skinny_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+        cudaCheck(cudaFuncSetAttribute(skinny_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+        cudaCheck(cudaFuncSetAttribute(skinny_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+        smem_set = true;
+    }
+    const dim3 grid(CEIL_DIV(OC, SK_ROWS), S), cluster(1, S, 1);
+    if (MT == 2) {
+        launch_k_cluster(skinny_kernel<2>, grid, 128, smem, stream, cluster, y, y_stride, x, w, M, IC, OC, per, xs_ld);
+    } else if (MT == 4) {
+        launch_k_cluster(skinny_kernel<4>, grid, 128, smem, stream, cluster, y, y_stride, x, w, M, IC, OC, per, xs_ld);
+    } else {
+        launch_k_cluster(skinny_kernel<8>, grid, 128, smem, stream, cluster, y, y_stride, x, w, M, IC, OC, per, xs_ld);
+    }
+    return true;
+}
+
+// the decode dispatch: false (nothing launched) where the kernel cannot take the shape
+static int skinny_on = -1;
+static bool matmul_skinny(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC, int OC,
+                          const Runtime *rt) {
+    if (skinny_on < 0) {
+        const char *e = getenv("M2RNN_SKINNY");
+        skinny_on = !(e != NULL && strcmp(e, "0") == 0);
+    }
+    // only where cuBLASLt needs a thin product beside its main one (OC not a multiple of 8: the in-projections of
+    // M²RNN and GDN, 2900 and 3076 rows); elsewhere cuBLASLt's first pick is faster (NOTES.md, inference round 7).
+    // Not the LM head either (more than 16384 rows: cuBLASLt streams it faster).
+    if (!skinny_on || M <= GEMV_MAX_M || M > 64 || OC % 8 == 0 || OC > 16384) { return false; }
+    const int S = skinny_splits(IC, OC, rt->prop.multiProcessorCount);
+    return S > 0 && skinny_product(out, out_stride, inp, weight, M, IC, OC, S, rt->stream);
+}
+#endif
+
+// out (M, OC) = inp (M, IC) @ weightᵀ, weight (OC, IC), all row-major; out's rows are out_stride ≥ OC apart. In a
+// decode step: the GEMV up to GEMV_MAX_M rows, the skinny product where it takes the shape, else cuBLASLt.
 static void matmul_forward_strided(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC,
                                    int OC, const Runtime *rt) {
     if (rt->decode_step && matmul_gemv(out, out_stride, inp, weight, M, IC, OC, rt->stream)) { return; }
+#if !FLOATX_IS_FP32
+    if (rt->decode_step && matmul_skinny(out, out_stride, inp, weight, M, IC, OC, rt)) { return; }
+#endif
     const int OC8 = matmul_oc_main(OC);
     matmul_cublaslt_ld(out, 0, weight, inp, OC8, M, IC, 1, 0, 1.0f, 0.0f, 1, 0, 0, 0, 0, 0, out_stride, rt);
     if (OC8 < OC) {

@@ -67,21 +67,36 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 // brings the 128-byte line at p into L2 (a weight the kernel will read after pdl_wait)
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
-// kernel<<<grid, block, smem, stream>>>(args...), programmatic while launch_pdl is set
+// kernel<<<grid, block, smem, stream>>>(args...), programmatic while launch_pdl is set; with cluster (not 1 × 1 × 1)
+// the grid's CTAs in thread block clusters of that shape (each grid dimension a multiple of the cluster's)
 template <typename... KArgs, typename... Args>
-static void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                     Args &&...args) {
+static void launch_k_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             dim3 cluster, Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (launch_pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster.x * cluster.y * cluster.z > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster.x;
+        attr[n].val.clusterDim.y = cluster.y;
+        attr[n++].val.clusterDim.z = cluster.z;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = launch_pdl ? 1 : 0;
+    cfg.numAttrs = n;
     cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), __FILE__, __LINE__);
+}
+template <typename... KArgs, typename... Args>
+static void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     Args &&...args) {
+    launch_k_cluster(kernel, grid, block, smem, stream, dim3(1, 1, 1), std::forward<Args>(args)...);
 }
 
 // ----------------------------------------------------------------------------------------------------------------

@@ -2,7 +2,10 @@
 # The inference engine on the GPU machine: builds, the trainer test (which holds the GPU prefill and steps to the
 # forward), GPU against CPU greedy generation on small checkpoints of each GPU mixer kind and a hybrid (trained here
 # for 150 steps on the default corpus), and the speed benchmark (dev/bench/bench_infer.cu) on 410M-shaped models.
-# usage: bash scripts/gpu_infer.sh [test] [greedy] [bench]   (default: all; needs dev/data/gutenberg and the tokenizer)
+# With skinny: the decode step's products (test_decode_gpu), the skinny tensor-core product against cuBLASLt
+# (bench_skinny), and the decode step at 16-64 sequences with it and without (M2RNN_SKINNY=0).
+# usage: bash scripts/gpu_infer.sh [test] [greedy] [bench] [skinny]   (default: test greedy bench; needs
+# dev/data/gutenberg and the tokenizer)
 set -uo pipefail
 parts=${*:-test greedy bench}
 mkdir -p build
@@ -37,5 +40,14 @@ for p in $parts; do
         bench)
             ./build/bench_infer d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84 100352
             ./build/bench_infer d1024:AAAAAAAAAAAAAAAAAAAAAAAA:rope 100352 ;;
+        skinny)
+            make -j16 build/test_decode_gpu build/bench_skinny > /tmp/infer_build.log 2>&1 || { tail -30 /tmp/infer_build.log; exit 1; }
+            ./build/test_decode_gpu | grep -v '^PASS'
+            ./build/bench_skinny 16 32 64
+            for D in d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84 d1024:MGGGAGGGGGGGAGGGGGGGAGGG:n84; do
+                for s in 0 1 0 1; do
+                    echo "M2RNN_SKINNY=$s $D"; M2RNN_SKINNY=$s ./build/bench_infer $D 100352 -decode 16 32 64 | grep decode
+                done
+            done ;;
     esac
 done

@@ -2,7 +2,8 @@
 test_decode_gpu.cu: the decode step's weight-streaming product (common.cuh: matmul_gemv, for at most GEMV_MAX_M rows)
 against a float64 product of the same bf16 (or fp32) inputs, as normwise relative errors, on shapes that cover every
 row count, output counts that are not a multiple of a block's rows, and strided outputs; with more rows, the decode
-dispatch (cuBLASLt, and the outputs past a multiple of 8 as a second product) the same way. Each case
+dispatch the same way (9..64 rows and outputs not a multiple of 8: the skinny tensor-core product, split K summed
+through a cluster's shared memory; else cuBLASLt, the outputs past a multiple of 8 as a second product). Each case
 also runs through matmul_forward_strided with rt.decode_step set (the dispatch the decode step takes), launched
 programmatically (launch_pdl, cuda_common.h) as a chain of products that feed each other, against the same chain
 launched the ordinary way: bit for bit, and twice the same bits (no atomics). The SwiGLU form (matmul_gemv_glu) is
@@ -464,7 +465,11 @@ int main(void) {
         {1, 1024, 3076, 3080}, {1, 1024, 100352, 100352}, {2, 64, 77, 77}, {3, 96, 33, 40}, {5, 1344, 1024, 1024},
         {7, 160, 129, 136},    {8, 2816, 1000, 1000},
         // more rows than the GEMV takes, OC not a multiple of 8 (the M²RNN and GDN in-projections at batch 64)
-        {64, 1024, 2900, 2904}, {64, 1024, 3076, 3080}, {13, 96, 33, 40},
+        // (the skinny tensor-core product: 16, 32 and 64 token tiles, K split 1..8 ways, the last split short)
+        {64, 1024, 2900, 2904}, {64, 1024, 3076, 3080}, {13, 96, 33, 40}, {9, 2752, 1001, 1008}, {40, 1344, 70, 72},
+        {27, 224, 130, 130},
+        // cuBLASLt's main product + the thin one (K not whole 32-blocks; K too long for 8 splits of the registers)
+        {20, 1000, 77, 80}, {24, 4096, 1001, 1001},
     };
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         run_case(&rt, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);

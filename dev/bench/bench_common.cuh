@@ -19,6 +19,12 @@ __global__ void bench_fill_kernel(T *x, long n, uint32_t seed, float scale, floa
         x[i] = (T)(offset + ((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
     }
 }
+// the integer arguments after the program's name, or dflt where none are given (e.g. the row counts to time)
+static std::vector<int> bench_int_args(int argc, char **argv, std::vector<int> dflt) {
+    std::vector<int> v;
+    for (int i = 1; i < argc; i++) { v.push_back(atoi(argv[i])); }
+    return v.empty() ? dflt : v;
+}
 template <typename T> static void bench_fill(T *x, size_t n, uint32_t seed, float scale, float offset = 0.0f) {
     bench_fill_kernel<<<1024, 256>>>(x, (long)n, seed, scale, offset);
     cudaCheck(cudaGetLastError());

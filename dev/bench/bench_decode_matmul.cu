@@ -34,9 +34,7 @@ static int algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigA
 template <class F> static double graph_us(F f, cudaStream_t stream) { return graph_median_ms(f, 20, 15, stream) * 1e3; }
 
 int main(int argc, char **argv) {
-    std::vector<int> Ms;
-    for (int i = 1; i < argc; i++) { Ms.push_back(atoi(argv[i])); }
-    if (Ms.empty()) { Ms = {16, 32, 64}; }
+    const std::vector<int> Ms = bench_int_args(argc, argv, {16, 32, 64});
     Runtime rt;
     runtime_init(&rt, 0);
     printf("%s\n", rt.prop.name);

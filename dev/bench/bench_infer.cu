@@ -6,14 +6,16 @@ decode tokens/s of B sequences stepping together at a context of ~1K (the step a
 programmatic launches (M2RNN_NO_PDL=1), and eagerly), and the
 decode state a sequence carries against the context (recurrent layers: constant; attention: the KV cache, linear).
 Timing: the host clock around synchronized work, after a warm-up: a prefill's best of 3, a decode step's mean over 64.
-usage: build/bench_infer DESCRIPTOR [vocab] [-prof B | -graph B | -decode]   (vocab 50257 unless given, e.g. 100352)
--decode: only the graph decode lines (batch 1 and 64), for A/B runs of a step's kernels
+usage: build/bench_infer DESCRIPTOR [vocab] [-prof B | -graph B | -decode [B ...]]   (vocab 50257 unless given, e.g.
+100352)
+-decode: only the graph decode lines (batch 1 and 64, or the batches given), for A/B runs of a step's kernels
 -prof B: only B sequences, a 16-token prefill and two eager steps, then one more eager step inside
 cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each kernel of one step, no graph)
 -graph B: only B sequences, a 16-token prefill, then 32 graph steps (for a timeline: `nsys profile
 --cuda-graph-trace=node`; with M2RNN_NO_PDL=1 the kernels do not overlap, so their durations are their own)
 */
 #include <cuda_profiler_api.h>
+#include <vector>
 #define TESTING
 #include "train_m2rnn.cu"
 
@@ -59,6 +61,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     const int decode_only = argc > 3 && strcmp(argv[3], "-decode") == 0; // the graph decode lines only
+    std::vector<int> batches;
+    for (int i = 4; decode_only && i < argc; i++) {
+        const int B = atoi(argv[i]);
+        if (B < 1 || B > 1024) { fail_with_hint("give batch sizes 1..1024 after -decode", "bad batch size %s", argv[i]); }
+        batches.push_back(B);
+    }
+    if (batches.empty()) { batches = {1, 64}; }
     const size_t param_bytes = param_table_count(&model->table) * sizeof(floatX);
     printf("%s | %s | %zu parameters (%.2f GB of weights read a step: batch 1 bound %.0f tokens/s at 4.8 TB/s)\n",
            model->rt.prop.name, argv[1], param_table_count(&model->table), param_bytes / 1e9, 4.8e12 / param_bytes);
@@ -87,7 +96,7 @@ int main(int argc, char **argv) {
     unsetenv("M2RNN_PREFILL_ROWS");
     unsetenv("M2RNN_ONE_LANE");
     // decode: B sequences at a context of 1024 (prefilled), 64 steps, graph and eager
-    for (int B : {1, 64}) {
+    for (int B : batches) {
         for (int mode = 0; mode < (decode_only ? 1 : 3); mode++) { // graph, graph without programmatic launches, eager
             const int eager = mode == 2;
             if (eager) { setenv("M2RNN_NO_GRAPH", "1", 1); } else { unsetenv("M2RNN_NO_GRAPH"); }
