@@ -619,7 +619,35 @@ static int skinny_splits(int IC, int OC, int sms) {
     while (S < SK_MAX_S && S < nkb && 2L * tiles * S < 3L * sms) { S++; }
     return CEIL_DIV(nkb, CEIL_DIV(nkb, S));
 }
-// false (nothing launched) where the shape does not fit the kernel
+// whether a cluster of S CTAs of the MT instance with smem bytes each can be resident on this GPU (a smaller GPU, or
+// a MIG slice, may hold fewer CTAs a GPC than a cluster asks for: the launch would fail), asked once a configuration
+static bool skinny_cluster_fits(int MT, int S, size_t smem) {
+    static struct { int MT, S; size_t smem; bool fits; } seen[32];
+    static int n_seen = 0;
+    for (int i = 0; i < n_seen; i++) {
+        if (seen[i].MT == MT && seen[i].S == S && seen[i].smem == smem) { return seen[i].fits; }
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, S);
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = S;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    const cudaError_t err = MT == 2   ? cudaOccupancyMaxActiveClusters(&clusters, skinny_kernel<2>, &cfg)
+                            : MT == 4 ? cudaOccupancyMaxActiveClusters(&clusters, skinny_kernel<4>, &cfg)
+                                      : cudaOccupancyMaxActiveClusters(&clusters, skinny_kernel<8>, &cfg);
+    if (err != cudaSuccess) { (void)cudaGetLastError(); } // (clear it: the dispatch falls back to cuBLASLt)
+    const bool fits = err == cudaSuccess && clusters > 0;
+    if (n_seen < 32) { seen[n_seen++] = {MT, S, smem, fits}; }
+    return fits;
+}
+// false (nothing launched) where the shape does not fit the kernel or its clusters this GPU
 static bool skinny_product(floatX *y, int y_stride, const floatX *x, const floatX *w, int M, int IC, int OC,
                            int S, cudaStream_t stream) {
     if (M < 1 || M > 64 || IC % SK_KB != 0 || S < 1 || S > SK_MAX_S || ((uintptr_t)x | (uintptr_t)w) % 16 != 0) {
@@ -640,6 +668,7 @@ static bool skinny_product(floatX *y, int y_stride, const floatX *x, const float
         smem_set = true;
     }
     const dim3 grid(CEIL_DIV(OC, SK_ROWS), S), cluster(1, S, 1);
+    if (!skinny_cluster_fits(MT, S, smem)) { return false; }
     if (MT == 2) {
         launch_k_cluster(skinny_kernel<2>, grid, 128, smem, stream, cluster, y, y_stride, x, w, M, IC, OC, per, xs_ld);
     } else if (MT == 4) {
