@@ -514,6 +514,24 @@ static bool matmul_gemv_glu(floatX *h, const floatX *inp, const floatX *up_w, in
 #define SK_MAX_S 8 // K splits: the CTAs of a cluster (the portable most)
 #define SK_RED_LD (SK_ROWS + 4) // floats a token row of a CTA's partial tile (conflict-free stores of the fragments)
 
+#ifdef SK_PHASES // (bench_skinny built with -DSK_PHASES: each CTA's clock at the kernel's phase boundaries; else nothing)
+__device__ unsigned long long sk_phase[8192 * 8];
+#define SK_STAMP(i)                                                                                                    \
+    do {                                                                                                               \
+        if (threadIdx.x == 0) { sk_phase[((size_t)blockIdx.x * gridDim.y + blockIdx.y) * 8 + (i)] = clock64(); }      \
+    } while (0)
+#define SK_STAMP_NS(i)                                                                                                 \
+    do {                                                                                                               \
+        if (threadIdx.x == 0) {                                                                                        \
+            unsigned long long t_;                                                                                     \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                                     \
+            sk_phase[((size_t)blockIdx.x * gridDim.y + blockIdx.y) * 8 + (i)] = t_;                                    \
+        }                                                                                                              \
+    } while (0)
+#else
+#define SK_STAMP(i)
+#define SK_STAMP_NS(i)
+#endif
 // y (M, OC) rows y_stride apart = x (M, IC) @ wᵀ. Grid (tiles, S) in clusters (1, S): the S CTAs of a cluster take
 // one tile's K in S slices of nkb k blocks (the last possibly shorter) and sum their fp32 partials through each
 // other's shared memory, CTA r the r-th share of the tile's outputs, each output in split order (so the result does
@@ -529,6 +547,8 @@ __global__ void __launch_bounds__(128, 2)
     floatX *xs = (floatX *)sk_smem;
     // (8·MT, SK_RED_LD) this CTA's fp32 partial, token-major
     float *red = (float *)sk_smem;
+    SK_STAMP_NS(6);
+    SK_STAMP(0);
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t4 = lane % 4;
     const int tile = blockIdx.x, split = blockIdx.y, S = gridDim.y; // split = the CTA's rank in its cluster
     const int kb0 = split * nkb_per, nkb = min(nkb_per, IC / SK_KB - kb0), k0 = kb0 * SK_KB;
@@ -548,6 +568,7 @@ __global__ void __launch_bounds__(128, 2)
     // above run under that kernel's tail); the token rows and the outputs do
     pdl_wait();
     pdl_trigger();
+    SK_STAMP(1);
     // the token rows' slice (rows past M zero)
     const int pieces = nkb * SK_KB / 8;
     for (int i = threadIdx.x; i < 8 * MT * pieces; i += blockDim.x) {
@@ -559,6 +580,7 @@ __global__ void __launch_bounds__(128, 2)
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
+    SK_STAMP(2);
     float acc[MT][4];
 #pragma unroll
     for (int j = 0; j < MT; j++) { acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f; }
@@ -575,6 +597,7 @@ __global__ void __launch_bounds__(128, 2)
         }
     }
     __syncthreads(); // every warp's reads of xs done: red overwrites it
+    SK_STAMP(3);
     // acc[j]: rows warp·16 + g (0, 1) and + 8 (2, 3), tokens 8j + 2t4 (0, 2) and + 1 (1, 3)
 #pragma unroll
     for (int j = 0; j < MT; j++) {
@@ -584,6 +607,7 @@ __global__ void __launch_bounds__(128, 2)
         }
     }
     cluster_sync(); // every CTA's partial written
+    SK_STAMP(4);
     // this CTA's share: groups of 4 outputs (one token, 4 rows) i ≡ split mod S, summed over the S partials in order
     const uint32_t red_s = smem_addr(red);
     const int groups = 8 * MT * SK_ROWS / 4;
@@ -607,7 +631,9 @@ __global__ void __launch_bounds__(128, 2)
             if (o + 3 < OC) { yr[3] = (floatX)s.w; }
         }
     }
+    SK_STAMP(5);
     cluster_sync(); // no CTA leaves while the others read its partial
+    SK_STAMP_NS(7);
 }
 
 // K splits for a shape: the fewest whose slices fit the registers, then more while the grid is under 1.5 CTAs an SM

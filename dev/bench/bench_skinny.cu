@@ -8,11 +8,12 @@ the skinny product also for the same bits under both launches. The decode step t
 it wins on every row count here: the shapes cuBLASLt splits (OC not a multiple of 8). Results: NOTES.md, inference
 round 7.
 
-usage: build/bench_skinny [M ...]   (default 16 32 64)
+usage: build/bench_skinny [M ...]   (default 16 32 64); built with -DSK_PHASES also each CTA's phases (clock64)
 */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <algorithm>
 #include <vector>
 #include "common.cuh"
 #include "dev/bench/bench_common.cuh"
@@ -87,6 +88,31 @@ int main(int argc, char **argv) {
         printf("M=%2d %-12s OC %6d IC %5d (%6.1f MB)  cuBLASLt %7.2f us (err %.1e)  skinny S=%2d %7.2f us, "
                "programmatic %7.2f us (err %.1e, %s)  %.2fx\n", M, s.name, OC, IC, mb, us0, e0, S, us1, us2, e1,
                same ? "repeatable" : "NOT REPEATABLE", us0 / us2);
+#ifdef SK_PHASES
+        // one launch after three (L2 as warm as in the graphs above): each CTA's phases, medians and maxima over CTAs
+        for (int r = 0; r < 4; r++) { skinny(); }
+        cudaCheck(cudaStreamSynchronize(rt.stream));
+        const int nc = CEIL_DIV(OC, SK_ROWS) * S;
+        std::vector<unsigned long long> ph((size_t)nc * 8);
+        cudaCheck(cudaMemcpyFromSymbol(ph.data(), sk_phase, ph.size() * sizeof(unsigned long long)));
+        int khz = 0;
+        cudaCheck(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+        const char *names[5] = {"wait", "token rows", "MMAs (weights)", "cluster barrier", "sums + stores"};
+        printf("     phases (us, median / max over %d CTAs):", nc);
+        for (int i = 1; i <= 5; i++) {
+            std::vector<double> d(nc);
+            for (int c = 0; c < nc; c++) { d[c] = (double)(ph[(size_t)c * 8 + i] - ph[(size_t)c * 8 + i - 1]) / khz * 1e3; }
+            std::sort(d.begin(), d.end());
+            printf("  %s %.2f / %.2f", names[i - 1], d[nc / 2], d[nc - 1]);
+        }
+        unsigned long long s0 = ~0ull, s1 = 0, end = 0;
+        for (int c = 0; c < nc; c++) {
+            s0 = std::min(s0, ph[(size_t)c * 8 + 6]);
+            s1 = std::max(s1, ph[(size_t)c * 8 + 6]);
+            end = std::max(end, ph[(size_t)c * 8 + 7]);
+        }
+        printf("  | CTA starts spread %.2f us, first start to last end %.2f us\n", (s1 - s0) * 1e-3, (end - s0) * 1e-3);
+#endif
     }
     runtime_free(&rt);
     return 0;
