@@ -8,6 +8,8 @@ flash-attention kernels next.
 - movement: movmatrix (an 8×8 transpose across the warp), ldmatrix x4 (plain and transposed), cp.async (16- and
   4-byte, commit/wait groups), sm_90 bulk copies of whole rows with their mbarrier, predicated shared stores, vector
   fp32 reductions into global memory;
+- thread block clusters: the cluster barrier and reads of another CTA's shared memory (the decode step's skinny
+  product sums its split K through them, common.cuh);
 - tanh.approx.f32 (the MUFU tanh the recurrences use);
 - warp_gemm: a warp's 16×8·NJ product of bf16 tiles staged in shared memory, either operand plain or transposed
   (the chunked GDN and Mamba-2 kernels are built from it);

@@ -465,7 +465,7 @@ int main(void) {
         {1, 1024, 3076, 3080}, {1, 1024, 100352, 100352}, {2, 64, 77, 77}, {3, 96, 33, 40}, {5, 1344, 1024, 1024},
         {7, 160, 129, 136},    {8, 2816, 1000, 1000},
         // more rows than the GEMV takes, OC not a multiple of 8 (the M²RNN and GDN in-projections at batch 64)
-        // (the skinny tensor-core product: 16, 32 and 64 token tiles, K split 1..8 ways, the last split short)
+        // (the skinny tensor-core product: 16, 32 and 64 token tiles, K split 3..8 ways, the last split short)
         {64, 1024, 2900, 2904}, {64, 1024, 3076, 3080}, {13, 96, 33, 40}, {9, 2752, 1001, 1008}, {40, 1344, 70, 72},
         {27, 224, 130, 130},
         // cuBLASLt's main product + the thin one (K not whole 32-blocks; K too long for 8 splits of the registers)
