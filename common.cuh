@@ -297,7 +297,22 @@ __device__ __forceinline__ floatX output_gate_value(floatX *y, floatX x, floatX 
 // NORM: the input rows are RMSNorm(x + branch) · w of the residual stream, made in the prologue by warp m for row m
 // (rmsnorm_row_packs, rmsnorm_forward's arithmetic) into shared memory in every block, block 0 also writing x + branch
 // and the 1/rms: the same bits as rmsnorm_forward and then the product, one launch instead of two.
-#define GEMV_MAX_M 8
+// At most 4 rows: the GEMV's fp32 FMAs and input-row loads grow with M (a weight piece is used M times on the CUDA
+// cores), and above 4 rows the step on the tensor-core products (the skinny product or cuBLASLt, the norms and
+// pointwise ops as their own kernels) is faster; the 410M Hybrid M²RNN's step on an H200 at 5 / 6 / 8 sequences
+// 1.20 / 1.34 / 1.69 ms with the GEMV, 1.15 / 1.16 / 1.09 without (NOTES.md, inference round 8).
+#define GEMV_MAX_M 4
+// the most rows a decode step's products give the GEMV: GEMV_MAX_M, or fewer by M2RNN_GEMV_MAX_M (0 .. GEMV_MAX_M;
+// benchmarks: 0 puts every product on the tensor-core path)
+static int gemv_rows_limit = -1;
+static inline int gemv_max_rows(void) {
+    if (gemv_rows_limit < 0) {
+        const char *e = getenv("M2RNN_GEMV_MAX_M");
+        gemv_rows_limit = e != NULL ? atoi(e) : GEMV_MAX_M;
+        if (gemv_rows_limit < 0 || gemv_rows_limit > GEMV_MAX_M) { gemv_rows_limit = GEMV_MAX_M; }
+    }
+    return gemv_rows_limit;
+}
 // GATE (gate_g not NULL): the rows are RMSNorm(gated) · w, gated = (x + v ⊙ D) ⊙ SiLU(g) by output_gate_value
 // (M²RNN's output gate and mixer norm: output_gate_forward and rmsnorm_forward's bits, y itself not updated), made
 // into shared memory and normalized there; no branch then.
@@ -446,7 +461,7 @@ template <bool GLU, class Epi = GemvNoEpilogue>
 static bool matmul_gemv_launch(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC,
                                int OC, const GemvNorm *nrm, cudaStream_t stream, const Epi *epi = NULL) {
     const size_t smem = nrm != NULL ? (size_t)M * IC * sizeof(floatX) : 0;
-    if (M < 1 || M > GEMV_MAX_M || IC % PACK != 0 || (uintptr_t)weight % 16 != 0) { return false; }
+    if (M < 1 || M > gemv_max_rows() || IC % PACK != 0 || (uintptr_t)weight % 16 != 0) { return false; }
     if (epi != NULL && (nrm == NULL || GLU)) { return false; }
     if (nrm == NULL && (uintptr_t)inp % 16 != 0) { return false; }
     if (nrm != NULL && (!rmsnorm_row_packs_ok(IC) || smem > 48 * 1024 ||
@@ -477,7 +492,7 @@ static bool matmul_gemv_launch(floatX *out, int out_stride, const floatX *inp, c
         }                                                                                                              \
         break
     switch (M) {
-        GEMV_CASE(1); GEMV_CASE(2); GEMV_CASE(3); GEMV_CASE(4); GEMV_CASE(5); GEMV_CASE(6); GEMV_CASE(7); GEMV_CASE(8);
+        GEMV_CASE(1); GEMV_CASE(2); GEMV_CASE(3); GEMV_CASE(4);
     }
 #undef GEMV_CASE
     return true;
@@ -494,7 +509,7 @@ static bool matmul_gemv_glu(floatX *h, const floatX *inp, const floatX *up_w, in
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// The skinny product: a decode step's product of 9..64 token rows on the tensor cores, taken by
+// The skinny product: a decode step's product of 5..64 token rows on the tensor cores, taken by
 // matmul_forward_strided in a decode step where cuBLASLt would need a thin second product (OC not a multiple of 8:
 // the M²RNN and GDN in-projections; M2RNN_SKINNY=0 for cuBLASLt there too). Its speed against cuBLASLt:
 // dev/bench/bench_skinny.cu, NOTES.md (inference round 7).
@@ -716,7 +731,7 @@ static bool matmul_skinny(floatX *out, int out_stride, const floatX *inp, const 
     // only where cuBLASLt needs a thin product beside its main one (OC not a multiple of 8: the in-projections of
     // M²RNN and GDN, 2900 and 3076 rows); elsewhere cuBLASLt's first pick is faster (NOTES.md, inference round 7).
     // Not the LM head either (more than 16384 rows: cuBLASLt streams it faster).
-    if (!skinny_on || M <= GEMV_MAX_M || M > 64 || OC % 8 == 0 || OC > 16384) { return false; }
+    if (!skinny_on || M <= gemv_max_rows() || M > 64 || OC % 8 == 0 || OC > 16384) { return false; }
     const int S = skinny_splits(IC, OC, rt->prop.multiProcessorCount);
     return S > 0 && skinny_product(out, out_stride, inp, weight, M, IC, OC, S, rt->stream);
 }

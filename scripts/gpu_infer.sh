@@ -3,8 +3,10 @@
 # forward), GPU against CPU greedy generation on small checkpoints of each GPU mixer kind and a hybrid (trained here
 # for 150 steps on the default corpus), and the speed benchmark (dev/bench/bench_infer.cu) on 410M-shaped models.
 # With skinny: the decode step's products (test_decode_gpu), the skinny tensor-core product against cuBLASLt
-# (bench_skinny), and the decode step at 16-64 sequences with it and without (M2RNN_SKINNY=0).
-# usage: bash scripts/gpu_infer.sh [test] [greedy] [bench] [skinny]   (default: test greedy bench; needs
+# (bench_skinny), and the decode step at 16-64 sequences with it and without (M2RNN_SKINNY=0). With gemv: the decode
+# step at 1-8 sequences with the GEMV's products (up to 4 rows) and with every product on the tensor cores
+# (M2RNN_GEMV_MAX_M=0), for the three 410M models.
+# usage: bash scripts/gpu_infer.sh [test] [greedy] [bench] [skinny] [gemv]   (default: test greedy bench; needs
 # dev/data/gutenberg and the tokenizer)
 set -uo pipefail
 parts=${*:-test greedy bench}
@@ -47,6 +49,13 @@ for p in $parts; do
             for D in d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84 d1024:MGGGAGGGGGGGAGGGGGGGAGGG:n84; do
                 for s in 0 1 0 1; do
                     echo "M2RNN_SKINNY=$s $D"; M2RNN_SKINNY=$s ./build/bench_infer $D 100352 -decode 16 32 64 | grep decode
+                done
+            done ;;
+        gemv)
+            for D in d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84 d1024:MGGGAGGGGGGGAGGGGGGGAGGG:n84 d1024:AAAAAAAAAAAAAAAAAAAAAAAA:rope; do
+                for g in 4 0 4 0; do
+                    echo "M2RNN_GEMV_MAX_M=$g $D"
+                    M2RNN_GEMV_MAX_M=$g ./build/bench_infer $D 100352 -decode 1 2 3 4 5 6 7 8 | grep decode
                 done
             done ;;
     esac

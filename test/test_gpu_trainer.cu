@@ -5,8 +5,9 @@ over 2 kv heads), RUAR (the RNN and GRU baselines; RoPE attention with 2 heads),
 V short of the chunk kernels' 64-wide tiles, beside attention and M²RNN) and SAMS (Mamba-2 with 2 groups and a state
 of 24, beside attention and M²RNN). For each: the logits and loss of one batch, every parameter gradient (normwise
 relative error per tensor), the losses of 20 AdamW steps, repeatable gradients, and recurrent decoding (each kind's
-single-token step) against the GPU's own forward logits at every position, and the prefill (whole, in chunks, two
-sequences at once, from a saved state, and in many chunks alternating between two streams, bit for bit one stream).
+single-token step) against the GPU's own forward logits at every position (2 sequences on the GEMV products, 6 and 12
+on the tensor cores'), and the prefill (whole, in chunks, two sequences at once, from a saved state, and in many
+chunks alternating between two streams, bit for bit one stream).
 The fp32 build (make PRECISION=FP32) is held at 1e-4 to the reference with the exact weights, all 20 steps included.
 The bf16 build, where the tensor-core recurrence and the plain fp32 recurrence are both checked, is held at 2e-2 to
 the reference evaluated at the same bf16-rounded weights it computes with (its losses to the exact reference), with
@@ -131,6 +132,26 @@ static void decode_case(const char *label, Model *model, const Reference *r) {
     snprintf(name, sizeof(name), "%s: decode = forward at every position", label);
     test_result(worst < tol, name, "worst rel err %.2e at t=%d (tol %.0e), %d positions x %d sequences", worst, worst_t,
                 tol, T, B);
+    // more sequences than the GEMV takes (the step's products on the tensor cores: the skinny product, cuBLASLt, the
+    // norms and pointwise ops as their own kernels): 6 and 12 sequences, sequence b the reference's b % B, against the
+    // forward at every position
+    double many[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        const int NB = i == 0 ? 6 : 12;
+        model_decode_begin(model, NB, T);
+        for (int t = 0; t < T; t++) {
+            int tok[12], pos[12];
+            for (int b = 0; b < NB; b++) { tok[b] = r->tokens[(b % B) * T + t]; pos[b] = t; }
+            model_decode_step(model, tok, pos);
+            for (int b = 0; b < NB; b++) {
+                model_decode_logits(model, b, got);
+                many[i] = fmax(many[i], rel_err(got, ref + ((size_t)(b % B) * T + t) * Vp, (size_t)Vp));
+            }
+        }
+    }
+    snprintf(name, sizeof(name), "%s: decode of 6 and 12 sequences", label);
+    test_result(fmax(many[0], many[1]) < tol, name, "against the forward at every position %.1e / %.1e (tol %.0e)",
+                many[0], many[1], tol);
     // the prefill path (model_decode_advance with many tokens, the forward's kernels from the states): sequence 0's
     // first 50 tokens at once then one at a time, sequence 1 in chunks of 7, 30 and the rest, both sequences at once
     // from a fresh state, and sequence 0's state after 50 tokens saved and restored into slot 1

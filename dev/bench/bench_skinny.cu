@@ -1,5 +1,5 @@
 /*
-bench_skinny.cu: the decode step's skinny tensor-core product (common.cuh: skinny_product, for 9..64 token rows)
+bench_skinny.cu: the decode step's skinny tensor-core product (common.cuh: skinny_product, for 5..64 token rows)
 against cuBLASLt's dispatch (matmul_forward_strided outside a decode step: its first pick, plus the thin product
 where OC is not a multiple of 8) on the 410M model's product shapes, each timed as a graph of 20 launches (medians),
 the skinny product also launched programmatically (its weight loads before its dependency wait, under the launch
@@ -8,7 +8,7 @@ the skinny product also for the same bits under both launches. The decode step t
 it wins on every row count here: the shapes cuBLASLt splits (OC not a multiple of 8). Results: NOTES.md, inference
 round 7.
 
-usage: build/bench_skinny [M ...]   (default 16 32 64); built with -DSK_PHASES also each CTA's phases (clock64)
+usage: build/bench_skinny [M ...]   (default 16 32 64; e.g. 5 8 16 64); built with -DSK_PHASES also each CTA's phases (clock64)
 */
 #include <math.h>
 #include <stdio.h>
