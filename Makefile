@@ -267,7 +267,7 @@ TRAINER_GPU_HEADERS = $(REF_HEADERS) $(wildcard *.cuh)
 TRAINER_PROGRAMS = train_m2rnn infer_m2rnn
 TRAINER_TESTS = build/test_gpu_trainer build/test_gpu_trainer_fp32 test/test_gpu_nccl.sh test/test_gpu_tp.sh build/test_moe_gpu \
                 build/test_moe_gpu_fp32 build/test_gdn_gpu build/test_gdn_gpu_fp32 build/test_decode_gpu \
-                build/test_decode_gpu_fp32
+                build/test_decode_gpu_fp32 build/test_sample_gpu build/test_sample_gpu_fp32
 ifeq ($(PRECISION),FP32)
   TRAINER_PRECISION = -DENABLE_FP32
 endif
@@ -332,6 +332,14 @@ build/test_decode_gpu_fp32: test/test_decode_gpu.cu $(TRAINER_GPU_HEADERS) test/
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
 
+# the GPU's sampler (greedy, temperature, top-k candidates) against infer.h's sample_token on the same rows and draws
+build/test_sample_gpu: test/test_sample_gpu.cu infer_m2rnn.cu infer.h $(TRAINER_GPU_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
+build/test_sample_gpu_fp32: test/test_sample_gpu.cu infer_m2rnn.cu infer.h $(TRAINER_GPU_HEADERS) test/test_common.h
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
+
 build/bench_gdn: dev/bench/bench_gdn.cu dev/bench/bench_common.cuh $(TRAINER_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -lineinfo -o $@ $< $(NVCC_LDLIBS)
@@ -356,7 +364,7 @@ build/bench_memory_kernels: dev/bench/bench_memory_kernels.cu dev/bench/bench_co
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
 
-build/bench_infer: dev/bench/bench_infer.cu train_m2rnn.cu $(TRAINER_GPU_HEADERS)
+build/bench_infer: dev/bench/bench_infer.cu train_m2rnn.cu infer.h $(TRAINER_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
 

@@ -66,6 +66,16 @@ static void model_decode_begin(Model *model, int B, int context);
 static void model_decode_advance(Model *model, int b0, int nb, const int *tokens, int T, const int *pos);
 static void model_decode_step(Model *model, const int *tokens, const int *pos);
 static void model_decode_logits(Model *model, int b, float *out);
+// the next token of each of the B sequences drawn where the logits are (the GPU: B ints reach the host, not B rows of
+// the vocabulary): greedy (temperature 0: the largest of the V real logits, the lowest id among equals) or from
+// softmax(logits / temperature) over the V ids with u[b] ∈ (0, 1] the draw: infer.h's sample_token without top-k,
+// top-p or a repetition penalty, its sums in another order (a draw within rounding of a boundary may take the
+// neighbouring id). Returns 0 where the executor does not sample (the CPU: the caller samples the logits rows).
+static int model_decode_sample(Model *model, int *out, const double *u, float temperature);
+// for top-k sampling: the k largest of each sequence's v = logits / temperature (temperature > 0) over the V real ids,
+// (B, k) v and ids, larger first and equal values by the lower id: the first k of sample_token's sorted candidates, so
+// the host finishes the draw on them alone. Returns 0 where the executor does not (the CPU; k above its limit).
+static int model_decode_top(Model *model, int k, float temperature, float *v, int *id);
 static size_t model_decode_state_size(const Model *model);
 static void model_decode_state_io(Model *model, int b, void *buf, int save); // save = 1: state → buf; 0: buf → state
 

@@ -280,9 +280,37 @@ static int cand_desc(const void *a, const void *b) {
     return x->id - y->id; // ties: the lower id first
 }
 
-// the next token from the logits of the V real ids (changed in place); seen: the sequence's tokens so far; work
-// (V) and mark (V bytes) are scratch
-static int sample_token(float *logits, int V, const int *seen, int n_seen, const InferOptions *o, Rng *rng, Cand *work,
+// the draw from the first n candidates of work (v = logit / temperature; sorted by cand_desc where top-k or top-p
+// applies, else in id order) with u in (0, 1]: top-p's prefix of them, then the first whose running sum of
+// exp(v − max) reaches u times their sum. (GPU top-k: the candidates come from the executor, model_decode_top.)
+static int sample_candidates(const Cand *work, int n, const InferOptions *o, double u) {
+    float maxv = work[0].v;
+    for (int i = 1; i < n; i++) { maxv = work[i].v > maxv ? work[i].v : maxv; }
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) { sum += exp((double)(work[i].v - maxv)); }
+    if (o->top_p < 1.0f) { // the smallest prefix of the sorted distribution with mass >= top_p
+        double acc = 0.0;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            acc += exp((double)(work[i].v - maxv)) / sum;
+            if (acc >= o->top_p) { keep = i + 1; break; }
+        }
+        n = keep;
+        sum = 0.0;
+        for (int i = 0; i < n; i++) { sum += exp((double)(work[i].v - maxv)); }
+    }
+    const double r = u * sum;
+    double acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += exp((double)(work[i].v - maxv));
+        if (acc >= r) { return work[i].id; }
+    }
+    return work[n - 1].id;
+}
+
+// the next token from the logits of the V real ids (changed in place); seen: the sequence's tokens so far; u the draw
+// in (0, 1] (rng_uniform; unused when greedy); work (V) and mark (V bytes) are scratch
+static int sample_token(float *logits, int V, const int *seen, int n_seen, const InferOptions *o, double u, Cand *work,
                         unsigned char *mark) {
     if (o->rep_penalty != 1.0f) { // each distinct seen token once
         memset(mark, 0, (size_t)V);
@@ -304,28 +332,7 @@ static int sample_token(float *logits, int V, const int *seen, int n_seen, const
         qsort(work, (size_t)V, sizeof(Cand), cand_desc);
         if (o->top_k > 0 && o->top_k < n) { n = o->top_k; }
     }
-    float maxv = work[0].v;
-    for (int i = 1; i < n; i++) { maxv = work[i].v > maxv ? work[i].v : maxv; }
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) { sum += exp((double)(work[i].v - maxv)); }
-    if (o->top_p < 1.0f) { // the smallest prefix of the sorted distribution with mass >= top_p
-        double acc = 0.0;
-        int keep = n;
-        for (int i = 0; i < n; i++) {
-            acc += exp((double)(work[i].v - maxv)) / sum;
-            if (acc >= o->top_p) { keep = i + 1; break; }
-        }
-        n = keep;
-        sum = 0.0;
-        for (int i = 0; i < n; i++) { sum += exp((double)(work[i].v - maxv)); }
-    }
-    const double r = rng_uniform(rng) * sum;
-    double acc = 0.0;
-    for (int i = 0; i < n; i++) {
-        acc += exp((double)(work[i].v - maxv));
-        if (acc >= r) { return work[i].id; }
-    }
-    return work[n - 1].id;
+    return sample_candidates(work, n, o, u);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -517,6 +524,15 @@ static void infer_run(const InferOptions *o) {
     Cand *work = (Cand *)mallocCheck((size_t)Vp * sizeof(Cand));
     unsigned char *mark = (unsigned char *)mallocCheck((size_t)Vp);
     Rng rng = {o->seed};
+    // what model_decode_sample draws (greedy or plain temperature sampling), else sample_token on the host (always
+    // with M2RNN_HOST_SAMPLING=1: for A/B runs)
+    const char *host_sampling = getenv("M2RNN_HOST_SAMPLING");
+    const int sample_on_executor = o->rep_penalty == 1.0f && (o->temperature == 0.0f ||
+                                   ((o->top_k <= 0 || o->top_k >= V) && o->top_p >= 1.0f)) &&
+                                   !(host_sampling != NULL && strcmp(host_sampling, "1") == 0);
+    // top-k (with or without top-p): the executor's k candidates (model_decode_top), the draw on the host from them
+    const int top_on_executor = o->rep_penalty == 1.0f && o->temperature != 0.0f && o->top_k > 0 && o->top_k < V &&
+                                !(host_sampling != NULL && strcmp(host_sampling, "1") == 0);
     const int stream = prompts.n == 1 && !o->jsonl;
     double t_prefill = 0, t_decode = 0;
     long prefilled = 0, decoded = 0;
@@ -526,8 +542,10 @@ static void infer_run(const InferOptions *o) {
         Seq *seq = (Seq *)calloc((size_t)B, sizeof(Seq));
         if (seq == NULL) { fail_with_hint("lower -b", "out of memory"); }
         double t0 = now_s();
+        int loaded_only = 0; // a sequence whose logits are the saved state's (no prompt of its own)
         for (int b = 0; b < B; b++) {
             const int i = first + b, own = plen[i] - saved.n;
+            loaded_only |= own == 0;
             seq[b].tokens = (int *)mallocCheck((size_t)(plen[i] + o->max_new + 1) * sizeof(int));
             memcpy(seq[b].tokens, saved.tokens, (size_t)saved.n * sizeof(int));
             memcpy(seq[b].tokens + saved.n, ptok[i], (size_t)own * sizeof(int));
@@ -553,14 +571,44 @@ static void infer_run(const InferOptions *o) {
         // generation
         t0 = now_s();
         int *step_tok = (int *)mallocCheck((size_t)B * sizeof(int)), *step_pos = (int *)mallocCheck((size_t)B * sizeof(int));
+        int *next_tok = (int *)mallocCheck((size_t)B * sizeof(int));
+        float *top_v = top_on_executor ? (float *)mallocCheck((size_t)B * o->top_k * sizeof(float)) : NULL;
+        int *top_id = top_on_executor ? (int *)mallocCheck((size_t)B * o->top_k * sizeof(int)) : NULL;
+        double *u = (double *)mallocCheck((size_t)B * sizeof(double));
         for (int k = 0; k < o->max_new; k++) {
+            // the next tokens: drawn by the executor where the logits are (greedy or plain temperature sampling
+            // whole; top-k as its k sorted candidates, the draw here), else from the rows on the host (and the first
+            // from a saved state's logits, which only the host holds). The draws are taken in sequence order either
+            // way, one a sequence unless greedy, so a seed gives the same run on every path.
+            for (int b = 0; b < B; b++) { u[b] = !seq[b].done && o->temperature != 0.0f ? rng_uniform(&rng) : 0.0; }
+            int drawn = sample_on_executor && (k > 0 || !loaded_only) && model_decode_sample(model, next_tok, u, o->temperature);
+            if (!drawn && top_on_executor && (k > 0 || !loaded_only) &&
+                model_decode_top(model, o->top_k, o->temperature, top_v, top_id)) { // the top-k candidates, sorted
+                for (int b = 0; b < B; b++) {
+                    if (seq[b].done) { continue; }
+                    for (int i = 0; i < o->top_k; i++) {
+                        work[i].v = top_v[(size_t)b * o->top_k + i];
+                        work[i].id = top_id[(size_t)b * o->top_k + i];
+                    }
+                    next_tok[b] = sample_candidates(work, o->top_k, o, u[b]);
+                }
+                drawn = 1;
+            }
+            if (!drawn) {
+                for (int b = 0; b < B; b++) {
+                    if (seq[b].done) { continue; }
+                    float *lg = logits + (size_t)b * Vp;
+                    if (k > 0) { model_decode_logits(model, b, lg); }
+                    next_tok[b] = sample_token(lg, V, seq[b].tokens, seq[b].n, o, u[b], work, mark);
+                }
+            }
             int active = 0;
             for (int b = 0; b < B; b++) {
                 Seq *s = &seq[b];
                 step_tok[b] = eot;
                 step_pos[b] = s->n < context ? s->n : context - 1;
                 if (s->done) { continue; }
-                const int next = sample_token(logits + (size_t)b * Vp, V, s->tokens, s->n, o, &rng, work, mark);
+                const int next = next_tok[b];
                 if (next == eot) { s->done = 1; continue; }
                 s->tokens[s->n] = next;
                 step_tok[b] = next;
@@ -582,7 +630,6 @@ static void infer_run(const InferOptions *o) {
             decoded += active;
             if (active == 0) { break; }
             model_decode_step(model, step_tok, step_pos);
-            for (int b = 0; b < B; b++) { if (!seq[b].done) { model_decode_logits(model, b, logits + (size_t)b * Vp); } }
         }
         executor_sync(model);
         t_decode += now_s() - t0;
@@ -604,7 +651,7 @@ static void infer_run(const InferOptions *o) {
             free(s->text);
         }
         fflush(stdout);
-        free(seq); free(step_tok); free(step_pos);
+        free(seq); free(step_tok); free(step_pos); free(next_tok); free(u); free(top_v); free(top_id);
     }
     if (!o->quiet) {
         fprintf(stderr, "%s: %d prompts, prefill %ld tokens in %.3f s (%.0f tokens/s), decode %ld tokens in %.3f s "

@@ -108,6 +108,10 @@ struct Model {
                                    // (M2RNN_PREFILL_ROWS, benchmarks)
     DecodeLane dec_lane[2];        // lane 0 on rt's stream (every step; one-chunk prefills), lane 1 on dec_rt2's
     floatX *dec_logits;            // (B,Vp)
+    double *dec_sample_u;          // (B) model_decode_sample's draws
+    int *dec_sample_out;           // (B) and its tokens
+    float *dec_top_v;              // (B, k ≤ SAMPLE_TOPK_MAX) model_decode_top's candidates
+    int *dec_top_id;
     // A prefill of several chunks alternates them between the lanes, so chunk c+1's layer l (on the other stream)
     // runs once chunk c's layer l has left the layer's state (dec_ev[l][lane], recorded after the mixer's advance):
     // one chunk's latency-bound recurrences overlap the other's products. Off with MoE layers (their grouping keeps
@@ -769,6 +773,193 @@ static void model_logits_row(Model *model, int b, int t, float *out) {
 // ----------------------------------------------------------------------------------------------------------------
 // decoding
 
+// The next token of B sequences drawn on the GPU from their logits rows (model_decode_sample), so a step copies B
+// ints to the host instead of B rows of the vocabulary and the host does no per-token work over them. A CTA of
+// SAMPLE_THREADS a sequence, thread i owning the contiguous ids [i·seg, (i+1)·seg) of the V real ones:
+// - temperature 0: the largest logit, the lowest id among equals (sample_token's scan: a NaN is never the largest,
+//   unless it is id 0's, which the scan then never leaves);
+// - else softmax(x / temperature) sampled with u ∈ (0, 1] as sample_token does without top-k, top-p or a repetition
+//   penalty: v = x / temperature in fp32, maxv their maximum, w = exp((double)(v − maxv)), the first id whose running
+//   sum of w in id order reaches u·Σw (the last id if none). The running sums are each thread's sequential sum plus
+//   an exclusive scan of the threads' sums: sample_token's numbers summed in another order, so a draw within rounding
+//   of a boundary (≈ 1e-16 relative) may take the neighbouring id; deterministic.
+#define SAMPLE_THREADS 1024
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    decode_sample_kernel(int *out, const floatX *logits, int ld, int V, const double *u, float temperature) {
+    __shared__ float s_f[SAMPLE_THREADS / WARP_SIZE];
+    __shared__ int s_i[SAMPLE_THREADS / WARP_SIZE];
+    __shared__ double s_d[SAMPLE_THREADS / WARP_SIZE];
+    __shared__ int s_pick;
+    const floatX *x = logits + (size_t)blockIdx.x * ld; // (V) this sequence's row
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, nw = SAMPLE_THREADS / WARP_SIZE;
+    const int seg = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS, t0 = min(V, tid * seg), t1 = min(V, t0 + seg);
+    const bool greedy = temperature == 0.0f;
+    // the segment's largest (greedy: of x, NaN skipped, the first among equals; else of v, for maxv)
+    float best = -INFINITY;
+    int best_i = -1;
+    for (int t = t0; t < t1; t++) {
+        const float v = greedy ? (float)x[t] : (float)x[t] / temperature;
+        if (!isnan(v) && (best_i < 0 || v > best)) { best = v; best_i = t; }
+    }
+    // the block's: larger, or equal and a lower id (no candidate: id −1, loses)
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
+        if (oi >= 0 && (best_i < 0 || ov > best || (ov == best && oi < best_i))) { best = ov; best_i = oi; }
+    }
+    if (lane == 0) { s_f[warp] = best; s_i[warp] = best_i; }
+    __syncthreads();
+    best = s_f[0];
+    best_i = s_i[0];
+    for (int w = 1; w < nw; w++) {
+        const float ov = s_f[w];
+        const int oi = s_i[w];
+        if (oi >= 0 && (best_i < 0 || ov > best || (ov == best && oi < best_i))) { best = ov; best_i = oi; }
+    }
+    if (greedy) {
+        if (tid == 0) { out[blockIdx.x] = isnan((float)x[0]) || best_i < 0 ? 0 : best_i; }
+        return;
+    }
+    // sample_token's maxv starts at id 0's value and skips NaNs after it
+    const float v0 = (float)x[0] / temperature, maxv = isnan(v0) || best_i < 0 ? v0 : best;
+    double mine = 0.0;
+    for (int t = t0; t < t1; t++) { mine += exp((double)((float)x[t] / temperature - maxv)); }
+    // exclusive scan of the threads' sums, in a fixed order
+    double incl = mine;
+    for (int off = 1; off < WARP_SIZE; off *= 2) {
+        const double o = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) { incl += o; }
+    }
+    if (lane == WARP_SIZE - 1) { s_d[warp] = incl; }
+    if (tid == 0) { s_pick = SAMPLE_THREADS; }
+    __syncthreads();
+    double before = 0.0, total = 0.0; // the warps before this one; all
+    for (int w = 0; w < nw; w++) {
+        if (w < warp) { before += s_d[w]; }
+        total += s_d[w];
+    }
+    incl += before;
+    const double r = u[blockIdx.x] * total;
+    if (t0 < t1 && incl >= r) { atomicMin(&s_pick, tid); } // the first thread whose running sum reaches r
+    __syncthreads();
+    if (tid == s_pick) {
+        double acc = incl - mine;
+        int pick = t1 - 1; // (the sequential sum fell short of the scan's by rounding: the segment's last id)
+        for (int t = t0; t < t1; t++) {
+            acc += exp((double)((float)x[t] / temperature - maxv));
+            if (acc >= r) { pick = t; break; }
+        }
+        out[blockIdx.x] = pick;
+    }
+    if (tid == 0 && s_pick == SAMPLE_THREADS) { out[blockIdx.x] = V - 1; } // r past every sum (rounding, or NaN)
+}
+// The k largest of each row's v = x / temperature, in sample_token's sorted order (larger v first, equal v by the
+// lower id; −0 equals +0), for top-k sampling: the host then takes the first k of sample_token's sorted candidates from
+// here instead of sorting the vocabulary (model_decode_top). A CTA a row: a radix select of the k-th largest 32-bit
+// order-preserving key of v (4 passes of 8-bit histograms over each thread's contiguous ids; NaN keyed lowest), the
+// keys above it and the first (lowest-id) ones equal to it gathered in id order, then a bitonic sort of the ≤ k.
+#define SAMPLE_TOPK_MAX 1024
+__device__ __forceinline__ uint32_t sample_key(float v) {
+    if (isnan(v)) { return 0u; }
+    const uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v); // (−0 as +0: equal in sample_token's order)
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    decode_top_kernel(float *top_v, int *top_id, const floatX *logits, int ld, int V, int k, float temperature) {
+    __shared__ int hist[256];
+    __shared__ int s_warp[2][SAMPLE_THREADS / WARP_SIZE];
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_remaining;
+    __shared__ uint32_t c_key[SAMPLE_TOPK_MAX];
+    __shared__ int c_id[SAMPLE_TOPK_MAX];
+    const floatX *x = logits + (size_t)blockIdx.x * ld;
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int seg = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS, t0 = min(V, tid * seg), t1 = min(V, t0 + seg);
+    if (tid == 0) { s_prefix = 0u; s_remaining = k; }
+    // the k-th largest key, a byte at a time from the top: T; remaining = how many keys equal to T are taken
+    uint32_t mask = 0u;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += SAMPLE_THREADS) { hist[i] = 0; }
+        __syncthreads();
+        const uint32_t prefix = s_prefix;
+        for (int t = t0; t < t1; t++) {
+            const uint32_t key = sample_key((float)x[t] / temperature);
+            if ((key & mask) == prefix) { atomicAdd(&hist[(key >> shift) & 255u], 1); }
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int above = 0, d = 255;
+            for (; d > 0 && above + hist[d] < s_remaining; d--) { above += hist[d]; }
+            s_remaining -= above;
+            s_prefix = prefix | ((uint32_t)d << shift);
+        }
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    const uint32_t T = s_prefix;
+    const int take_eq = s_remaining, n_gt = k - take_eq;
+    // gather in id order: the keys above T, then the first take_eq equal to it
+    int gt = 0, eq = 0;
+    for (int t = t0; t < t1; t++) {
+        const uint32_t key = sample_key((float)x[t] / temperature);
+        gt += key > T;
+        eq += key == T;
+    }
+    int igt = gt, ieq = eq; // inclusive scans over the threads (id order)
+    for (int off = 1; off < WARP_SIZE; off *= 2) {
+        const int a = __shfl_up_sync(0xffffffffu, igt, off), b = __shfl_up_sync(0xffffffffu, ieq, off);
+        if (lane >= off) { igt += a; ieq += b; }
+    }
+    if (lane == WARP_SIZE - 1) { s_warp[0][warp] = igt; s_warp[1][warp] = ieq; }
+    __syncthreads();
+    for (int w = 0; w < warp; w++) { igt += s_warp[0][w]; ieq += s_warp[1][w]; }
+    int pg = igt - gt, pe = ieq - eq; // exclusive
+    for (int t = t0; t < t1; t++) {
+        const uint32_t key = sample_key((float)x[t] / temperature);
+        if (key > T) { c_key[pg] = key; c_id[pg] = t; pg++; }
+        else if (key == T && pe < take_eq) { c_key[n_gt + pe] = key; c_id[n_gt + pe] = t; pe++; }
+    }
+    int K2 = 1;
+    while (K2 < k) { K2 *= 2; }
+    for (int i = k + tid; i < K2; i += SAMPLE_THREADS) { c_key[i] = 0u; c_id[i] = 0x7fffffff; } // last in the order
+    __syncthreads();
+    // bitonic sort, "before" = the larger key, or the equal key with the lower id
+    for (int size = 2; size <= K2; size *= 2) {
+        for (int stride = size / 2; stride > 0; stride /= 2) {
+            for (int i = tid; i < K2; i += SAMPLE_THREADS) {
+                const int j = i ^ stride;
+                if (j > i) {
+                    const bool before = c_key[j] > c_key[i] || (c_key[j] == c_key[i] && c_id[j] < c_id[i]); // j before i
+                    const bool down = (i & size) == 0; // this run ascends in "before" order
+                    if (before == down) {
+                        const uint32_t tk = c_key[i]; c_key[i] = c_key[j]; c_key[j] = tk;
+                        const int ti = c_id[i]; c_id[i] = c_id[j]; c_id[j] = ti;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    for (int i = tid; i < k; i += SAMPLE_THREADS) {
+        const int id = c_id[i];
+        top_id[(size_t)blockIdx.x * k + i] = id;
+        top_v[(size_t)blockIdx.x * k + i] = (float)x[id] / temperature;
+    }
+}
+// top_v, top_id (B, k) on the device: each of B rows' k largest of v = x / temperature in sample_token's sorted order
+static void decode_top(float *top_v, int *top_id, const floatX *logits, int ld, int V, int B, int k, float temperature,
+                       cudaStream_t stream) {
+    decode_top_kernel<<<B, SAMPLE_THREADS, 0, stream>>>(top_v, top_id, logits, ld, V, k, temperature);
+    cudaCheck(cudaGetLastError());
+}
+// out (B) on the device: each of B rows (ld apart, V real ids) sampled; u (B) the draws in (0, 1] (unused for
+// temperature 0)
+static void decode_sample(int *out, const floatX *logits, int ld, int V, int B, const double *u, float temperature,
+                          cudaStream_t stream) {
+    decode_sample_kernel<<<B, SAMPLE_THREADS, 0, stream>>>(out, logits, ld, V, u, temperature);
+    cudaCheck(cudaGetLastError());
+}
+
 #define DECODE_ROWS 2048 // tokens (sequences × chunk) a prefill chunk runs through the forward's kernels at once
 
 static void model_decode_begin(Model *model, int B, int context) {
@@ -833,6 +1024,10 @@ static void model_decode_begin(Model *model, int B, int context) {
             L->work = take(&a, on ? work : 0);
         }
         model->dec_logits = TAKE_X(&a, (size_t)B * c->padded_vocab_size);
+        model->dec_sample_u = (double *)take(&a, (size_t)B * sizeof(double));
+        model->dec_sample_out = (int *)take(&a, (size_t)B * sizeof(int));
+        model->dec_top_v = TAKE_F(&a, (size_t)B * SAMPLE_TOPK_MAX);
+        model->dec_top_id = (int *)take(&a, (size_t)B * SAMPLE_TOPK_MAX * sizeof(int));
         if (pass == 0) {
             cudaError_t err = cudaMalloc(&model->dec_memory, a.used);
             if (err != cudaSuccess) {
@@ -1144,6 +1339,33 @@ static void model_set_parallel(Model *model, const Comm *comm) {
     cudaCheck(cudaEventCreate(&model->ev_bwd_end));
     comm_nccl_init((Comm *)comm); // (created once, in the program's Comm, which outlives the model)
 #endif
+}
+
+static int model_decode_sample(Model *model, int *out, const double *u, float temperature) {
+    const int B = model->dec_B;
+    if (B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_sample without a decode state"); }
+    cudaStream_t stream = model->rt.stream;
+    if (temperature != 0.0f) {
+        cudaCheck(cudaMemcpyAsync(model->dec_sample_u, u, (size_t)B * sizeof(double), cudaMemcpyHostToDevice, stream));
+    }
+    decode_sample(model->dec_sample_out, model->dec_logits, model->config.padded_vocab_size, model->config.vocab_size,
+                  B, model->dec_sample_u, temperature, stream);
+    cudaCheck(cudaMemcpyAsync(out, model->dec_sample_out, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    return 1;
+}
+
+static int model_decode_top(Model *model, int k, float temperature, float *v, int *id) {
+    const int B = model->dec_B;
+    if (B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_top without a decode state"); }
+    if (k < 1 || k > SAMPLE_TOPK_MAX || k > model->config.vocab_size || !(temperature > 0.0f)) { return 0; }
+    cudaStream_t stream = model->rt.stream;
+    decode_top(model->dec_top_v, model->dec_top_id, model->dec_logits, model->config.padded_vocab_size,
+               model->config.vocab_size, B, k, temperature, stream);
+    cudaCheck(cudaMemcpyAsync(v, model->dec_top_v, (size_t)B * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaMemcpyAsync(id, model->dec_top_id, (size_t)B * k * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    return 1;
 }
 
 static void model_decode_logits(Model *model, int b, float *out) {

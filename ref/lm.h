@@ -574,6 +574,16 @@ static void model_decode_step(Model *model, const int *tokens, const int *pos) {
 
 static double model_aux_loss(const Model *model) { return model->aux_loss; }
 
+static int model_decode_sample(Model *model, int *out, const double *u, float temperature) {
+    (void)model; (void)out; (void)u; (void)temperature;
+    return 0; // (the caller samples model_decode_logits' rows: the reference's sample_token)
+}
+
+static int model_decode_top(Model *model, int k, float temperature, float *v, int *id) {
+    (void)model; (void)k; (void)temperature; (void)v; (void)id;
+    return 0; // (the caller sorts model_decode_logits' rows: the reference's sample_token)
+}
+
 static void model_decode_logits(Model *model, int b, float *out) {
     const int Vp = model->config.padded_vocab_size;
     for (int i = 0; i < Vp; i++) { out[i] = (float)model->dec_logits[(size_t)b * Vp + i]; }

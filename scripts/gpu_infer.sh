@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The inference engine on the GPU machine: builds, the trainer test (which holds the GPU prefill and steps to the
 # forward), GPU against CPU greedy generation on small checkpoints of each GPU mixer kind and a hybrid (trained here
-# for 150 steps on the default corpus), and the speed benchmark (dev/bench/bench_infer.cu) on 410M-shaped models.
+# for 150 steps on the default corpus), the GPU sampler against the host's (test_sample_gpu), and the speed benchmark
+# (dev/bench/bench_infer.cu) on 410M-shaped models, the generation loop with its sampling included (-sample).
 # With skinny: the decode step's products (test_decode_gpu), the skinny tensor-core product against cuBLASLt
 # (bench_skinny), and the decode step at 16-64 sequences with it and without (M2RNN_SKINNY=0). With gemv: the decode
 # step at 1-8 sequences with the GEMV's products (up to 4 rows) and with every product on the tensor cores
@@ -12,6 +13,7 @@ set -uo pipefail
 parts=${*:-test greedy bench}
 mkdir -p build
 make -j16 train_m2rnn infer_m2rnn infer_m2rnn_cpu build/test_gpu_trainer build/test_gpu_trainer_fp32 build/bench_infer \
+    build/test_sample_gpu build/test_sample_gpu_fp32 \
     > /tmp/infer_build.log 2>&1 || { tail -30 /tmp/infer_build.log; exit 1; }
 nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. -DENABLE_FP32 -o build/infer_m2rnn_fp32 infer_m2rnn.cu \
     -lcublas -lcublasLt || exit 1
@@ -19,7 +21,8 @@ for p in $parts; do
     echo "=== $p"
     case $p in
         test) ./build/test_gpu_trainer | grep -v '^PASS'; ./build/test_gpu_trainer | grep 'prefill\|decode ='
-              ./build/test_gpu_trainer_fp32 | grep -v '^PASS'; ./build/test_gpu_trainer_fp32 | grep 'prefill\|decode =' ;;
+              ./build/test_gpu_trainer_fp32 | grep -v '^PASS'; ./build/test_gpu_trainer_fp32 | grep 'prefill\|decode ='
+              ./build/test_sample_gpu; ./build/test_sample_gpu_fp32 | grep -v '^PASS' ;;
         greedy)
             prompt="Alice was beginning to get very tired of sitting by her sister on the bank"
             for pat in d128:MMMM d128:AAAA:rope d128:RRRR d128:UUUU d128:GGGG d128:SSSS d128:MARU:rope; do
@@ -41,7 +44,8 @@ for p in $parts; do
             done ;;
         bench)
             ./build/bench_infer d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84 100352
-            ./build/bench_infer d1024:AAAAAAAAAAAAAAAAAAAAAAAA:rope 100352 ;;
+            ./build/bench_infer d1024:AAAAAAAAAAAAAAAAAAAAAAAA:rope 100352
+            ./build/bench_infer d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84 100352 -sample 1 16 64 ;;
         skinny)
             make -j16 build/test_decode_gpu build/bench_skinny > /tmp/infer_build.log 2>&1 || { tail -30 /tmp/infer_build.log; exit 1; }
             ./build/test_decode_gpu | grep -v '^PASS'

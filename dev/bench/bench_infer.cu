@@ -6,9 +6,13 @@ decode tokens/s of B sequences stepping together at a context of ~1K (the step a
 programmatic launches (M2RNN_NO_PDL=1), and eagerly), and the
 decode state a sequence carries against the context (recurrent layers: constant; attention: the KV cache, linear).
 Timing: the host clock around synchronized work, after a warm-up: a prefill's best of 3, a decode step's mean over 64.
-usage: build/bench_infer DESCRIPTOR [vocab] [-prof B | -graph B | -decode [B ...]]   (vocab 50257 unless given, e.g.
-100352)
+usage: build/bench_infer DESCRIPTOR [vocab] [-prof B | -graph B | -decode [B ...] | -sample [B ...]]   (vocab 50257
+unless given, e.g. 100352)
 -decode: only the graph decode lines (batch 1 and 64, or the batches given), for A/B runs of a step's kernels
+-sample: a generation loop's step with its sampling (infer.h's loop: each step's tokens drawn from its logits): the
+step alone, the tokens drawn on the GPU (model_decode_sample: greedy, temperature 1; model_decode_top: top-k 50's
+candidates, the draw on the host), and the logits rows copied to the host and sampled there (sample_token: greedy,
+temperature 1, top-k 50), batches 1, 16 and 64 or those given
 -prof B: only B sequences, a 16-token prefill and two eager steps, then one more eager step inside
 cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each kernel of one step, no graph)
 -graph B: only B sequences, a 16-token prefill, then 32 graph steps (for a timeline: `nsys profile
@@ -18,6 +22,7 @@ cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each kernel of one s
 #include <vector>
 #define TESTING
 #include "train_m2rnn.cu"
+#include "infer.h" // (sample_token, for -sample)
 
 static double wall(void) {
     struct timespec ts;
@@ -61,13 +66,68 @@ int main(int argc, char **argv) {
         return 0;
     }
     const int decode_only = argc > 3 && strcmp(argv[3], "-decode") == 0; // the graph decode lines only
+    const int sample_only = argc > 3 && strcmp(argv[3], "-sample") == 0;
     std::vector<int> batches;
-    for (int i = 4; decode_only && i < argc; i++) {
+    for (int i = 4; (decode_only || sample_only) && i < argc; i++) {
         const int B = atoi(argv[i]);
         if (B < 1 || B > 1024) { fail_with_hint("give batch sizes 1..1024 after -decode", "bad batch size %s", argv[i]); }
         batches.push_back(B);
     }
-    if (batches.empty()) { batches = {1, 64}; }
+    if (batches.empty()) { batches = sample_only ? std::vector<int>{1, 16, 64} : std::vector<int>{1, 64}; }
+    if (sample_only) { // the step with its sampling, a token's cost in a generation loop
+        const int V = config.vocab_size, Vp = model->config.padded_vocab_size, P = 1024, steps = 32;
+        InferOptions o = infer_options_default();
+        o.top_p = 1.0f;
+        o.rep_penalty = 1.0f;
+        float *row = (float *)mallocCheck((size_t)Vp * sizeof(float));
+        Cand *work = (Cand *)mallocCheck((size_t)Vp * sizeof(Cand));
+        unsigned char *mark = (unsigned char *)mallocCheck((size_t)Vp);
+        const char *names[7] = {"step alone", "GPU greedy", "GPU temp 1", "GPU top-k 50", "host greedy", "host temp 1",
+                                "host top-k 50"};
+        float *top_v = (float *)mallocCheck((size_t)1024 * 50 * sizeof(float)); // (B ≤ 1024, k = 50)
+        int *top_id = (int *)mallocCheck((size_t)1024 * 50 * sizeof(int));
+        for (int B : batches) {
+            int *pos = (int *)mallocCheck((size_t)B * sizeof(int)), *tok = (int *)mallocCheck((size_t)B * sizeof(int));
+            double *u = (double *)mallocCheck((size_t)B * sizeof(double));
+            for (int mode = 0; mode < 7; mode++) {
+                o.temperature = mode == 1 || mode == 4 ? 0.0f : 1.0f;
+                o.top_k = mode == 3 || mode == 6 ? 50 : 0;
+                model_decode_begin(model, B, P + steps + 8);
+                for (int b = 0; b < B; b++) { pos[b] = 0; }
+                model_decode_advance(model, 0, B, tokens, P, pos);
+                for (int b = 0; b < B; b++) { pos[b] = P; tok[b] = tokens[P + b]; }
+                double t0 = 0.0;
+                for (int s = 0; s < steps + 2; s++) {
+                    if (s == 2) { executor_sync(model); t0 = wall(); }
+                    for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
+                    if (mode == 1 || mode == 2) {
+                        model_decode_sample(model, tok, u, o.temperature);
+                    } else if (mode == 3) {
+                        model_decode_top(model, 50, o.temperature, top_v, top_id);
+                        for (int b = 0; b < B; b++) {
+                            for (int i = 0; i < 50; i++) { work[i].v = top_v[b * 50 + i]; work[i].id = top_id[b * 50 + i]; }
+                            tok[b] = sample_candidates(work, 50, &o, u[b]);
+                        }
+                    } else if (mode >= 4) {
+                        for (int b = 0; b < B; b++) {
+                            model_decode_logits(model, b, row);
+                            tok[b] = sample_token(row, V, NULL, 0, &o, u[b], work, mark);
+                        }
+                    }
+                    model_decode_step(model, tok, pos);
+                    for (int b = 0; b < B; b++) { pos[b]++; }
+                }
+                executor_sync(model);
+                const double dt = (wall() - t0) / steps;
+                printf("generate B=%-3d context ~%d  %-14s  %7.3f ms a token  %9.0f tokens/s\n", B, P, names[mode],
+                       dt * 1e3, B / dt);
+            }
+            free(pos); free(tok); free(u);
+        }
+        free(row); free(work); free(mark); free(tokens); free(top_v); free(top_id);
+        model_free(model);
+        return 0;
+    }
     const size_t param_bytes = param_table_count(&model->table) * sizeof(floatX);
     printf("%s | %s | %zu parameters (%.2f GB of weights read a step: batch 1 bound %.0f tokens/s at 4.8 TB/s)\n",
            model->rt.prop.name, argv[1], param_table_count(&model->table), param_bytes / 1e9, 4.8e12 / param_bytes);
