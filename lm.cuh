@@ -775,31 +775,53 @@ static void model_logits_row(Model *model, int b, int t, float *out) {
 
 // The next token of B sequences drawn on the GPU from their logits rows (model_decode_sample), so a step copies B
 // ints to the host instead of B rows of the vocabulary and the host does no per-token work over them. A CTA of
-// SAMPLE_THREADS a sequence, thread i owning the contiguous ids [i·seg, (i+1)·seg) of the V real ones:
+// SAMPLE_THREADS a sequence; warp w owns a contiguous run of the row's 16-byte pieces, which it reads 32 at a time (a
+// piece a lane: coalesced), so the ids a warp visits go up in order:
 // - temperature 0: the largest logit, the lowest id among equals (sample_token's scan: a NaN is never the largest,
 //   unless it is id 0's, which the scan then never leaves);
 // - else softmax(x / temperature) sampled with u ∈ (0, 1] as sample_token does without top-k, top-p or a repetition
 //   penalty: v = x / temperature in fp32, maxv their maximum, w = exp((double)(v − maxv)), the first id whose running
-//   sum of w in id order reaches u·Σw (the last id if none). The running sums are each thread's sequential sum plus
-//   an exclusive scan of the threads' sums: sample_token's numbers summed in another order, so a draw within rounding
-//   of a boundary (≈ 1e-16 relative) may take the neighbouring id; deterministic.
+//   sum of w in id order reaches u·Σw (the last id if none). The running sum at an id is, in this order, the warps'
+//   totals before its warp, its warp's iterations before its own, the lanes' sums before its lane (a shuffle scan) and
+//   its piece's w up to it: sample_token's numbers summed in another order, so a draw within rounding of a boundary
+//   (≈ 1e-16 relative) may take the neighbouring id; deterministic.
 #define SAMPLE_THREADS 1024
+// lane's piece of iteration it of warp w: its PACK ids' w (0 past V) summed in id order, the values in v
+__device__ __forceinline__ double sample_piece(float (&v)[PACK], const floatX *x, int id0, int V, float temperature,
+                                               float maxv) {
+    const Pack pk = id0 < V ? *(const Pack *)(x + id0) : Pack{};
+    double s = 0.0;
+#pragma unroll
+    for (int e = 0; e < PACK; e++) {
+        v[e] = (float)pk.v[e] / temperature;
+        if (id0 + e < V) { s += exp((double)(v[e] - maxv)); }
+    }
+    return s;
+}
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     decode_sample_kernel(int *out, const floatX *logits, int ld, int V, const double *u, float temperature) {
-    __shared__ float s_f[SAMPLE_THREADS / WARP_SIZE];
-    __shared__ int s_i[SAMPLE_THREADS / WARP_SIZE];
-    __shared__ double s_d[SAMPLE_THREADS / WARP_SIZE];
+    constexpr int NW = SAMPLE_THREADS / WARP_SIZE;
+    __shared__ float s_f[NW];
+    __shared__ int s_i[NW];
+    __shared__ double s_d[NW];
     __shared__ int s_pick;
-    const floatX *x = logits + (size_t)blockIdx.x * ld; // (V) this sequence's row
-    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, nw = SAMPLE_THREADS / WARP_SIZE;
-    const int seg = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS, t0 = min(V, tid * seg), t1 = min(V, t0 + seg);
+    const floatX *x = logits + (size_t)blockIdx.x * ld; // (V) this sequence's row (ld a multiple of PACK)
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int pieces = (V + PACK - 1) / PACK, per = (pieces + NW * WARP_SIZE - 1) / (NW * WARP_SIZE); // iterations
+    const int p0 = warp * per * WARP_SIZE; // the warp's first piece
     const bool greedy = temperature == 0.0f;
-    // the segment's largest (greedy: of x, NaN skipped, the first among equals; else of v, for maxv)
+    // the largest (greedy: of x, NaN skipped, the first among equals; else of v, for maxv)
     float best = -INFINITY;
     int best_i = -1;
-    for (int t = t0; t < t1; t++) {
-        const float v = greedy ? (float)x[t] : (float)x[t] / temperature;
-        if (!isnan(v) && (best_i < 0 || v > best)) { best = v; best_i = t; }
+    for (int it = 0; it < per; it++) {
+        const int id0 = (p0 + it * WARP_SIZE + lane) * PACK;
+        if (id0 >= V) { break; }
+        const Pack pk = *(const Pack *)(x + id0);
+#pragma unroll
+        for (int e = 0; e < PACK; e++) {
+            const float v = greedy ? (float)pk.v[e] : (float)pk.v[e] / temperature;
+            if (id0 + e < V && !isnan(v) && (best_i < 0 || v > best)) { best = v; best_i = id0 + e; }
+        }
     }
     // the block's: larger, or equal and a lower id (no candidate: id −1, loses)
     for (int off = WARP_SIZE / 2; off > 0; off /= 2) {
@@ -808,10 +830,11 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (oi >= 0 && (best_i < 0 || ov > best || (ov == best && oi < best_i))) { best = ov; best_i = oi; }
     }
     if (lane == 0) { s_f[warp] = best; s_i[warp] = best_i; }
+    if (tid == 0) { s_pick = NW; }
     __syncthreads();
     best = s_f[0];
     best_i = s_i[0];
-    for (int w = 1; w < nw; w++) {
+    for (int w = 1; w < NW; w++) {
         const float ov = s_f[w];
         const int oi = s_i[w];
         if (oi >= 0 && (best_i < 0 || ov > best || (ov == best && oi < best_i))) { best = ov; best_i = oi; }
@@ -822,36 +845,55 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
     // sample_token's maxv starts at id 0's value and skips NaNs after it
     const float v0 = (float)x[0] / temperature, maxv = isnan(v0) || best_i < 0 ? v0 : best;
-    double mine = 0.0;
-    for (int t = t0; t < t1; t++) { mine += exp((double)((float)x[t] / temperature - maxv)); }
-    // exclusive scan of the threads' sums, in a fixed order
-    double incl = mine;
-    for (int off = 1; off < WARP_SIZE; off *= 2) {
-        const double o = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) { incl += o; }
+    // each warp's total: its iterations' lane-scanned sums, in order
+    float v[PACK];
+    double carry = 0.0;
+    for (int it = 0; it < per; it++) {
+        double incl = sample_piece(v, x, (p0 + it * WARP_SIZE + lane) * PACK, V, temperature, maxv);
+        for (int off = 1; off < WARP_SIZE; off *= 2) {
+            const double o = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) { incl += o; }
+        }
+        carry += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
     }
-    if (lane == WARP_SIZE - 1) { s_d[warp] = incl; }
-    if (tid == 0) { s_pick = SAMPLE_THREADS; }
+    if (lane == 0) { s_d[warp] = carry; }
     __syncthreads();
     double before = 0.0, total = 0.0; // the warps before this one; all
-    for (int w = 0; w < nw; w++) {
+    for (int w = 0; w < NW; w++) {
         if (w < warp) { before += s_d[w]; }
         total += s_d[w];
     }
-    incl += before;
     const double r = u[blockIdx.x] * total;
-    if (t0 < t1 && incl >= r) { atomicMin(&s_pick, tid); } // the first thread whose running sum reaches r
+    if (lane == 0 && before + carry >= r) { atomicMin(&s_pick, warp); } // the first warp whose running sum reaches r
     __syncthreads();
-    if (tid == s_pick) {
-        double acc = incl - mine;
-        int pick = t1 - 1; // (the sequential sum fell short of the scan's by rounding: the segment's last id)
-        for (int t = t0; t < t1; t++) {
-            acc += exp((double)((float)x[t] / temperature - maxv));
-            if (acc >= r) { pick = t; break; }
+    if (warp == s_pick) { // its iterations again, the same sums, until a lane's running sum reaches r
+        double run = 0.0;
+        int pick = -1;
+        for (int it = 0; it < per && pick < 0; it++) {
+            const int id0 = (p0 + it * WARP_SIZE + lane) * PACK;
+            double incl = sample_piece(v, x, id0, V, temperature, maxv);
+            for (int off = 1; off < WARP_SIZE; off *= 2) {
+                const double o = __shfl_up_sync(0xffffffffu, incl, off);
+                if (lane >= off) { incl += o; }
+            }
+            const double lower = __shfl_up_sync(0xffffffffu, incl, 1); // the lanes' before this one
+            double acc = (before + run) + (lane > 0 ? lower : 0.0);
+            int hit = -1;
+            for (int e = 0; e < PACK; e++) {
+                if (id0 + e < V) {
+                    acc += exp((double)(v[e] - maxv));
+                    if (hit < 0 && acc >= r) { hit = id0 + e; }
+                }
+            }
+            const unsigned hits = __ballot_sync(0xffffffffu, hit >= 0);
+            if (hits != 0u) { pick = __shfl_sync(0xffffffffu, hit, __ffs(hits) - 1); }
+            run += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
         }
-        out[blockIdx.x] = pick;
+        if (lane == 0) { // (none: the replay's sums fell short of the totals' by rounding: the warp's last id)
+            out[blockIdx.x] = pick >= 0 ? pick : min(V, (p0 + per * WARP_SIZE) * PACK) - 1;
+        }
     }
-    if (tid == 0 && s_pick == SAMPLE_THREADS) { out[blockIdx.x] = V - 1; } // r past every sum (rounding, or NaN)
+    if (tid == 0 && s_pick == NW) { out[blockIdx.x] = V - 1; } // r past every sum (rounding, or NaN)
 }
 // The k largest of each row's v = x / temperature, in sample_token's sorted order (larger v first, equal v by the
 // lower id; −0 equals +0), for top-k sampling: the host then takes the first k of sample_token's sorted candidates from
