@@ -660,6 +660,11 @@ static int skinny_splits(int IC, int OC, int sms) {
     while (S < SK_MAX_S && S < nkb && 2L * tiles * S < 3L * sms) { S++; }
     return CEIL_DIV(nkb, CEIL_DIV(nkb, S));
 }
+// the kernel's instances by MT (its 8-token n-tiles): 2, 4, 8
+typedef void (*SkinnyKernel)(floatX *, int, const floatX *, const floatX *, int, int, int, int, int);
+static SkinnyKernel skinny_instance(int MT) {
+    return MT == 2 ? skinny_kernel<2> : MT == 4 ? skinny_kernel<4> : skinny_kernel<8>;
+}
 // whether a cluster of S CTAs of the MT instance with smem bytes each can be resident on this GPU (a smaller GPU, or
 // a MIG slice, may hold fewer CTAs a GPC than a cluster asks for: the launch would fail), asked once a configuration
 static bool skinny_cluster_fits(int MT, int S, size_t smem) {
@@ -672,17 +677,11 @@ static bool skinny_cluster_fits(int MT, int S, size_t smem) {
     cfg.gridDim = dim3(1, S);
     cfg.blockDim = dim3(128);
     cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = S;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr[2];
+    cfg.attrs = attr;
+    cfg.numAttrs = launch_attrs(attr, 0, dim3(1, S, 1));
     int clusters = 0;
-    const cudaError_t err = MT == 2   ? cudaOccupancyMaxActiveClusters(&clusters, skinny_kernel<2>, &cfg)
-                            : MT == 4 ? cudaOccupancyMaxActiveClusters(&clusters, skinny_kernel<4>, &cfg)
-                                      : cudaOccupancyMaxActiveClusters(&clusters, skinny_kernel<8>, &cfg);
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, skinny_instance(MT), &cfg);
     if (err != cudaSuccess) { (void)cudaGetLastError(); } // (clear it: the dispatch falls back to cuBLASLt)
     const bool fits = err == cudaSuccess && clusters > 0;
     if (n_seen < 32) { seen[n_seen++] = {MT, S, smem, fits}; }
@@ -703,20 +702,14 @@ static bool skinny_product(floatX *y, int y_stride, const floatX *x, const float
     static bool smem_set = false;
     if (!smem_set) { // the MT = 8 instance's 12 k blocks: 53 KB
         const int most = 8 * 8 * (SK_NKB * SK_KB + 32) * (int)sizeof(floatX);
-        cudaCheck(cudaFuncSetAttribute(skinny_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-        cudaCheck(cudaFuncSetAttribute(skinny_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-        cudaCheck(cudaFuncSetAttribute(skinny_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+        for (int mt = 2; mt <= 8; mt *= 2) {
+            cudaCheck(cudaFuncSetAttribute(skinny_instance(mt), cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+        }
         smem_set = true;
     }
     const dim3 grid(CEIL_DIV(OC, SK_ROWS), S), cluster(1, S, 1);
     if (!skinny_cluster_fits(MT, S, smem)) { return false; }
-    if (MT == 2) {
-        launch_k_cluster(skinny_kernel<2>, grid, 128, smem, stream, cluster, y, y_stride, x, w, M, IC, OC, per, xs_ld);
-    } else if (MT == 4) {
-        launch_k_cluster(skinny_kernel<4>, grid, 128, smem, stream, cluster, y, y_stride, x, w, M, IC, OC, per, xs_ld);
-    } else {
-        launch_k_cluster(skinny_kernel<8>, grid, 128, smem, stream, cluster, y, y_stride, x, w, M, IC, OC, per, xs_ld);
-    }
+    launch_k_cluster(skinny_instance(MT), grid, 128, smem, stream, cluster, y, y_stride, x, w, M, IC, OC, per, xs_ld);
     return true;
 }
 

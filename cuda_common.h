@@ -67,6 +67,22 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 // brings the 128-byte line at p into L2 (a weight the kernel will read after pdl_wait)
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
+// a launch's attributes into attr (room for 2), their count: programmatic with pdl; with cluster (not 1 × 1 × 1) the
+// grid's CTAs in thread block clusters of that shape
+static unsigned launch_attrs(cudaLaunchAttribute *attr, int pdl, dim3 cluster) {
+    unsigned n = 0;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster.x * cluster.y * cluster.z > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster.x;
+        attr[n].val.clusterDim.y = cluster.y;
+        attr[n++].val.clusterDim.z = cluster.z;
+    }
+    return n;
+}
 // kernel<<<grid, block, smem, stream>>>(args...), programmatic while launch_pdl is set; with cluster (not 1 × 1 × 1)
 // the grid's CTAs in thread block clusters of that shape (each grid dimension a multiple of the cluster's)
 template <typename... KArgs, typename... Args>
@@ -78,19 +94,8 @@ static void launch_k_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, si
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cudaLaunchAttribute attr[2];
-    unsigned n = 0;
-    if (launch_pdl) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster.x * cluster.y * cluster.z > 1) {
-        attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n].val.clusterDim.x = cluster.x;
-        attr[n].val.clusterDim.y = cluster.y;
-        attr[n++].val.clusterDim.z = cluster.z;
-    }
     cfg.attrs = attr;
-    cfg.numAttrs = n;
+    cfg.numAttrs = launch_attrs(attr, launch_pdl, cluster);
     cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), __FILE__, __LINE__);
 }
 template <typename... KArgs, typename... Args>
@@ -101,6 +106,16 @@ static void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sme
 
 // ----------------------------------------------------------------------------------------------------------------
 // warp reductions (all lanes end with the result)
+
+// inclusive prefix sum over the lanes (lane i ends with lanes 0..i's values), in a fixed order of adds
+template <typename T> __device__ __forceinline__ T warp_scan_incl(T val) {
+    const int lane = threadIdx.x % 32;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const T o = __shfl_up_sync(0xffffffffu, val, offset);
+        if (lane >= offset) { val += o; }
+    }
+    return val;
+}
 
 __device__ __forceinline__ float warp_reduce_sum(float val) {
     for (int offset = 16; offset > 0; offset >>= 1) { val += __shfl_xor_sync(0xffffffffu, val, offset); }

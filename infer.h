@@ -527,12 +527,11 @@ static void infer_run(const InferOptions *o) {
     // what model_decode_sample draws (greedy or plain temperature sampling), else sample_token on the host (always
     // with M2RNN_HOST_SAMPLING=1: for A/B runs)
     const char *host_sampling = getenv("M2RNN_HOST_SAMPLING");
-    const int sample_on_executor = o->rep_penalty == 1.0f && (o->temperature == 0.0f ||
-                                   ((o->top_k <= 0 || o->top_k >= V) && o->top_p >= 1.0f)) &&
-                                   !(host_sampling != NULL && strcmp(host_sampling, "1") == 0);
+    const int executor_may = o->rep_penalty == 1.0f && !(host_sampling != NULL && strcmp(host_sampling, "1") == 0);
+    const int sample_on_executor = executor_may && (o->temperature == 0.0f ||
+                                                    ((o->top_k <= 0 || o->top_k >= V) && o->top_p >= 1.0f));
     // top-k (with or without top-p): the executor's k candidates (model_decode_top), the draw on the host from them
-    const int top_on_executor = o->rep_penalty == 1.0f && o->temperature != 0.0f && o->top_k > 0 && o->top_k < V &&
-                                !(host_sampling != NULL && strcmp(host_sampling, "1") == 0);
+    const int top_on_executor = executor_may && o->temperature != 0.0f && o->top_k > 0 && o->top_k < V;
     const int stream = prompts.n == 1 && !o->jsonl;
     double t_prefill = 0, t_decode = 0;
     long prefilled = 0, decoded = 0;
@@ -581,8 +580,9 @@ static void infer_run(const InferOptions *o) {
             // from a saved state's logits, which only the host holds). The draws are taken in sequence order either
             // way, one a sequence unless greedy, so a seed gives the same run on every path.
             for (int b = 0; b < B; b++) { u[b] = !seq[b].done && o->temperature != 0.0f ? rng_uniform(&rng) : 0.0; }
-            int drawn = sample_on_executor && (k > 0 || !loaded_only) && model_decode_sample(model, next_tok, u, o->temperature);
-            if (!drawn && top_on_executor && (k > 0 || !loaded_only) &&
+            const int on_executor = k > 0 || !loaded_only; // the logits the draw reads are the executor's
+            int drawn = sample_on_executor && on_executor && model_decode_sample(model, next_tok, u, o->temperature);
+            if (!drawn && top_on_executor && on_executor &&
                 model_decode_top(model, o->top_k, o->temperature, top_v, top_id)) { // the top-k candidates, sorted
                 for (int b = 0; b < B; b++) {
                     if (seq[b].done) { continue; }

@@ -798,6 +798,10 @@ __device__ __forceinline__ double sample_piece(float (&v)[PACK], const floatX *x
     }
     return s;
 }
+// whether candidate (ov, oi) beats (best, best_i): larger, or equal and a lower id (no candidate: id −1, loses)
+__device__ __forceinline__ bool sample_beats(float ov, int oi, float best, int best_i) {
+    return oi >= 0 && (best_i < 0 || ov > best || (ov == best && oi < best_i));
+}
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     decode_sample_kernel(int *out, const floatX *logits, int ld, int V, const double *u, float temperature) {
     constexpr int NW = SAMPLE_THREADS / WARP_SIZE;
@@ -823,11 +827,11 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             if (id0 + e < V && !isnan(v) && (best_i < 0 || v > best)) { best = v; best_i = id0 + e; }
         }
     }
-    // the block's: larger, or equal and a lower id (no candidate: id −1, loses)
+    // the block's (sample_beats)
     for (int off = WARP_SIZE / 2; off > 0; off /= 2) {
         const float ov = __shfl_xor_sync(0xffffffffu, best, off);
         const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
-        if (oi >= 0 && (best_i < 0 || ov > best || (ov == best && oi < best_i))) { best = ov; best_i = oi; }
+        if (sample_beats(ov, oi, best, best_i)) { best = ov; best_i = oi; }
     }
     if (lane == 0) { s_f[warp] = best; s_i[warp] = best_i; }
     if (tid == 0) { s_pick = NW; }
@@ -835,9 +839,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     best = s_f[0];
     best_i = s_i[0];
     for (int w = 1; w < NW; w++) {
-        const float ov = s_f[w];
-        const int oi = s_i[w];
-        if (oi >= 0 && (best_i < 0 || ov > best || (ov == best && oi < best_i))) { best = ov; best_i = oi; }
+        if (sample_beats(s_f[w], s_i[w], best, best_i)) { best = s_f[w]; best_i = s_i[w]; }
     }
     if (greedy) {
         if (tid == 0) { out[blockIdx.x] = isnan((float)x[0]) || best_i < 0 ? 0 : best_i; }
@@ -849,11 +851,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     float v[PACK];
     double carry = 0.0;
     for (int it = 0; it < per; it++) {
-        double incl = sample_piece(v, x, (p0 + it * WARP_SIZE + lane) * PACK, V, temperature, maxv);
-        for (int off = 1; off < WARP_SIZE; off *= 2) {
-            const double o = __shfl_up_sync(0xffffffffu, incl, off);
-            if (lane >= off) { incl += o; }
-        }
+        const double incl = warp_scan_incl(sample_piece(v, x, (p0 + it * WARP_SIZE + lane) * PACK, V, temperature, maxv));
         carry += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
     }
     if (lane == 0) { s_d[warp] = carry; }
@@ -871,11 +869,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         int pick = -1;
         for (int it = 0; it < per && pick < 0; it++) {
             const int id0 = (p0 + it * WARP_SIZE + lane) * PACK;
-            double incl = sample_piece(v, x, id0, V, temperature, maxv);
-            for (int off = 1; off < WARP_SIZE; off *= 2) {
-                const double o = __shfl_up_sync(0xffffffffu, incl, off);
-                if (lane >= off) { incl += o; }
-            }
+            const double incl = warp_scan_incl(sample_piece(v, x, id0, V, temperature, maxv));
             const double lower = __shfl_up_sync(0xffffffffu, incl, 1); // the lanes' before this one
             double acc = (before + run) + (lane > 0 ? lower : 0.0);
             int hit = -1;
@@ -947,11 +941,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         gt += key > T;
         eq += key == T;
     }
-    int igt = gt, ieq = eq; // inclusive scans over the threads (id order)
-    for (int off = 1; off < WARP_SIZE; off *= 2) {
-        const int a = __shfl_up_sync(0xffffffffu, igt, off), b = __shfl_up_sync(0xffffffffu, ieq, off);
-        if (lane >= off) { igt += a; ieq += b; }
-    }
+    int igt = warp_scan_incl(gt), ieq = warp_scan_incl(eq); // inclusive scans over the threads (id order)
     if (lane == WARP_SIZE - 1) { s_warp[0][warp] = igt; s_warp[1][warp] = ieq; }
     __syncthreads();
     for (int w = 0; w < warp; w++) { igt += s_warp[0][w]; ieq += s_warp[1][w]; }

@@ -160,11 +160,7 @@ __device__ __forceinline__ void m2_chunk_cumsum(float *sAcs, float *sdt, const f
     const int lane = threadIdx.x, s0 = 2 * lane;
     const float d0 = s0 < valid ? dt[(long)s0 * H] : 0.0f, d1 = s0 + 1 < valid ? dt[(long)(s0 + 1) * H] : 0.0f;
     const float a0 = d0 * A, a1 = d1 * A;
-    float incl = a0 + a1;
-    for (int off = 1; off < 32; off <<= 1) {
-        const float v = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) { incl += v; }
-    }
+    const float incl = warp_scan_incl(a0 + a1);
     const float excl = incl - (a0 + a1);
     sAcs[s0] = excl + a0;
     sAcs[s0 + 1] = excl + a0 + a1;
