@@ -524,8 +524,8 @@ static void infer_run(const InferOptions *o) {
     Cand *work = (Cand *)mallocCheck((size_t)Vp * sizeof(Cand));
     unsigned char *mark = (unsigned char *)mallocCheck((size_t)Vp);
     Rng rng = {o->seed};
-    // what model_decode_sample draws (greedy or plain temperature sampling), else sample_token on the host (always
-    // with M2RNN_HOST_SAMPLING=1: for A/B runs)
+    // the executor's generation loop (greedy or plain temperature sampling: model_decode_gen_*), else sample_token on
+    // the host (always with M2RNN_HOST_SAMPLING=1: for A/B runs)
     const char *host_sampling = getenv("M2RNN_HOST_SAMPLING");
     const int executor_may = o->rep_penalty == 1.0f && !(host_sampling != NULL && strcmp(host_sampling, "1") == 0);
     const int sample_on_executor = executor_may && (o->temperature == 0.0f ||
@@ -574,14 +574,37 @@ static void infer_run(const InferOptions *o) {
         float *top_v = top_on_executor ? (float *)mallocCheck((size_t)B * o->top_k * sizeof(float)) : NULL;
         int *top_id = top_on_executor ? (int *)mallocCheck((size_t)B * o->top_k * sizeof(int)) : NULL;
         double *u = (double *)mallocCheck((size_t)B * sizeof(double));
+        // the draws: one a sequence and iteration unless greedy (finished sequences too), in sequence order, so a seed
+        // gives the same run on every path
+#define DRAW_U() for (int b = 0; b < B; b++) { u[b] = o->temperature != 0.0f ? rng_uniform(&rng) : 0.0; }
+        int gen = 0, gen_next = 0; // the executor's loop draws the tokens (from iteration gen_next − 1 on: queued up to it)
         for (int k = 0; k < o->max_new; k++) {
-            // the next tokens: drawn by the executor where the logits are (greedy or plain temperature sampling
-            // whole; top-k as its k sorted candidates, the draw here), else from the rows on the host (and the first
-            // from a saved state's logits, which only the host holds). The draws are taken in sequence order either
-            // way, one a sequence unless greedy, so a seed gives the same run on every path.
-            for (int b = 0; b < B; b++) { u[b] = !seq[b].done && o->temperature != 0.0f ? rng_uniform(&rng) : 0.0; }
+            // the next tokens: drawn by the executor where the logits are (greedy or plain temperature sampling in its
+            // generation loop, which feeds them to its next step itself and runs an iteration ahead of this one; top-k
+            // as its k sorted candidates, the draw here), else from the rows on the host (and the first from a saved
+            // state's logits, which only the host holds)
             const int on_executor = k > 0 || !loaded_only; // the logits the draw reads are the executor's
-            int drawn = sample_on_executor && on_executor && model_decode_sample(model, next_tok, u, o->temperature);
+            if (!gen && sample_on_executor && on_executor) {
+                for (int b = 0; b < B; b++) { step_pos[b] = seq[b].n - 1 < context - 1 ? seq[b].n - 1 : context - 1; }
+                gen = model_decode_gen_begin(model, step_pos, o->temperature);
+                if (gen) {
+                    DRAW_U();
+                    model_decode_gen_launch(model, u, k + 1 < o->max_new);
+                    gen_next = k + 1;
+                }
+            }
+            int drawn = 0;
+            if (gen) {
+                if (gen_next == k + 1 && k + 1 < o->max_new) { // the next iteration, queued before this one's wait
+                    DRAW_U();
+                    model_decode_gen_launch(model, u, k + 2 < o->max_new);
+                    gen_next++;
+                }
+                model_decode_gen_wait(model, next_tok);
+                drawn = 1;
+            } else {
+                DRAW_U();
+            }
             if (!drawn && top_on_executor && on_executor &&
                 model_decode_top(model, o->top_k, o->temperature, top_v, top_id)) { // the top-k candidates, sorted
                 for (int b = 0; b < B; b++) {
@@ -629,8 +652,9 @@ static void infer_run(const InferOptions *o) {
             }
             decoded += active;
             if (active == 0) { break; }
-            model_decode_step(model, step_tok, step_pos);
+            if (!gen) { model_decode_step(model, step_tok, step_pos); }
         }
+#undef DRAW_U
         executor_sync(model);
         t_decode += now_s() - t0;
         for (int b = 0; b < B; b++) {

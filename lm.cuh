@@ -108,8 +108,8 @@ struct Model {
                                    // (M2RNN_PREFILL_ROWS, benchmarks)
     DecodeLane dec_lane[2];        // lane 0 on rt's stream (every step; one-chunk prefills), lane 1 on dec_rt2's
     floatX *dec_logits;            // (B,Vp)
-    double *dec_sample_u;          // (B) model_decode_sample's draws
-    int *dec_sample_out;           // (B) and its tokens
+    double *dec_sample_u;          // (B) the generation loop's draws (model_decode_gen_launch)
+    void *dec_sample_scratch;      // decode_sample's (sample_scratch_bytes(B, V))
     float *dec_top_v;              // (B, k ≤ SAMPLE_TOPK_MAX) model_decode_top's candidates
     int *dec_top_id;
     // A prefill of several chunks alternates them between the lanes, so chunk c+1's layer l (on the other stream)
@@ -120,6 +120,15 @@ struct Model {
     cudaEvent_t dec_ev[MAX_LAYERS][2], dec_fork, dec_join;
     int dec_two_lanes;
     cudaGraphExec_t dec_graph;     // the step of all B sequences, captured (NULL: not yet, or not possible)
+    cudaGraphExec_t dec_gen_graph; // the generation loop's: the draw, then the step (dec_gen_temp's sampler)
+    float dec_gen_temp;
+    // the generation loop (model_decode_gen_*): up to two iterations queued, each with its pinned slot for the draws
+    // (B doubles) and the tokens (B ints), and an event after its tokens' copy
+    void *gen_host;                // pinned: u[2][B], then tok[2][B]
+    int gen_host_B;                // (its B)
+    cudaEvent_t gen_ev[2];
+    long gen_queued, gen_waited;   // iterations launched, and waited for
+    float gen_temp;
     int dec_steps;                 // eager steps since begin (the second is captured: the first sets kernel attributes)
     int dec_graph_off;             // 1: run eagerly (M2RNN_NO_GRAPH=1, or a capture failed)
     int dec_pdl_off;               // 1: the step's kernels launched the ordinary way (M2RNN_NO_PDL=1; cuda_common.h)
@@ -618,6 +627,12 @@ static void model_free(Model *model) {
     if (model->acts_memory != NULL) { cudaCheck(cudaFree(model->acts_memory)); }
     if (model->dec_memory != NULL) { cudaCheck(cudaFree(model->dec_memory)); }
     if (model->dec_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_graph)); }
+    if (model->dec_gen_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_gen_graph)); }
+    if (model->gen_host != NULL) {
+        cudaCheck(cudaFreeHost(model->gen_host));
+        cudaCheck(cudaEventDestroy(model->gen_ev[0]));
+        cudaCheck(cudaEventDestroy(model->gen_ev[1]));
+    }
     if (model->dec_rt2.stream != NULL) {
         for (int l = 0; l < model->config.n_layer; l++) {
             cudaCheck(cudaEventDestroy(model->dec_ev[l][0]));
@@ -773,20 +788,45 @@ static void model_logits_row(Model *model, int b, int t, float *out) {
 // ----------------------------------------------------------------------------------------------------------------
 // decoding
 
-// The next token of B sequences drawn on the GPU from their logits rows (model_decode_sample), so a step copies B
-// ints to the host instead of B rows of the vocabulary and the host does no per-token work over them. A CTA of
-// SAMPLE_THREADS a sequence; warp w owns a contiguous run of the row's 16-byte pieces, which it reads 32 at a time (a
-// piece a lane: coalesced), so the ids a warp visits go up in order:
-// - temperature 0: the largest logit, the lowest id among equals (sample_token's scan: a NaN is never the largest,
-//   unless it is id 0's, which the scan then never leaves);
-// - else softmax(x / temperature) sampled with u ∈ (0, 1] as sample_token does without top-k, top-p or a repetition
-//   penalty: v = x / temperature in fp32, maxv their maximum, w = exp((double)(v − maxv)), the first id whose running
-//   sum of w in id order reaches u·Σw (the last id if none). The running sum at an id is, in this order, the warps'
-//   totals before its warp, its warp's iterations before its own, the lanes' sums before its lane (a shuffle scan) and
-//   its piece's w up to it: sample_token's numbers summed in another order, so a draw within rounding of a boundary
-//   (≈ 1e-16 relative) may take the neighbouring id; deterministic.
-#define SAMPLE_THREADS 1024
-// lane's piece of iteration it of warp w: its PACK ids' w (0 past V) summed in id order, the values in v
+// The next token of B sequences drawn on the GPU from their logits rows, so a generation loop's tokens stay on the
+// device (model_decode_gen_*: B ints reach the host a step, not B rows of the vocabulary). A row is cut into chunks
+// of SAMPLE_CHUNK ids, a CTA of SAMPLE_CTA threads a (chunk, row); warp w of a CTA owns the chunk's w-th run of
+// SAMPLE_RUN ids and reads it 32 16-byte pieces at a time (a piece a lane: coalesced), so the ids a warp visits go up
+// in order. The chunk is a constant, so every sum's order, and with it the token, is the same whatever B or the GPU.
+// - sample_max_kernel: each chunk's largest value (greedy: of x, NaN skipped, the first among equals; else of
+//   v = x / temperature) into its SamplePart. Greedy: the row's last CTA to finish (a counter a row) takes the largest
+//   of the chunks' (a total order: the larger, then the lower id), sample_token's scan (a NaN is never the largest,
+//   unless it is id 0's, which the scan then never leaves).
+// - sample_sum_kernel (temperature > 0, after it): maxv as sample_token has it (it starts at id 0's v and skips NaNs
+//   after it) from the chunks' maxima, then each chunk's Σ exp((double)(v − maxv)) (sample_token's terms: the warps'
+//   lane-scanned pieces in order, then the warps in order). The row's last CTA sums the chunks in order, takes the
+//   first chunk whose running sum reaches r = u·Σ, in it the first warp, in that warp the first id: sample_token's draw
+//   with its sums in another order, so a draw within rounding of a boundary (≈ 1e-16 relative) may take the
+//   neighbouring id; deterministic. None (a NaN anywhere, a row of −inf, r past every sum): the last id, as the host.
+// The token goes to tok[b]; with pos, pos[b] advances by one (at most to last_pos): the next step's inputs. Both
+// kernels wait on the kernel before them (pdl_wait), so a decode step's graph may launch them programmatically.
+#define SAMPLE_CHUNK 4096
+#define SAMPLE_CTA 256
+#define SAMPLE_WARPS (SAMPLE_CTA / WARP_SIZE)
+#define SAMPLE_RUN (SAMPLE_CHUNK / SAMPLE_WARPS)      // ids a warp
+#define SAMPLE_ITERS (SAMPLE_RUN / (PACK * WARP_SIZE)) // its iterations of 32 pieces
+static_assert(SAMPLE_RUN % (PACK * WARP_SIZE) == 0, "a warp's run is whole iterations of 32 pieces");
+typedef struct {
+    float best; // the chunk's largest value (NaN skipped; best_i −1: none)
+    int best_i;
+    double sum; // its Σ exp(v − maxv) (sample_sum_kernel)
+} SamplePart;
+// the sampler's scratch for B rows of V ids: (B, chunks) SampleParts, then (B) counters that start at 0 (the kernels
+// leave them at 0)
+static inline int sample_chunks(int V) { return CEIL_DIV(V, SAMPLE_CHUNK); }
+static inline size_t sample_scratch_bytes(int B, int V) {
+    return (size_t)B * sample_chunks(V) * sizeof(SamplePart) + (size_t)B * sizeof(int);
+}
+// the first id of lane's piece in iteration it of warp w of chunk c
+__device__ __forceinline__ int sample_id0(int c, int w, int it, int lane) {
+    return c * SAMPLE_CHUNK + w * SAMPLE_RUN + (it * WARP_SIZE + lane) * PACK;
+}
+// lane's piece: its PACK ids' w = exp(v − maxv) (0 past V) summed in id order, the values in v
 __device__ __forceinline__ double sample_piece(float (&v)[PACK], const floatX *x, int id0, int V, float temperature,
                                                float maxv) {
     const Pack pk = id0 < V ? *(const Pack *)(x + id0) : Pack{};
@@ -802,23 +842,57 @@ __device__ __forceinline__ double sample_piece(float (&v)[PACK], const floatX *x
 __device__ __forceinline__ bool sample_beats(float ov, int oi, float best, int best_i) {
     return oi >= 0 && (best_i < 0 || ov > best || (ov == best && oi < best_i));
 }
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-    decode_sample_kernel(int *out, const floatX *logits, int ld, int V, const double *u, float temperature) {
-    constexpr int NW = SAMPLE_THREADS / WARP_SIZE;
-    __shared__ float s_f[NW];
-    __shared__ int s_i[NW];
-    __shared__ double s_d[NW];
-    __shared__ int s_pick;
-    const floatX *x = logits + (size_t)blockIdx.x * ld; // (V) this sequence's row (ld a multiple of PACK)
-    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
-    const int pieces = (V + PACK - 1) / PACK, per = (pieces + NW * WARP_SIZE - 1) / (NW * WARP_SIZE); // iterations
-    const int p0 = warp * per * WARP_SIZE; // the warp's first piece
+// (best, best_i) over the warp's lanes (sample_beats is a total order: any order of the comparisons gives it)
+__device__ __forceinline__ void sample_warp_best(float &best, int &best_i) {
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
+        if (sample_beats(ov, oi, best, best_i)) { best = ov; best_i = oi; }
+    }
+}
+// the row's largest over its C chunks' SampleParts (read from L2: other CTAs wrote them), in every lane of the warp
+__device__ __forceinline__ void sample_row_best(float &best, int &best_i, const SamplePart *pr, int C) {
+    best = -INFINITY;
+    best_i = -1;
+    for (int c = threadIdx.x % WARP_SIZE; c < C; c += WARP_SIZE) {
+        const float ov = __ldcg(&pr[c].best);
+        const int oi = __ldcg(&pr[c].best_i);
+        if (sample_beats(ov, oi, best, best_i)) { best = ov; best_i = oi; }
+    }
+    sample_warp_best(best, best_i);
+}
+// whether this CTA is the last of the row's C to arrive (its SamplePart written before): all threads get the answer;
+// the last resets the row's counter for the next launch
+__device__ __forceinline__ bool sample_last_cta(int *count, int C) {
+    __shared__ int s_last;
+    __syncthreads(); // (the part's store by thread 0 comes before the fence)
+    if (threadIdx.x == 0) {
+        __threadfence();
+        s_last = atomicAdd(count, 1) == C - 1;
+        if (s_last) { *count = 0; __threadfence(); }
+    }
+    __syncthreads();
+    return s_last;
+}
+__device__ __forceinline__ void sample_emit(int *tok, int *pos, int last_pos, int b, int token) {
+    tok[b] = token;
+    if (pos != NULL) { pos[b] = min(pos[b] + 1, last_pos); }
+}
+__global__ void __launch_bounds__(SAMPLE_CTA)
+    sample_max_kernel(int *tok, int *pos, SamplePart *part, int *count, const floatX *logits, int ld, int V,
+                      float temperature, int last_pos) {
+    __shared__ float s_f[SAMPLE_WARPS];
+    __shared__ int s_i[SAMPLE_WARPS];
+    const int c = blockIdx.x, b = blockIdx.y, C = gridDim.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const floatX *x = logits + (size_t)b * ld; // (V) this sequence's row (ld a multiple of PACK)
     const bool greedy = temperature == 0.0f;
-    // the largest (greedy: of x, NaN skipped, the first among equals; else of v, for maxv)
+    pdl_wait(); // (the logits: the step before)
+    pdl_trigger();
     float best = -INFINITY;
     int best_i = -1;
-    for (int it = 0; it < per; it++) {
-        const int id0 = (p0 + it * WARP_SIZE + lane) * PACK;
+#pragma unroll
+    for (int it = 0; it < SAMPLE_ITERS; it++) {
+        const int id0 = sample_id0(c, warp, it, lane);
         if (id0 >= V) { break; }
         const Pack pk = *(const Pack *)(x + id0);
 #pragma unroll
@@ -827,48 +901,109 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             if (id0 + e < V && !isnan(v) && (best_i < 0 || v > best)) { best = v; best_i = id0 + e; }
         }
     }
-    // the block's (sample_beats)
-    for (int off = WARP_SIZE / 2; off > 0; off /= 2) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, off);
-        const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
-        if (sample_beats(ov, oi, best, best_i)) { best = ov; best_i = oi; }
-    }
+    sample_warp_best(best, best_i);
     if (lane == 0) { s_f[warp] = best; s_i[warp] = best_i; }
-    if (tid == 0) { s_pick = NW; }
     __syncthreads();
-    best = s_f[0];
-    best_i = s_i[0];
-    for (int w = 1; w < NW; w++) {
-        if (sample_beats(s_f[w], s_i[w], best, best_i)) { best = s_f[w]; best_i = s_i[w]; }
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < SAMPLE_WARPS; w++) {
+            if (sample_beats(s_f[w], s_i[w], best, best_i)) { best = s_f[w]; best_i = s_i[w]; }
+        }
+        part[(size_t)b * C + c].best = best;
+        part[(size_t)b * C + c].best_i = best_i;
     }
-    if (greedy) {
-        if (tid == 0) { out[blockIdx.x] = isnan((float)x[0]) || best_i < 0 ? 0 : best_i; }
-        return;
+    if (!greedy || !sample_last_cta(count + b, C)) { return; }
+    if (warp == 0) {
+        sample_row_best(best, best_i, part + (size_t)b * C, C);
+        if (lane == 0) { sample_emit(tok, pos, last_pos, b, isnan((float)x[0]) || best_i < 0 ? 0 : best_i); }
     }
-    // sample_token's maxv starts at id 0's value and skips NaNs after it
-    const float v0 = (float)x[0] / temperature, maxv = isnan(v0) || best_i < 0 ? v0 : best;
-    // each warp's total: its iterations' lane-scanned sums, in order
+}
+__global__ void __launch_bounds__(SAMPLE_CTA)
+    sample_sum_kernel(int *tok, int *pos, SamplePart *part, int *count, const floatX *logits, int ld, int V,
+                      const double *u, float temperature, int last_pos) {
+    __shared__ double s_d[SAMPLE_WARPS];
+    __shared__ int s_chunk, s_pick;
+    __shared__ double s_rloc;
+    const int c = blockIdx.x, b = blockIdx.y, C = gridDim.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const floatX *x = logits + (size_t)b * ld;
+    SamplePart *pr = part + (size_t)b * C;
+    pdl_wait(); // (the chunks' maxima: sample_max_kernel)
+    pdl_trigger();
+    float best, maxv;
+    int best_i;
+    sample_row_best(best, best_i, pr, C); // (every warp)
+    const float v0 = (float)x[0] / temperature;
+    maxv = isnan(v0) || best_i < 0 ? v0 : best;
+    // this chunk's sum: each warp's iterations' lane-scanned sums in order, then the warps in order
     float v[PACK];
     double carry = 0.0;
-    for (int it = 0; it < per; it++) {
-        const double incl = warp_scan_incl(sample_piece(v, x, (p0 + it * WARP_SIZE + lane) * PACK, V, temperature, maxv));
+#pragma unroll
+    for (int it = 0; it < SAMPLE_ITERS; it++) {
+        const double incl = warp_scan_incl(sample_piece(v, x, sample_id0(c, warp, it, lane), V, temperature, maxv));
         carry += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
     }
     if (lane == 0) { s_d[warp] = carry; }
     __syncthreads();
-    double before = 0.0, total = 0.0; // the warps before this one; all
-    for (int w = 0; w < NW; w++) {
-        if (w < warp) { before += s_d[w]; }
-        total += s_d[w];
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int w = 0; w < SAMPLE_WARPS; w++) { s += s_d[w]; }
+        pr[c].sum = s;
     }
-    const double r = u[blockIdx.x] * total;
-    if (lane == 0 && before + carry >= r) { atomicMin(&s_pick, warp); } // the first warp whose running sum reaches r
+    if (!sample_last_cta(count + b, C)) { return; }
+    // the last CTA: the chunks' running sums in order (a lane a chunk, 32 at a time), the first to reach r
+    if (warp == 0) {
+        double run = 0.0; // the chunks before this round of 32
+        double sums_before = 0.0;
+        int first = -1;
+        double total = 0.0;
+        for (int c0 = 0; c0 < C; c0 += WARP_SIZE) {
+            const double incl = warp_scan_incl(c0 + lane < C ? __ldcg(&pr[c0 + lane].sum) : 0.0);
+            total = run + __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
+            run = total;
+        }
+        const double r = u[b] * total;
+        run = 0.0;
+        for (int c0 = 0; c0 < C && first < 0; c0 += WARP_SIZE) {
+            const double incl = warp_scan_incl(c0 + lane < C ? __ldcg(&pr[c0 + lane].sum) : 0.0);
+            const unsigned hits = __ballot_sync(0xffffffffu, c0 + lane < C && run + incl >= r);
+            const double excl = __shfl_up_sync(0xffffffffu, incl, 1); // (lane 0: none before it in the round)
+            if (hits != 0u) {
+                const int l = __ffs(hits) - 1;
+                first = c0 + l;
+                sums_before = run + __shfl_sync(0xffffffffu, lane > 0 ? excl : 0.0, l); // the chunks before the first
+            }
+            run += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
+        }
+        if (lane == 0) {
+            s_chunk = first;
+            s_rloc = r - sums_before;
+            s_pick = SAMPLE_WARPS;
+        }
+    }
     __syncthreads();
-    if (warp == s_pick) { // its iterations again, the same sums, until a lane's running sum reaches r
+    const int cs = s_chunk;
+    if (cs < 0) { // r past every sum (rounding, or NaN)
+        if (threadIdx.x == 0) { sample_emit(tok, pos, last_pos, b, V - 1); }
+        return;
+    }
+    // chunk cs again, the same sums: the first warp whose running sum reaches r − (the chunks before), then its id
+    const double rl = s_rloc;
+    carry = 0.0;
+#pragma unroll
+    for (int it = 0; it < SAMPLE_ITERS; it++) {
+        const double incl = warp_scan_incl(sample_piece(v, x, sample_id0(cs, warp, it, lane), V, temperature, maxv));
+        carry += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
+    }
+    if (lane == 0) { s_d[warp] = carry; } // (thread 0's read of s_d came before sample_last_cta's barriers)
+    __syncthreads();
+    double before = 0.0;
+    for (int w = 0; w < warp; w++) { before += s_d[w]; }
+    if (lane == 0 && before + carry >= rl) { atomicMin(&s_pick, warp); }
+    __syncthreads();
+    if (warp == s_pick) { // its iterations again until a lane's running sum reaches rl
         double run = 0.0;
         int pick = -1;
-        for (int it = 0; it < per && pick < 0; it++) {
-            const int id0 = (p0 + it * WARP_SIZE + lane) * PACK;
+        for (int it = 0; it < SAMPLE_ITERS && pick < 0; it++) {
+            const int id0 = sample_id0(cs, warp, it, lane);
             const double incl = warp_scan_incl(sample_piece(v, x, id0, V, temperature, maxv));
             const double lower = __shfl_up_sync(0xffffffffu, incl, 1); // the lanes' before this one
             double acc = (before + run) + (lane > 0 ? lower : 0.0);
@@ -876,18 +1011,36 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             for (int e = 0; e < PACK; e++) {
                 if (id0 + e < V) {
                     acc += exp((double)(v[e] - maxv));
-                    if (hit < 0 && acc >= r) { hit = id0 + e; }
+                    if (hit < 0 && acc >= rl) { hit = id0 + e; }
                 }
             }
             const unsigned hits = __ballot_sync(0xffffffffu, hit >= 0);
             if (hits != 0u) { pick = __shfl_sync(0xffffffffu, hit, __ffs(hits) - 1); }
             run += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
         }
-        if (lane == 0) { // (none: the replay's sums fell short of the totals' by rounding: the warp's last id)
-            out[blockIdx.x] = pick >= 0 ? pick : min(V, (p0 + per * WARP_SIZE) * PACK) - 1;
+        if (lane == 0) { // (none: the replay fell short of the warp's sum by rounding: the warp's last id)
+            sample_emit(tok, pos, last_pos, b, pick >= 0 ? pick : min(V, sample_id0(cs, warp + 1, 0, 0)) - 1);
         }
     }
-    if (tid == 0 && s_pick == NW) { out[blockIdx.x] = V - 1; } // r past every sum (rounding, or NaN)
+    if (threadIdx.x == 0 && s_pick == SAMPLE_WARPS) { // (the chunk's warps fell short by rounding: its last id)
+        sample_emit(tok, pos, last_pos, b, min(V, (cs + 1) * SAMPLE_CHUNK) - 1);
+    }
+}
+// tok (B) on the device: each of B rows (ld apart, V real ids) sampled, greedy (temperature 0) or with u (B) the
+// draws in (0, 1]; pos (B) NULL, or each advanced by one (at most to last_pos); scratch sample_scratch_bytes(B, V) on
+// the device, its counters at 0 (as the kernels leave them). Programmatic launches while launch_pdl is set.
+static void decode_sample(int *tok, int *pos, int last_pos, void *scratch, const floatX *logits, int ld, int V, int B,
+                          const double *u, float temperature, cudaStream_t stream) {
+    const int C = sample_chunks(V);
+    SamplePart *part = (SamplePart *)scratch; // (B, C)
+    int *count = (int *)(part + (size_t)B * C); // (B)
+    const dim3 grid(C, B);
+    launch_k(sample_max_kernel, grid, SAMPLE_CTA, 0, stream, tok, pos, part, count, logits, ld, V, temperature,
+             last_pos);
+    if (temperature != 0.0f) {
+        launch_k(sample_sum_kernel, grid, SAMPLE_CTA, 0, stream, tok, pos, part, count, logits, ld, V, u, temperature,
+                 last_pos);
+    }
 }
 // The k largest of each row's v = x / temperature, in sample_token's sorted order (larger v first, equal v by the
 // lower id; −0 equals +0), for top-k sampling: the host then takes the first k of sample_token's sorted candidates from
@@ -895,6 +1048,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
 // order-preserving key of v (4 passes of 8-bit histograms over each thread's contiguous ids; NaN keyed lowest), the
 // keys above it and the first (lowest-id) ones equal to it gathered in id order, then a bitonic sort of the ≤ k.
 #define SAMPLE_TOPK_MAX 1024
+#define SAMPLE_THREADS 1024 // (a CTA a row)
 __device__ __forceinline__ uint32_t sample_key(float v) {
     if (isnan(v)) { return 0u; }
     const uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v); // (−0 as +0: equal in sample_token's order)
@@ -984,14 +1138,6 @@ static void decode_top(float *top_v, int *top_id, const floatX *logits, int ld, 
     decode_top_kernel<<<B, SAMPLE_THREADS, 0, stream>>>(top_v, top_id, logits, ld, V, k, temperature);
     cudaCheck(cudaGetLastError());
 }
-// out (B) on the device: each of B rows (ld apart, V real ids) sampled; u (B) the draws in (0, 1] (unused for
-// temperature 0)
-static void decode_sample(int *out, const floatX *logits, int ld, int V, int B, const double *u, float temperature,
-                          cudaStream_t stream) {
-    decode_sample_kernel<<<B, SAMPLE_THREADS, 0, stream>>>(out, logits, ld, V, u, temperature);
-    cudaCheck(cudaGetLastError());
-}
-
 #define DECODE_ROWS 2048 // tokens (sequences × chunk) a prefill chunk runs through the forward's kernels at once
 
 static void model_decode_begin(Model *model, int B, int context) {
@@ -1005,7 +1151,9 @@ static void model_decode_begin(Model *model, int B, int context) {
     if (B < 1 || context < 1) { fail_with_hint("decode at least one sequence of one token", "model_decode_begin(B=%d, context=%d)", B, context); }
     if (model->dec_memory != NULL) { cudaCheck(cudaFree(model->dec_memory)); }
     if (model->dec_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_graph)); model->dec_graph = NULL; }
+    if (model->dec_gen_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_gen_graph)); model->dec_gen_graph = NULL; }
     model->dec_steps = 0;
+    model->gen_queued = model->gen_waited = 0;
     const char *no_graph = getenv("M2RNN_NO_GRAPH");
     model->dec_graph_off = no_graph != NULL && strcmp(no_graph, "1") == 0;
     const char *no_pdl = getenv("M2RNN_NO_PDL"); // (benchmarks: the step without programmatic launches)
@@ -1057,7 +1205,7 @@ static void model_decode_begin(Model *model, int B, int context) {
         }
         model->dec_logits = TAKE_X(&a, (size_t)B * c->padded_vocab_size);
         model->dec_sample_u = (double *)take(&a, (size_t)B * sizeof(double));
-        model->dec_sample_out = (int *)take(&a, (size_t)B * sizeof(int));
+        model->dec_sample_scratch = take(&a, sample_scratch_bytes(B, c->vocab_size));
         model->dec_top_v = TAKE_F(&a, (size_t)B * SAMPLE_TOPK_MAX);
         model->dec_top_id = (int *)take(&a, (size_t)B * SAMPLE_TOPK_MAX * sizeof(int));
         if (pass == 0) {
@@ -1069,6 +1217,8 @@ static void model_decode_begin(Model *model, int B, int context) {
             }
         } else {
             cudaCheck(cudaMemsetAsync(model->dec_memory, 0, state_bytes, rt->stream)); // the empty history
+            cudaCheck(cudaMemsetAsync(model->dec_sample_scratch, 0, sample_scratch_bytes(B, c->vocab_size),
+                                      rt->stream)); // (its counters start at 0)
         }
     }
     if (model->dec_two_lanes && model->dec_rt2.stream == NULL) { // lane 1's runtime and the chunk events, once
@@ -1161,31 +1311,51 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
     launch_pdl = 0;
 }
 
-// the step of all B sequences (tokens and positions already in lane 0's buffers) as one CUDA graph: captured on
-// the second step (the first runs eagerly and sets the kernels' attributes), replayed after that, so a step costs one
-// launch instead of a few hundred. Eager when M2RNN_NO_GRAPH=1, or (with a warning) when the capture fails.
-static void decode_step_graph(Model *model) {
+// the generation loop's draw (model_decode_gen_launch): the next tokens of all B sequences from their logits into lane
+// 0's tokens, their positions advanced, programmatically after the kernel before
+static void decode_gen_sample(Model *model) {
+    const ModelConfig *c = &model->config;
+    launch_pdl = !model->dec_pdl_off;
+    decode_sample(model->dec_lane[0].tokens, model->dec_lane[0].pos, model->dec_context - 1, model->dec_sample_scratch,
+                  model->dec_logits, c->padded_vocab_size, c->vocab_size, model->dec_B, model->dec_sample_u,
+                  model->gen_temp, model->rt.stream);
+    launch_pdl = 0;
+}
+
+// the step of all B sequences (tokens and positions already in lane 0's buffers; gen: the generation loop's draw of
+// them first) as one CUDA graph: captured on the second step (the first runs eagerly and sets the kernels'
+// attributes), replayed after that, so a step costs one launch instead of a few hundred. Eager when M2RNN_NO_GRAPH=1,
+// or (with a warning) when the capture fails.
+static void decode_step_graph(Model *model, int gen) {
     cudaStream_t stream = model->rt.stream;
-    if (model->dec_graph == NULL && !model->dec_graph_off && model->dec_steps >= 1) {
+    cudaGraphExec_t *exec = gen ? &model->dec_gen_graph : &model->dec_graph;
+    if (gen && *exec != NULL && model->dec_gen_temp != model->gen_temp) { // (another temperature: another sampler)
+        cudaCheck(cudaGraphExecDestroy(*exec));
+        *exec = NULL;
+    }
+    if (*exec == NULL && !model->dec_graph_off && model->dec_steps >= 1) {
         cudaGraph_t graph = NULL;
         cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
         if (err == cudaSuccess) {
+            if (gen) { decode_gen_sample(model); }
             decode_run(model, 0, 0, model->dec_B, 1, 1);
             err = cudaStreamEndCapture(stream, &graph);
         }
-        if (err == cudaSuccess) { err = cudaGraphInstantiate(&model->dec_graph, graph, 0); }
+        if (err == cudaSuccess) { err = cudaGraphInstantiate(exec, graph, 0); }
         if (graph != NULL) { cudaGraphDestroy(graph); }
         if (err != cudaSuccess) {
             fprintf(stderr, "warning: the decode step could not be captured as a CUDA graph (%s); stepping eagerly\n",
                     cudaGetErrorString(err));
             (void)cudaGetLastError();
-            model->dec_graph = NULL;
+            *exec = NULL;
             model->dec_graph_off = 1;
         }
+        model->dec_gen_temp = model->gen_temp;
     }
-    if (model->dec_graph != NULL) {
-        cudaCheck(cudaGraphLaunch(model->dec_graph, stream));
+    if (*exec != NULL) {
+        cudaCheck(cudaGraphLaunch(*exec, stream));
     } else {
+        if (gen) { decode_gen_sample(model); }
         decode_run(model, 0, 0, model->dec_B, 1, 1);
         model->dec_steps++;
     }
@@ -1226,7 +1396,7 @@ static void model_decode_advance(Model *model, int b0, int nb, const int *tokens
         cudaCheck(cudaMemcpyAsync(L->tokens, tok[lane], (size_t)nb * Tc * sizeof(int), cudaMemcpyHostToDevice, stream));
         cudaCheck(cudaMemcpyAsync(L->pos, cpos[lane], (size_t)nb * sizeof(int), cudaMemcpyHostToDevice, stream));
         if (Tc == 1 && b0 == 0 && nb == model->dec_B) {
-            decode_step_graph(model);
+            decode_step_graph(model, 0);
         } else {
             decode_run(model, lane, b0, nb, Tc, s0 + Tc == T);
         }
@@ -1373,18 +1543,66 @@ static void model_set_parallel(Model *model, const Comm *comm) {
 #endif
 }
 
-static int model_decode_sample(Model *model, int *out, const double *u, float temperature) {
+static int model_decode_gen_begin(Model *model, const int *pos, float temperature) {
     const int B = model->dec_B;
-    if (B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_sample without a decode state"); }
-    cudaStream_t stream = model->rt.stream;
-    if (temperature != 0.0f) {
-        cudaCheck(cudaMemcpyAsync(model->dec_sample_u, u, (size_t)B * sizeof(double), cudaMemcpyHostToDevice, stream));
+    if (B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_gen_begin without a decode state"); }
+    if (!(temperature >= 0.0f) || isinf(temperature)) { return 0; }
+    if (model->gen_host != NULL && model->gen_host_B < B) {
+        cudaCheck(cudaFreeHost(model->gen_host));
+        model->gen_host = NULL;
     }
-    decode_sample(model->dec_sample_out, model->dec_logits, model->config.padded_vocab_size, model->config.vocab_size,
-                  B, model->dec_sample_u, temperature, stream);
-    cudaCheck(cudaMemcpyAsync(out, model->dec_sample_out, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaStreamSynchronize(stream));
+    if (model->gen_host == NULL) {
+        if (model->gen_ev[0] == NULL) {
+            cudaCheck(cudaEventCreateWithFlags(&model->gen_ev[0], cudaEventDisableTiming));
+            cudaCheck(cudaEventCreateWithFlags(&model->gen_ev[1], cudaEventDisableTiming));
+        }
+        cudaCheck(cudaMallocHost(&model->gen_host, (size_t)2 * B * (sizeof(double) + sizeof(int))));
+        model->gen_host_B = B;
+    }
+    cudaStream_t stream = model->rt.stream;
+    cudaCheck(cudaStreamSynchronize(stream)); // (the iterations of an earlier loop have finished with the slots)
+    cudaCheck(cudaMemcpy(model->dec_lane[0].pos, pos, (size_t)B * sizeof(int), cudaMemcpyHostToDevice));
+    model->gen_temp = temperature;
+    model->gen_queued = model->gen_waited = 0;
     return 1;
+}
+
+static void model_decode_gen_launch(Model *model, const double *u, int step) {
+    const int B = model->dec_B;
+    if (B == 0 || model->gen_host == NULL) {
+        fail_with_hint("call model_decode_gen_begin first", "model_decode_gen_launch without a generation loop");
+    }
+    if (model->gen_queued - model->gen_waited >= 2) {
+        fail_with_hint("wait for the oldest (model_decode_gen_wait) first", "a third generation iteration queued");
+    }
+    cudaStream_t stream = model->rt.stream;
+    const int slot = (int)(model->gen_queued % 2);
+    double *hu = (double *)model->gen_host + (size_t)slot * B;
+    int *htok = (int *)((double *)model->gen_host + 2 * (size_t)B) + (size_t)slot * B;
+    if (model->gen_temp != 0.0f) { // (the slot's last copy ran before its iteration's event, waited for)
+        memcpy(hu, u, (size_t)B * sizeof(double));
+        cudaCheck(cudaMemcpyAsync(model->dec_sample_u, hu, (size_t)B * sizeof(double), cudaMemcpyHostToDevice, stream));
+    }
+    if (step) {
+        decode_step_graph(model, 1);
+    } else {
+        decode_gen_sample(model);
+    }
+    cudaCheck(cudaMemcpyAsync(htok, model->dec_lane[0].tokens, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost,
+                              stream));
+    cudaCheck(cudaEventRecord(model->gen_ev[slot], stream));
+    model->gen_queued++;
+}
+
+static void model_decode_gen_wait(Model *model, int *tokens) {
+    const int B = model->dec_B;
+    if (model->gen_waited >= model->gen_queued) {
+        fail_with_hint("launch an iteration (model_decode_gen_launch) first", "model_decode_gen_wait with none queued");
+    }
+    const int slot = (int)(model->gen_waited % 2);
+    cudaCheck(cudaEventSynchronize(model->gen_ev[slot]));
+    memcpy(tokens, (int *)((double *)model->gen_host + 2 * (size_t)B) + (size_t)slot * B, (size_t)B * sizeof(int));
+    model->gen_waited++;
 }
 
 static int model_decode_top(Model *model, int k, float temperature, float *v, int *id) {

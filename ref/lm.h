@@ -574,9 +574,17 @@ static void model_decode_step(Model *model, const int *tokens, const int *pos) {
 
 static double model_aux_loss(const Model *model) { return model->aux_loss; }
 
-static int model_decode_sample(Model *model, int *out, const double *u, float temperature) {
-    (void)model; (void)out; (void)u; (void)temperature;
+static int model_decode_gen_begin(Model *model, const int *pos, float temperature) {
+    (void)model; (void)pos; (void)temperature;
     return 0; // (the caller samples model_decode_logits' rows: the reference's sample_token)
+}
+static void model_decode_gen_launch(Model *model, const double *u, int step) {
+    (void)model; (void)u; (void)step;
+    fail_with_hint("sample on the host (model_decode_gen_begin returned 0)", "the CPU reference has no generation loop");
+}
+static void model_decode_gen_wait(Model *model, int *tokens) {
+    (void)model; (void)tokens;
+    fail_with_hint("sample on the host (model_decode_gen_begin returned 0)", "the CPU reference has no generation loop");
 }
 
 static int model_decode_top(Model *model, int k, float temperature, float *v, int *id) {

@@ -1,8 +1,10 @@
 /*
-test_sample_gpu.cu: the GPU's sampler (lm.cuh: decode_sample, under model_decode_sample) against infer.h's sample_token
+test_sample_gpu.cu: the GPU's sampler (lm.cuh: decode_sample, under model_decode_gen_*) against infer.h's sample_token
 on the same logits rows and draws: greedy (the lowest id among equal maxima, rows of −inf, NaN after id 0 and at id 0)
 and temperature sampling (0.5, 1, 1.7) over a 100277-id vocabulary in rows 100352 apart (the decode logits' layout,
-bf16 or fp32 with the build), rows of several spreads: the same token on every row, and the same tokens twice; and
+bf16 or fp32 with the build), rows of several spreads: the same token on every row, the same tokens twice (the row
+counters left at 0), launched programmatically, and each row sampled alone (the chunks, not B, set the sums' order);
+the positions advanced by one and held at the last; and
 the top-k candidates (decode_top, k = 1, 50, 1024) equal to the first k of the host's sort of the row, values and ids
 (rows of many ties, −0 beside +0). The
 device sums in another order than the host (NOTES.md: a draw within ≈ 1e-16 of a boundary may differ), which random
@@ -50,6 +52,13 @@ int main(void) {
     cudaCheck(cudaMalloc(&dx, (size_t)B * ld * sizeof(floatX)));
     cudaCheck(cudaMalloc(&dout, B * sizeof(int)));
     cudaCheck(cudaMalloc(&du, B * sizeof(double)));
+    void *scratch, *scratch1; // decode_sample's for B rows and for one, their counters at 0
+    cudaCheck(cudaMalloc(&scratch, sample_scratch_bytes(B, V)));
+    cudaCheck(cudaMemset(scratch, 0, sample_scratch_bytes(B, V)));
+    cudaCheck(cudaMalloc(&scratch1, sample_scratch_bytes(1, V)));
+    cudaCheck(cudaMemset(scratch1, 0, sample_scratch_bytes(1, V)));
+    int *dpos;
+    cudaCheck(cudaMalloc(&dpos, B * sizeof(int)));
     cudaCheck(cudaMemcpy(dx, hx, (size_t)B * ld * sizeof(floatX), cudaMemcpyHostToDevice));
     InferOptions o = infer_options_default();
     o.top_k = 0;
@@ -64,11 +73,25 @@ int main(void) {
         double u[B];
         for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
         cudaCheck(cudaMemcpy(du, u, sizeof(u), cudaMemcpyHostToDevice));
-        int got[2][B];
+        int got[4][B]; // once, again (programmatic launches), each row alone, and with positions
         for (int rep = 0; rep < 2; rep++) {
-            decode_sample(dout, dx, ld, V, B, du, o.temperature, 0);
+            launch_pdl = rep;
+            decode_sample(dout, NULL, 0, scratch, dx, ld, V, B, du, o.temperature, 0);
+            launch_pdl = 0;
             cudaCheck(cudaMemcpy(got[rep], dout, sizeof(got[rep]), cudaMemcpyDeviceToHost));
         }
+        for (int b = 0; b < B; b++) {
+            decode_sample(dout + b, NULL, 0, scratch1, dx + (size_t)b * ld, ld, V, 1, du + b, o.temperature, 0);
+        }
+        cudaCheck(cudaMemcpy(got[2], dout, sizeof(got[2]), cudaMemcpyDeviceToHost));
+        int hpos[B], wpos[B];
+        for (int b = 0; b < B; b++) { hpos[b] = b % 5 == 0 ? 99 : b; } // (99: held there)
+        cudaCheck(cudaMemcpy(dpos, hpos, sizeof(hpos), cudaMemcpyHostToDevice));
+        decode_sample(dout, dpos, 99, scratch, dx, ld, V, B, du, o.temperature, 0);
+        cudaCheck(cudaMemcpy(got[3], dout, sizeof(got[3]), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(wpos, dpos, sizeof(wpos), cudaMemcpyDeviceToHost));
+        int pos_ok = 1;
+        for (int b = 0; b < B; b++) { pos_ok &= wpos[b] == (b % 5 == 0 ? 99 : b + 1); }
         int differ = 0, first = -1, want_first = -1, distinct = 0;
         for (int b = 0; b < B; b++) {
             for (int t = 0; t < ld; t++) { row[t] = (float)hx[(size_t)b * ld + t]; }
@@ -79,14 +102,16 @@ int main(void) {
             }
             if (b > 0 && got[0][b] != got[0][b - 1]) { distinct++; }
         }
-        const int same = memcmp(got[0], got[1], sizeof(got[0])) == 0;
+        const int same = memcmp(got[0], got[1], sizeof(got[0])) == 0 && memcmp(got[0], got[2], sizeof(got[0])) == 0 &&
+                         memcmp(got[0], got[3], sizeof(got[0])) == 0;
         const bool special = temps[ti] != 0.0f || (got[0][0] == 300 && got[0][1] == 4242 && got[0][3] == 0);
         char name[96];
         snprintf(name, sizeof(name), "sampler, temperature %g", temps[ti]);
-        test_result(differ == 0 && same && special && distinct > B / 2, name,
-                    "%d rows: %d differ from sample_token%s%s (first: row %d, %d against %d); twice the same: %s",
+        test_result(differ == 0 && same && special && distinct > B / 2 && pos_ok, name,
+                    "%d rows: %d differ from sample_token%s%s (first: row %d, %d against %d); again, programmatic, "
+                    "a row at a time, with positions: the same %s; positions advanced: %s",
                     B, differ, temps[ti] == 0.0f ? ", ties, -inf and NaN rows " : "", special ? "" : " SPECIAL ROWS WRONG",
-                    first, first >= 0 ? got[0][first] : -1, want_first, same ? "yes" : "NO");
+                    first, first >= 0 ? got[0][first] : -1, want_first, same ? "yes" : "NO", pos_ok ? "yes" : "NO");
     }
     // top-k candidates (decode_top) = the first k of sample_token's sorted candidates (the full row sorted on the
     // host by cand_desc), values and ids; rows 2 and 3 (NaN) left out: their order is not defined
@@ -125,6 +150,7 @@ int main(void) {
     free(tv); free(tid);
     cudaCheck(cudaFree(dtv)); cudaCheck(cudaFree(dtid));
     free(hx); free(row); free(work); free(mark);
-    cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dout)); cudaCheck(cudaFree(du));
+    cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dout)); cudaCheck(cudaFree(du)); cudaCheck(cudaFree(scratch)); cudaCheck(cudaFree(scratch1));
+    cudaCheck(cudaFree(dpos));
     return test_summary(SUITE);
 }

@@ -10,9 +10,10 @@ usage: build/bench_infer DESCRIPTOR [vocab] [-prof B | -graph B | -decode [B ...
 unless given, e.g. 100352)
 -decode: only the graph decode lines (batch 1 and 64, or the batches given), for A/B runs of a step's kernels
 -sample: a generation loop's step with its sampling (infer.h's loop: each step's tokens drawn from its logits): the
-step alone, the tokens drawn on the GPU (model_decode_sample: greedy, temperature 1; model_decode_top: top-k 50's
-candidates, the draw on the host), and the logits rows copied to the host and sampled there (sample_token: greedy,
-temperature 1, top-k 50), batches 1, 16 and 64 or those given
+step alone (each waited for, as the host loop does), the executor's generation loop (model_decode_gen_*: greedy,
+temperature 1; an iteration queued ahead), top-k 50 (model_decode_top's candidates, the draw on the host), and the
+logits rows copied to the host and sampled there (sample_token: greedy, temperature 1, top-k 50), batches 1, 16 and 64
+or those given
 -prof B: only B sequences, a 16-token prefill and two eager steps, then one more eager step inside
 cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each kernel of one step, no graph)
 -graph B: only B sequences, a 16-token prefill, then 32 graph steps (for a timeline: `nsys profile
@@ -97,12 +98,29 @@ int main(int argc, char **argv) {
                 model_decode_advance(model, 0, B, tokens, P, pos);
                 for (int b = 0; b < B; b++) { pos[b] = P; tok[b] = tokens[P + b]; }
                 double t0 = 0.0;
+                if (mode == 1 || mode == 2) { // the executor's generation loop, an iteration queued ahead (infer.h)
+                    for (int b = 0; b < B; b++) { pos[b] = P - 1; }
+                    model_decode_gen_begin(model, pos, o.temperature);
+                    for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
+                    model_decode_gen_launch(model, u, 1);
+                    double t1 = 0.0;
+                    for (int s = 0; s < steps + 2; s++) {
+                        for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
+                        model_decode_gen_launch(model, u, 1);
+                        model_decode_gen_wait(model, tok);
+                        if (s == 1) { t0 = wall(); }
+                        if (s == steps + 1) { t1 = wall(); }
+                    }
+                    executor_sync(model);
+                    const double dt = (t1 - t0) / steps;
+                    printf("generate B=%-3d context ~%d  %-14s  %7.3f ms a token  %9.0f tokens/s\n", B, P, names[mode],
+                           dt * 1e3, B / dt);
+                    continue;
+                }
                 for (int s = 0; s < steps + 2; s++) {
                     if (s == 2) { executor_sync(model); t0 = wall(); }
                     for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
-                    if (mode == 1 || mode == 2) {
-                        model_decode_sample(model, tok, u, o.temperature);
-                    } else if (mode == 3) {
+                    if (mode == 3) {
                         model_decode_top(model, 50, o.temperature, top_v, top_id);
                         for (int b = 0; b < B; b++) {
                             for (int i = 0; i < 50; i++) { work[i].v = top_v[b * 50 + i]; work[i].id = top_id[b * 50 + i]; }
