@@ -66,24 +66,23 @@ static void model_decode_begin(Model *model, int B, int context);
 static void model_decode_advance(Model *model, int b0, int nb, const int *tokens, int T, const int *pos);
 static void model_decode_step(Model *model, const int *tokens, const int *pos);
 static void model_decode_logits(Model *model, int b, float *out);
-// the generation loop where the logits are (the GPU), for greedy and plain temperature sampling: the tokens stay on
-// the executor, which draws each step's next tokens (greedy, temperature 0: the largest of the V real logits, the
-// lowest id among equals; else from softmax(logits / temperature) over the V ids with u[b] ∈ (0, 1] the draw: infer.h's
-// sample_token without top-k, top-p or a repetition penalty, its sums in another order, so a draw within rounding of a
-// boundary may take the neighbouring id) and feeds them to the next step itself; B ints reach the host an iteration.
+// the generation loop where the logits are (the GPU): the tokens stay on the executor, which draws each step's next
+// tokens and feeds them to the next step itself; B ints reach the host an iteration. The draws are infer.h's
+// sample_token's (the repetition penalty on the ids each sequence has seen: begin's seen[b] (n_seen[b] tokens, host),
+// then each token drawn): greedy (temperature 0: the largest of the V real logits, the lowest id among equals); top-k
+// (0 < top_k < V, up to 1024) with or without top-p (the same candidates, and their sums in the same order);
+// softmax(logits / temperature) over the V ids (no top-k, top_p 1), its sums in another order. A draw within rounding
+// of a boundary may take the neighbouring id (the sums' order; the last bit of exp). u[b] ∈ (0, 1] is sequence b's draw.
 // begin: pos (B, host) each sequence's last position (its length − 1), from which the draws' tokens follow; returns 0
-// where the executor does not (the CPU: the caller samples model_decode_logits' rows). launch queues one iteration:
-// the next tokens drawn from the current logits (u (B, host; copied before it returns) unless greedy), each
-// sequence's position advanced by one (at most to context − 1), and with step the step of all B on them. wait: the
-// oldest queued iteration's tokens (B, host). At most two iterations are queued, so the host's work on one runs
-// under the executor's on the next.
-static int model_decode_gen_begin(Model *model, const int *pos, float temperature);
+// where the executor does not (the CPU; top-p without top-k; top-k above 1024): the caller samples
+// model_decode_logits' rows. launch queues one iteration: the next tokens drawn from the current logits (u (B, host;
+// copied before it returns) unless greedy), each sequence's position advanced by one (at most to context − 1), and with
+// step the step of all B on them. wait: the oldest queued iteration's tokens (B, host). At most two iterations are
+// queued, so the host's work on one runs under the executor's on the next.
+static int model_decode_gen_begin(Model *model, const int *pos, float temperature, int top_k, float top_p,
+                                  float rep_penalty, const int *const *seen, const int *n_seen);
 static void model_decode_gen_launch(Model *model, const double *u, int step);
 static void model_decode_gen_wait(Model *model, int *tokens);
-// for top-k sampling: the k largest of each sequence's v = logits / temperature (temperature > 0) over the V real ids,
-// (B, k) v and ids, larger first and equal values by the lower id: the first k of sample_token's sorted candidates, so
-// the host finishes the draw on them alone. Returns 0 where the executor does not (the CPU; k above its limit).
-static int model_decode_top(Model *model, int k, float temperature, float *v, int *id);
 static size_t model_decode_state_size(const Model *model);
 static void model_decode_state_io(Model *model, int b, void *buf, int save); // save = 1: state → buf; 0: buf → state
 

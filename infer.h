@@ -282,7 +282,7 @@ static int cand_desc(const void *a, const void *b) {
 
 // the draw from the first n candidates of work (v = logit / temperature; sorted by cand_desc where top-k or top-p
 // applies, else in id order) with u in (0, 1]: top-p's prefix of them, then the first whose running sum of
-// exp(v − max) reaches u times their sum. (GPU top-k: the candidates come from the executor, model_decode_top.)
+// exp(v − max) reaches u times their sum. (The GPU's generation loop draws the same: lm.cuh's sample_topk_kernel.)
 static int sample_candidates(const Cand *work, int n, const InferOptions *o, double u) {
     float maxv = work[0].v;
     for (int i = 1; i < n; i++) { maxv = work[i].v > maxv ? work[i].v : maxv; }
@@ -524,14 +524,10 @@ static void infer_run(const InferOptions *o) {
     Cand *work = (Cand *)mallocCheck((size_t)Vp * sizeof(Cand));
     unsigned char *mark = (unsigned char *)mallocCheck((size_t)Vp);
     Rng rng = {o->seed};
-    // the executor's generation loop (greedy or plain temperature sampling: model_decode_gen_*), else sample_token on
-    // the host (always with M2RNN_HOST_SAMPLING=1: for A/B runs)
+    // the executor's generation loop (model_decode_gen_*, where it samples: all but top-p without top-k, and top-k
+    // above 1024), else sample_token on the host (always with M2RNN_HOST_SAMPLING=1: for A/B runs)
     const char *host_sampling = getenv("M2RNN_HOST_SAMPLING");
-    const int executor_may = o->rep_penalty == 1.0f && !(host_sampling != NULL && strcmp(host_sampling, "1") == 0);
-    const int sample_on_executor = executor_may && (o->temperature == 0.0f ||
-                                                    ((o->top_k <= 0 || o->top_k >= V) && o->top_p >= 1.0f));
-    // top-k (with or without top-p): the executor's k candidates (model_decode_top), the draw on the host from them
-    const int top_on_executor = executor_may && o->temperature != 0.0f && o->top_k > 0 && o->top_k < V;
+    const int sample_on_executor = !(host_sampling != NULL && strcmp(host_sampling, "1") == 0);
     const int stream = prompts.n == 1 && !o->jsonl;
     double t_prefill = 0, t_decode = 0;
     long prefilled = 0, decoded = 0;
@@ -571,22 +567,30 @@ static void infer_run(const InferOptions *o) {
         t0 = now_s();
         int *step_tok = (int *)mallocCheck((size_t)B * sizeof(int)), *step_pos = (int *)mallocCheck((size_t)B * sizeof(int));
         int *next_tok = (int *)mallocCheck((size_t)B * sizeof(int));
-        float *top_v = top_on_executor ? (float *)mallocCheck((size_t)B * o->top_k * sizeof(float)) : NULL;
-        int *top_id = top_on_executor ? (int *)mallocCheck((size_t)B * o->top_k * sizeof(int)) : NULL;
         double *u = (double *)mallocCheck((size_t)B * sizeof(double));
         // the draws: one a sequence and iteration unless greedy (finished sequences too), in sequence order, so a seed
         // gives the same run on every path
 #define DRAW_U() for (int b = 0; b < B; b++) { u[b] = o->temperature != 0.0f ? rng_uniform(&rng) : 0.0; }
         int gen = 0, gen_next = 0; // the executor's loop draws the tokens (from iteration gen_next − 1 on: queued up to it)
+        int gen_asked = 0;         // (once a batch: the executor may decline)
         for (int k = 0; k < o->max_new; k++) {
-            // the next tokens: drawn by the executor where the logits are (greedy or plain temperature sampling in its
-            // generation loop, which feeds them to its next step itself and runs an iteration ahead of this one; top-k
-            // as its k sorted candidates, the draw here), else from the rows on the host (and the first from a saved
-            // state's logits, which only the host holds)
+            // the next tokens: drawn by the executor where the logits are (its generation loop feeds them to its next
+            // step itself and runs an iteration ahead of this one), else from the rows on the host (and the first from
+            // a saved state's logits, which only the host holds)
             const int on_executor = k > 0 || !loaded_only; // the logits the draw reads are the executor's
-            if (!gen && sample_on_executor && on_executor) {
-                for (int b = 0; b < B; b++) { step_pos[b] = seq[b].n - 1 < context - 1 ? seq[b].n - 1 : context - 1; }
-                gen = model_decode_gen_begin(model, step_pos, o->temperature);
+            if (!gen_asked && sample_on_executor && on_executor) {
+                gen_asked = 1;
+                const int **seen = (const int **)mallocCheck((size_t)B * sizeof(int *)); // (the repetition penalty's)
+                int *n_seen = (int *)mallocCheck((size_t)B * sizeof(int));
+                for (int b = 0; b < B; b++) {
+                    step_pos[b] = seq[b].n - 1 < context - 1 ? seq[b].n - 1 : context - 1;
+                    seen[b] = seq[b].tokens;
+                    n_seen[b] = seq[b].n;
+                }
+                gen = model_decode_gen_begin(model, step_pos, o->temperature, o->top_k, o->top_p, o->rep_penalty, seen,
+                                             n_seen);
+                free(seen);
+                free(n_seen);
                 if (gen) {
                     DRAW_U();
                     model_decode_gen_launch(model, u, k + 1 < o->max_new);
@@ -604,18 +608,6 @@ static void infer_run(const InferOptions *o) {
                 drawn = 1;
             } else {
                 DRAW_U();
-            }
-            if (!drawn && top_on_executor && on_executor &&
-                model_decode_top(model, o->top_k, o->temperature, top_v, top_id)) { // the top-k candidates, sorted
-                for (int b = 0; b < B; b++) {
-                    if (seq[b].done) { continue; }
-                    for (int i = 0; i < o->top_k; i++) {
-                        work[i].v = top_v[(size_t)b * o->top_k + i];
-                        work[i].id = top_id[(size_t)b * o->top_k + i];
-                    }
-                    next_tok[b] = sample_candidates(work, o->top_k, o, u[b]);
-                }
-                drawn = 1;
             }
             if (!drawn) {
                 for (int b = 0; b < B; b++) {
@@ -675,7 +667,7 @@ static void infer_run(const InferOptions *o) {
             free(s->text);
         }
         fflush(stdout);
-        free(seq); free(step_tok); free(step_pos); free(next_tok); free(u); free(top_v); free(top_id);
+        free(seq); free(step_tok); free(step_pos); free(next_tok); free(u);
     }
     if (!o->quiet) {
         fprintf(stderr, "%s: %d prompts, prefill %ld tokens in %.3f s (%.0f tokens/s), decode %ld tokens in %.3f s "

@@ -110,8 +110,8 @@ struct Model {
     floatX *dec_logits;            // (B,Vp)
     double *dec_sample_u;          // (B) the generation loop's draws (model_decode_gen_launch)
     void *dec_sample_scratch;      // decode_sample's (sample_scratch_bytes(B, V))
-    float *dec_top_v;              // (B, k ≤ SAMPLE_TOPK_MAX) model_decode_top's candidates
-    int *dec_top_id;
+    void *dec_topk_cand;           // decode_sample_topk's (sample_topk_scratch_bytes(B, V))
+    uint32_t *dec_seen;            // (B, ceil(V / 32)) the ids each sequence has seen (the repetition penalty)
     // A prefill of several chunks alternates them between the lanes, so chunk c+1's layer l (on the other stream)
     // runs once chunk c's layer l has left the layer's state (dec_ev[l][lane], recorded after the mixer's advance):
     // one chunk's latency-bound recurrences overlap the other's products. Off with MoE layers (their grouping keeps
@@ -128,7 +128,10 @@ struct Model {
     int gen_host_B;                // (its B)
     cudaEvent_t gen_ev[2];
     long gen_queued, gen_waited;   // iterations launched, and waited for
-    float gen_temp;
+    float gen_temp, gen_top_p, gen_rp; // the loop's sampling (gen_top_k 0: no top-k; gen_rp 1: no penalty)
+    int gen_top_k;
+    float dec_gen_top_p, dec_gen_rp;   // dec_gen_graph's
+    int dec_gen_top_k;
     int dec_steps;                 // eager steps since begin (the second is captured: the first sets kernel attributes)
     int dec_graph_off;             // 1: run eagerly (M2RNN_NO_GRAPH=1, or a capture failed)
     int dec_pdl_off;               // 1: the step's kernels launched the ordinary way (M2RNN_NO_PDL=1; cuda_common.h)
@@ -803,8 +806,11 @@ static void model_logits_row(Model *model, int b, int t, float *out) {
 //   first chunk whose running sum reaches r = u·Σ, in it the first warp, in that warp the first id: sample_token's draw
 //   with its sums in another order, so a draw within rounding of a boundary (≈ 1e-16 relative) may take the
 //   neighbouring id; deterministic. None (a NaN anywhere, a row of −inf, r past every sum): the last id, as the host.
-// The token goes to tok[b]; with pos, pos[b] advances by one (at most to last_pos): the next step's inputs. Both
-// kernels wait on the kernel before them (pdl_wait), so a decode step's graph may launch them programmatically.
+// The logits are read as sample_token sees them: with a repetition penalty (SampleOut.seen not NULL) the ids a
+// sequence has seen (a bitmap a row) are divided by rp where positive, else multiplied by it, as fp32 on the host.
+// The token goes to tok[b] (and is marked seen); with pos, pos[b] advances by one (at most to last_pos): the next
+// step's inputs. The kernels wait on the kernel before them (pdl_wait), so a decode step's graph may launch them
+// programmatically.
 #define SAMPLE_CHUNK 4096
 #define SAMPLE_CTA 256
 #define SAMPLE_WARPS (SAMPLE_CTA / WARP_SIZE)
@@ -816,6 +822,25 @@ typedef struct {
     int best_i;
     double sum; // its Σ exp(v − maxv) (sample_sum_kernel)
 } SamplePart;
+// where the sampler's tokens go, and the repetition penalty
+typedef struct {
+    int *tok;       // (B) the tokens
+    int *pos;       // (B) NULL, or each advanced by one (at most to last_pos)
+    int last_pos;
+    uint32_t *seen; // (B, ceil(V / 32)) NULL (no penalty), or the ids each sequence has seen, the new token marked
+    float rp;       // the penalty (> 0)
+} SampleOut;
+// the logit sample_token sees at id: the penalty where the sequence has seen it (word: the seen bits of id's 32). The
+// kernels come with (PEN) and without the penalty, so sampling without one pays nothing for it.
+template <bool PEN> __device__ __forceinline__ float sample_pen(float v, uint32_t word, int id, float rp) {
+    if constexpr (!PEN) { return v; }
+    return ((word >> (id & 31)) & 1u) ? (v > 0.0f ? v / rp : v * rp) : v;
+}
+// the seen bits of row b's ids id0 & ~31 .. + 31
+template <bool PEN> __device__ __forceinline__ uint32_t sample_seen(const SampleOut &o, int b, int V, int id0) {
+    if constexpr (!PEN) { return 0u; }
+    return o.seen[(size_t)b * CEIL_DIV(V, 32) + id0 / 32];
+}
 // the sampler's scratch for B rows of V ids: (B, chunks) SampleParts, then (B) counters that start at 0 (the kernels
 // leave them at 0)
 static inline int sample_chunks(int V) { return CEIL_DIV(V, SAMPLE_CHUNK); }
@@ -826,14 +851,16 @@ static inline size_t sample_scratch_bytes(int B, int V) {
 __device__ __forceinline__ int sample_id0(int c, int w, int it, int lane) {
     return c * SAMPLE_CHUNK + w * SAMPLE_RUN + (it * WARP_SIZE + lane) * PACK;
 }
-// lane's piece: its PACK ids' w = exp(v − maxv) (0 past V) summed in id order, the values in v
+// lane's piece of row b: its PACK ids' w = exp(v − maxv) (0 past V) summed in id order, the values in v
+template <bool PEN>
 __device__ __forceinline__ double sample_piece(float (&v)[PACK], const floatX *x, int id0, int V, float temperature,
-                                               float maxv) {
+                                               float maxv, const SampleOut &out, int b) {
     const Pack pk = id0 < V ? *(const Pack *)(x + id0) : Pack{};
+    const uint32_t word = id0 < V ? sample_seen<PEN>(out, b, V, id0) : 0u;
     double s = 0.0;
 #pragma unroll
     for (int e = 0; e < PACK; e++) {
-        v[e] = (float)pk.v[e] / temperature;
+        v[e] = sample_pen<PEN>((float)pk.v[e], word, id0 + e, out.rp) / temperature;
         if (id0 + e < V) { s += exp((double)(v[e] - maxv)); }
     }
     return s;
@@ -861,29 +888,32 @@ __device__ __forceinline__ void sample_row_best(float &best, int &best_i, const 
     }
     sample_warp_best(best, best_i);
 }
-// whether this CTA is the last of the row's C to arrive (its SamplePart written before): all threads get the answer;
+// whether this CTA is the last of the row's C to arrive (its partials written before): all threads get the answer;
 // the last resets the row's counter for the next launch
 __device__ __forceinline__ bool sample_last_cta(int *count, int C) {
     __shared__ int s_last;
-    __syncthreads(); // (the part's store by thread 0 comes before the fence)
+    __threadfence(); // (each thread's stores of the row's partials, before the count)
+    __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
         s_last = atomicAdd(count, 1) == C - 1;
         if (s_last) { *count = 0; __threadfence(); }
     }
     __syncthreads();
     return s_last;
 }
-__device__ __forceinline__ void sample_emit(int *tok, int *pos, int last_pos, int b, int token) {
-    tok[b] = token;
-    if (pos != NULL) { pos[b] = min(pos[b] + 1, last_pos); }
+__device__ __forceinline__ void sample_emit(const SampleOut &o, int b, int V, int token) {
+    o.tok[b] = token;
+    if (o.pos != NULL) { o.pos[b] = min(o.pos[b] + 1, o.last_pos); }
+    if (o.seen != NULL) { atomicOr(&o.seen[(size_t)b * CEIL_DIV(V, 32) + token / 32], 1u << (token & 31)); }
 }
+template <bool PEN>
 __global__ void __launch_bounds__(SAMPLE_CTA)
-    sample_max_kernel(int *tok, int *pos, SamplePart *part, int *count, const floatX *logits, int ld, int V,
-                      float temperature, int last_pos) {
+    sample_max_kernel(SampleOut out, SamplePart *part, int *count, const floatX *logits, int ld, int V,
+                      float temperature) {
     __shared__ float s_f[SAMPLE_WARPS];
     __shared__ int s_i[SAMPLE_WARPS];
-    const int c = blockIdx.x, b = blockIdx.y, C = gridDim.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int c = blockIdx.x, b = blockIdx.y, C = gridDim.x;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const floatX *x = logits + (size_t)b * ld; // (V) this sequence's row (ld a multiple of PACK)
     const bool greedy = temperature == 0.0f;
     pdl_wait(); // (the logits: the step before)
@@ -895,9 +925,11 @@ __global__ void __launch_bounds__(SAMPLE_CTA)
         const int id0 = sample_id0(c, warp, it, lane);
         if (id0 >= V) { break; }
         const Pack pk = *(const Pack *)(x + id0);
+        const uint32_t word = sample_seen<PEN>(out, b, V, id0);
 #pragma unroll
         for (int e = 0; e < PACK; e++) {
-            const float v = greedy ? (float)pk.v[e] : (float)pk.v[e] / temperature;
+            const float p = sample_pen<PEN>((float)pk.v[e], word, id0 + e, out.rp);
+            const float v = greedy ? p : p / temperature;
             if (id0 + e < V && !isnan(v) && (best_i < 0 || v > best)) { best = v; best_i = id0 + e; }
         }
     }
@@ -914,16 +946,18 @@ __global__ void __launch_bounds__(SAMPLE_CTA)
     if (!greedy || !sample_last_cta(count + b, C)) { return; }
     if (warp == 0) {
         sample_row_best(best, best_i, part + (size_t)b * C, C);
-        if (lane == 0) { sample_emit(tok, pos, last_pos, b, isnan((float)x[0]) || best_i < 0 ? 0 : best_i); }
+        if (lane == 0) { sample_emit(out, b, V, isnan((float)x[0]) || best_i < 0 ? 0 : best_i); }
     }
 }
+template <bool PEN>
 __global__ void __launch_bounds__(SAMPLE_CTA)
-    sample_sum_kernel(int *tok, int *pos, SamplePart *part, int *count, const floatX *logits, int ld, int V,
-                      const double *u, float temperature, int last_pos) {
+    sample_sum_kernel(SampleOut out, SamplePart *part, int *count, const floatX *logits, int ld, int V,
+                      const double *u, float temperature) {
     __shared__ double s_d[SAMPLE_WARPS];
     __shared__ int s_chunk, s_pick;
     __shared__ double s_rloc;
-    const int c = blockIdx.x, b = blockIdx.y, C = gridDim.x, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int c = blockIdx.x, b = blockIdx.y, C = gridDim.x;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const floatX *x = logits + (size_t)b * ld;
     SamplePart *pr = part + (size_t)b * C;
     pdl_wait(); // (the chunks' maxima: sample_max_kernel)
@@ -931,14 +965,15 @@ __global__ void __launch_bounds__(SAMPLE_CTA)
     float best, maxv;
     int best_i;
     sample_row_best(best, best_i, pr, C); // (every warp)
-    const float v0 = (float)x[0] / temperature;
+    const float v0 = sample_pen<PEN>((float)x[0], sample_seen<PEN>(out, b, V, 0), 0, out.rp) / temperature;
     maxv = isnan(v0) || best_i < 0 ? v0 : best;
     // this chunk's sum: each warp's iterations' lane-scanned sums in order, then the warps in order
     float v[PACK];
     double carry = 0.0;
 #pragma unroll
     for (int it = 0; it < SAMPLE_ITERS; it++) {
-        const double incl = warp_scan_incl(sample_piece(v, x, sample_id0(c, warp, it, lane), V, temperature, maxv));
+        const int id0 = sample_id0(c, warp, it, lane);
+        const double incl = warp_scan_incl(sample_piece<PEN>(v, x, id0, V, temperature, maxv, out, b));
         carry += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
     }
     if (lane == 0) { s_d[warp] = carry; }
@@ -982,7 +1017,7 @@ __global__ void __launch_bounds__(SAMPLE_CTA)
     __syncthreads();
     const int cs = s_chunk;
     if (cs < 0) { // r past every sum (rounding, or NaN)
-        if (threadIdx.x == 0) { sample_emit(tok, pos, last_pos, b, V - 1); }
+        if (threadIdx.x == 0) { sample_emit(out, b, V, V - 1); }
         return;
     }
     // chunk cs again, the same sums: the first warp whose running sum reaches r − (the chunks before), then its id
@@ -990,7 +1025,8 @@ __global__ void __launch_bounds__(SAMPLE_CTA)
     carry = 0.0;
 #pragma unroll
     for (int it = 0; it < SAMPLE_ITERS; it++) {
-        const double incl = warp_scan_incl(sample_piece(v, x, sample_id0(cs, warp, it, lane), V, temperature, maxv));
+        const int id0 = sample_id0(cs, warp, it, lane);
+        const double incl = warp_scan_incl(sample_piece<PEN>(v, x, id0, V, temperature, maxv, out, b));
         carry += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
     }
     if (lane == 0) { s_d[warp] = carry; } // (thread 0's read of s_d came before sample_last_cta's barriers)
@@ -1004,13 +1040,13 @@ __global__ void __launch_bounds__(SAMPLE_CTA)
         int pick = -1;
         for (int it = 0; it < SAMPLE_ITERS && pick < 0; it++) {
             const int id0 = sample_id0(cs, warp, it, lane);
-            const double incl = warp_scan_incl(sample_piece(v, x, id0, V, temperature, maxv));
+            const double incl = warp_scan_incl(sample_piece<PEN>(v, x, id0, V, temperature, maxv, out, b));
             const double lower = __shfl_up_sync(0xffffffffu, incl, 1); // the lanes' before this one
             double acc = (before + run) + (lane > 0 ? lower : 0.0);
             int hit = -1;
             for (int e = 0; e < PACK; e++) {
                 if (id0 + e < V) {
-                    acc += exp((double)(v[e] - maxv));
+                    acc += exp((double)(v[e] - maxv)); // (v: the penalized values sample_piece left)
                     if (hit < 0 && acc >= rl) { hit = id0 + e; }
                 }
             }
@@ -1019,105 +1055,166 @@ __global__ void __launch_bounds__(SAMPLE_CTA)
             run += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
         }
         if (lane == 0) { // (none: the replay fell short of the warp's sum by rounding: the warp's last id)
-            sample_emit(tok, pos, last_pos, b, pick >= 0 ? pick : min(V, sample_id0(cs, warp + 1, 0, 0)) - 1);
+            sample_emit(out, b, V, pick >= 0 ? pick : min(V, sample_id0(cs, warp + 1, 0, 0)) - 1);
         }
     }
     if (threadIdx.x == 0 && s_pick == SAMPLE_WARPS) { // (the chunk's warps fell short by rounding: its last id)
-        sample_emit(tok, pos, last_pos, b, min(V, (cs + 1) * SAMPLE_CHUNK) - 1);
+        sample_emit(out, b, V, min(V, (cs + 1) * SAMPLE_CHUNK) - 1);
     }
 }
-// tok (B) on the device: each of B rows (ld apart, V real ids) sampled, greedy (temperature 0) or with u (B) the
-// draws in (0, 1]; pos (B) NULL, or each advanced by one (at most to last_pos); scratch sample_scratch_bytes(B, V) on
-// the device, its counters at 0 (as the kernels leave them). Programmatic launches while launch_pdl is set.
-static void decode_sample(int *tok, int *pos, int last_pos, void *scratch, const floatX *logits, int ld, int V, int B,
-                          const double *u, float temperature, cudaStream_t stream) {
+// out.tok (B) on the device: each of B rows (ld apart, V real ids) sampled, greedy (temperature 0) or with u (B) the
+// draws in (0, 1]; scratch sample_scratch_bytes(B, V) on the device, its counters at 0 (as the kernels leave them).
+// Programmatic launches while launch_pdl is set.
+static void decode_sample(SampleOut out, void *scratch, const floatX *logits, int ld, int V, int B, const double *u,
+                          float temperature, cudaStream_t stream) {
     const int C = sample_chunks(V);
     SamplePart *part = (SamplePart *)scratch; // (B, C)
     int *count = (int *)(part + (size_t)B * C); // (B)
     const dim3 grid(C, B);
-    launch_k(sample_max_kernel, grid, SAMPLE_CTA, 0, stream, tok, pos, part, count, logits, ld, V, temperature,
-             last_pos);
+    const bool pen = out.seen != NULL;
+    launch_k(pen ? sample_max_kernel<true> : sample_max_kernel<false>, grid, SAMPLE_CTA, 0, stream, out, part, count,
+             logits, ld, V, temperature);
     if (temperature != 0.0f) {
-        launch_k(sample_sum_kernel, grid, SAMPLE_CTA, 0, stream, tok, pos, part, count, logits, ld, V, u, temperature,
-                 last_pos);
+        launch_k(pen ? sample_sum_kernel<true> : sample_sum_kernel<false>, grid, SAMPLE_CTA, 0, stream, out, part, count,
+                 logits, ld, V, u, temperature);
     }
 }
-// The k largest of each row's v = x / temperature, in sample_token's sorted order (larger v first, equal v by the
-// lower id; −0 equals +0), for top-k sampling: the host then takes the first k of sample_token's sorted candidates from
-// here instead of sorting the vocabulary (model_decode_top). A CTA a row: a radix select of the k-th largest 32-bit
-// order-preserving key of v (4 passes of 8-bit histograms over each thread's contiguous ids; NaN keyed lowest), the
-// keys above it and the first (lowest-id) ones equal to it gathered in id order, then a bitonic sort of the ≤ k.
+// Top-k sampling on the GPU (temperature > 0, 0 < k ≤ SAMPLE_TOPK_MAX, k < V; with or without top-p): sample_token's
+// draw with top-k (the same candidates in the same order, their double sums in the same order; only exp's last bit
+// may differ from the C library's, so a draw within ≈ 1e-16 of a boundary may take the neighbour). One
+// kernel, a CTA of SAMPLE_CTA threads a (chunk, row) as the sampler above: each chunk's min(k, its ids) largest
+// order-preserving keys of v = x / temperature (sample_key: larger v first, −0 = +0, NaN lowest), equal keys taken by
+// the lower id (a radix select over the chunk's keys in shared memory, then a gather in id order), to cand. The row's
+// last CTA selects the row's k largest among the chunks' candidates the same way (equal keys sit in id order in the
+// chunks' lists: a chunk's keys equal to the row's k-th are all above its own k-th, or all at it), sorts them (bitonic:
+// the larger key, then the lower id: cand_desc's order), and draws as sample_candidates does: maxv, each
+// w_i = exp((double)(v_i − maxv)) and (top-p) w_i / Σ in parallel, then the running sums in order by one thread.
 #define SAMPLE_TOPK_MAX 1024
-#define SAMPLE_THREADS 1024 // (a CTA a row)
+// the sampler's order-preserving key of v: larger v, larger key; −0 as +0 (equal in sample_token's order); NaN lowest
 __device__ __forceinline__ uint32_t sample_key(float v) {
     if (isnan(v)) { return 0u; }
-    const uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v); // (−0 as +0: equal in sample_token's order)
+    const uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-    decode_top_kernel(float *top_v, int *top_id, const floatX *logits, int ld, int V, int k, float temperature) {
-    __shared__ int hist[256];
-    __shared__ int s_warp[2][SAMPLE_THREADS / WARP_SIZE];
+// the k-th largest T of n keys (key(i), i < n; 1 ≤ k ≤ n), a byte at a time from the top; take_eq: how many of the
+// keys equal to T are among the k largest (k less those above T). Every thread of the CTA calls it; hist (256) shared.
+template <typename KeyAt> __device__ uint32_t sample_radix_select(KeyAt key, int n, int k, int &take_eq, int *hist) {
     __shared__ uint32_t s_prefix;
     __shared__ int s_remaining;
-    __shared__ uint32_t c_key[SAMPLE_TOPK_MAX];
-    __shared__ int c_id[SAMPLE_TOPK_MAX];
-    const floatX *x = logits + (size_t)blockIdx.x * ld;
-    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
-    const int seg = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS, t0 = min(V, tid * seg), t1 = min(V, t0 + seg);
-    if (tid == 0) { s_prefix = 0u; s_remaining = k; }
-    // the k-th largest key, a byte at a time from the top: T; remaining = how many keys equal to T are taken
+    __syncthreads(); // (an earlier call's readers are done with them)
+    if (threadIdx.x == 0) { s_prefix = 0u; s_remaining = k; }
     uint32_t mask = 0u;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += SAMPLE_THREADS) { hist[i] = 0; }
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) { hist[i] = 0; }
         __syncthreads();
         const uint32_t prefix = s_prefix;
-        for (int t = t0; t < t1; t++) {
-            const uint32_t key = sample_key((float)x[t] / temperature);
-            if ((key & mask) == prefix) { atomicAdd(&hist[(key >> shift) & 255u], 1); }
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const uint32_t kk = key(i);
+            if ((kk & mask) == prefix) { atomicAdd(&hist[(kk >> shift) & 255u], 1); }
         }
         __syncthreads();
-        if (tid == 0) {
-            int above = 0, d = 255;
-            for (; d > 0 && above + hist[d] < s_remaining; d--) { above += hist[d]; }
-            s_remaining -= above;
-            s_prefix = prefix | ((uint32_t)d << shift);
+        if (threadIdx.x < WARP_SIZE) { // the digit: bins from 255 down, 8 a lane, the lanes' counts scanned
+            const int lane = threadIdx.x, rem = s_remaining;
+            int cnt[8], s = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) { cnt[j] = hist[255 - 8 * lane - j]; s += cnt[j]; }
+            const int incl = warp_scan_incl(s);
+            const unsigned hit = __ballot_sync(0xffffffffu, incl - s < rem && rem <= incl);
+            if (lane == __ffs(hit) - 1) {
+                int above = incl - s, d = 255 - 8 * lane - 7;
+                for (int j = 0; j < 8; j++) {
+                    if (above + cnt[j] >= rem) { d = 255 - 8 * lane - j; break; }
+                    above += cnt[j];
+                }
+                s_remaining = rem - above;
+                s_prefix = prefix | ((uint32_t)d << shift);
+            }
         }
         mask |= 255u << shift;
         __syncthreads();
     }
-    const uint32_t T = s_prefix;
-    const int take_eq = s_remaining, n_gt = k - take_eq;
-    // gather in id order: the keys above T, then the first take_eq equal to it
+    take_eq = s_remaining;
+    return s_prefix;
+}
+// the k largest of n keys in id order, the keys above T first (positions 0 ..), then the first take_eq equal to T
+// (positions k − take_eq ..): emit(position, i, key). Each thread a contiguous run of i, the runs' counts scanned.
+template <typename KeyAt, typename Emit>
+__device__ void sample_gather(KeyAt key, int n, int k, uint32_t T, int take_eq, Emit emit) {
+    __shared__ int s_w[2][SAMPLE_WARPS];
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int per = CEIL_DIV(n, SAMPLE_CTA), i0 = min(n, (int)threadIdx.x * per), i1 = min(n, i0 + per);
     int gt = 0, eq = 0;
-    for (int t = t0; t < t1; t++) {
-        const uint32_t key = sample_key((float)x[t] / temperature);
-        gt += key > T;
-        eq += key == T;
+    for (int i = i0; i < i1; i++) {
+        const uint32_t kk = key(i);
+        gt += kk > T;
+        eq += kk == T;
     }
-    int igt = warp_scan_incl(gt), ieq = warp_scan_incl(eq); // inclusive scans over the threads (id order)
-    if (lane == WARP_SIZE - 1) { s_warp[0][warp] = igt; s_warp[1][warp] = ieq; }
+    int igt = warp_scan_incl(gt), ieq = warp_scan_incl(eq);
+    if (lane == WARP_SIZE - 1) { s_w[0][warp] = igt; s_w[1][warp] = ieq; }
     __syncthreads();
-    for (int w = 0; w < warp; w++) { igt += s_warp[0][w]; ieq += s_warp[1][w]; }
+    for (int w = 0; w < warp; w++) { igt += s_w[0][w]; ieq += s_w[1][w]; }
     int pg = igt - gt, pe = ieq - eq; // exclusive
-    for (int t = t0; t < t1; t++) {
-        const uint32_t key = sample_key((float)x[t] / temperature);
-        if (key > T) { c_key[pg] = key; c_id[pg] = t; pg++; }
-        else if (key == T && pe < take_eq) { c_key[n_gt + pe] = key; c_id[n_gt + pe] = t; pe++; }
+    for (int i = i0; i < i1; i++) {
+        const uint32_t kk = key(i);
+        if (kk > T) { emit(pg++, i, kk); }
+        else if (kk == T && pe < take_eq) { emit(k - take_eq + pe, i, kk); pe++; }
     }
+    __syncthreads();
+}
+// cand (B, C, k) the chunks' candidates (key, id); count (B) at 0; top_v, top_id (B, k) NULL, or the sorted candidates
+template <bool PEN>
+__global__ void __launch_bounds__(SAMPLE_CTA)
+    sample_topk_kernel(SampleOut out, uint2 *cand, int *count, float *top_v, int *top_id, const floatX *logits, int ld,
+                       int V, int k, const double *u, float temperature, float top_p) {
+    __shared__ int hist[256];
+    __shared__ __align__(16) unsigned char s_buf[SAMPLE_TOPK_MAX * 24]; // the chunk's keys; then the row's candidates
+    __shared__ float s_max[SAMPLE_WARPS];
+    const int c = blockIdx.x, b = blockIdx.y, C = gridDim.x, tid = threadIdx.x;
+    const floatX *x = logits + (size_t)b * ld;
+    static_assert(SAMPLE_CHUNK * sizeof(uint32_t) <= sizeof(s_buf), "the chunk's keys fit");
+    uint32_t *keys = (uint32_t *)s_buf; // (SAMPLE_CHUNK)
+    pdl_wait();
+    pdl_trigger();
+    const int c0 = c * SAMPLE_CHUNK, n = min(SAMPLE_CHUNK, V - c0), kc = min(k, n);
+    for (int p = tid; p < SAMPLE_CHUNK / PACK; p += SAMPLE_CTA) {
+        const int id0 = c0 + p * PACK;
+        if (id0 >= V) { break; }
+        const Pack pk = *(const Pack *)(x + id0);
+        const uint32_t word = sample_seen<PEN>(out, b, V, id0);
+#pragma unroll
+        for (int e = 0; e < PACK; e++) {
+            keys[p * PACK + e] = sample_key(sample_pen<PEN>((float)pk.v[e], word, id0 + e, out.rp) / temperature);
+        }
+    }
+    __syncthreads();
+    int take_eq;
+    auto chunk_key = [&](int i) { return keys[i]; };
+    uint32_t T = sample_radix_select(chunk_key, n, kc, take_eq, hist);
+    uint2 *cr = cand + (size_t)b * C * k; // this row's: chunk c's kc at c·k
+    sample_gather(chunk_key, n, kc, T, take_eq,
+                  [&](int at, int i, uint32_t kk) { cr[(size_t)c * k + at] = make_uint2(kk, (uint32_t)(c0 + i)); });
+    if (!sample_last_cta(count + b, C)) { return; }
+    // the row's last CTA: the k largest of the M candidates (every chunk's k but the last's)
+    const int M = (C - 1) * k + min(k, V - (C - 1) * SAMPLE_CHUNK);
+    auto cand_key = [&](int i) { return __ldcg(&cr[i].x); };
+    T = sample_radix_select(cand_key, M, k, take_eq, hist);
+    uint32_t *c_key = (uint32_t *)s_buf;                            // (K2) the candidates' keys, then their v
+    int *c_id = (int *)(s_buf + SAMPLE_TOPK_MAX * 4);               // (K2)
+    double *w = (double *)(s_buf + SAMPLE_TOPK_MAX * 8);            // (k) exp(v − maxv)
+    double *pw = (double *)(s_buf + SAMPLE_TOPK_MAX * 16);          // (k) top-p: w / Σ
+    sample_gather(cand_key, M, k, T, take_eq,
+                  [&](int at, int i, uint32_t kk) { c_key[at] = kk; c_id[at] = (int)__ldcg(&cr[i].y); });
     int K2 = 1;
     while (K2 < k) { K2 *= 2; }
-    for (int i = k + tid; i < K2; i += SAMPLE_THREADS) { c_key[i] = 0u; c_id[i] = 0x7fffffff; } // last in the order
+    for (int i = k + tid; i < K2; i += SAMPLE_CTA) { c_key[i] = 0u; c_id[i] = 0x7fffffff; } // last in the order
     __syncthreads();
-    // bitonic sort, "before" = the larger key, or the equal key with the lower id
-    for (int size = 2; size <= K2; size *= 2) {
+    for (int size = 2; size <= K2; size *= 2) { // bitonic: "before" = the larger key, or the equal key with the lower id
         for (int stride = size / 2; stride > 0; stride /= 2) {
-            for (int i = tid; i < K2; i += SAMPLE_THREADS) {
+            for (int i = tid; i < K2; i += SAMPLE_CTA) {
                 const int j = i ^ stride;
                 if (j > i) {
-                    const bool before = c_key[j] > c_key[i] || (c_key[j] == c_key[i] && c_id[j] < c_id[i]); // j before i
-                    const bool down = (i & size) == 0; // this run ascends in "before" order
-                    if (before == down) {
+                    const bool before = c_key[j] > c_key[i] || (c_key[j] == c_key[i] && c_id[j] < c_id[i]); // j first
+                    if (before == ((i & size) == 0)) {
                         const uint32_t tk = c_key[i]; c_key[i] = c_key[j]; c_key[j] = tk;
                         const int ti = c_id[i]; c_id[i] = c_id[j]; c_id[j] = ti;
                     }
@@ -1126,18 +1223,73 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             __syncthreads();
         }
     }
-    for (int i = tid; i < k; i += SAMPLE_THREADS) {
+    // sample_candidates on work = the k sorted candidates (v = x / temperature): maxv = work[0].v, then each larger v
+    float *cv = (float *)c_key;
+    float m = -INFINITY;
+    for (int i = tid; i < k; i += SAMPLE_CTA) {
         const int id = c_id[i];
-        top_id[(size_t)blockIdx.x * k + i] = id;
-        top_v[(size_t)blockIdx.x * k + i] = (float)x[id] / temperature;
+        const float v = sample_pen<PEN>((float)x[id], sample_seen<PEN>(out, b, V, id), id, out.rp) / temperature;
+        cv[i] = v;
+        if (v > m) { m = v; }
+        if (top_v != NULL) { top_v[(size_t)b * k + i] = v; top_id[(size_t)b * k + i] = c_id[i]; }
+    }
+    m = warp_reduce_max(m);
+    if (tid % WARP_SIZE == 0) { s_max[tid / WARP_SIZE] = m; }
+    __syncthreads();
+    float maxv = cv[0];
+    for (int i = 0; i < SAMPLE_WARPS; i++) { maxv = isnan(cv[0]) || !(s_max[i] > maxv) ? maxv : s_max[i]; }
+    for (int i = tid; i < k; i += SAMPLE_CTA) { w[i] = exp((double)(cv[i] - maxv)); }
+    __syncthreads();
+    __shared__ double s_sum;
+    if (tid == 0) {
+        double sum = 0.0;
+        for (int i = 0; i < k; i++) { sum += w[i]; }
+        s_sum = sum;
+    }
+    __syncthreads();
+    const double sum0 = s_sum;
+    if (top_p < 1.0f) {
+        for (int i = tid; i < k; i += SAMPLE_CTA) { pw[i] = w[i] / sum0; }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        int n_keep = k;
+        double sum = sum0;
+        if (top_p < 1.0f) { // the smallest prefix with mass >= top_p
+            double acc = 0.0;
+            for (int i = 0; i < k; i++) {
+                acc += pw[i];
+                if (acc >= top_p) { n_keep = i + 1; break; }
+            }
+            sum = 0.0;
+            for (int i = 0; i < n_keep; i++) { sum += w[i]; }
+        }
+        const double r = u[b] * sum;
+        double acc = 0.0;
+        int pick = c_id[n_keep - 1];
+        for (int i = 0; i < n_keep; i++) {
+            acc += w[i];
+            if (acc >= r) { pick = c_id[i]; break; }
+        }
+        sample_emit(out, b, V, pick);
     }
 }
-// top_v, top_id (B, k) on the device: each of B rows' k largest of v = x / temperature in sample_token's sorted order
-static void decode_top(float *top_v, int *top_id, const floatX *logits, int ld, int V, int B, int k, float temperature,
-                       cudaStream_t stream) {
-    decode_top_kernel<<<B, SAMPLE_THREADS, 0, stream>>>(top_v, top_id, logits, ld, V, k, temperature);
-    cudaCheck(cudaGetLastError());
+// the top-k sampler's candidates: (B, chunks, SAMPLE_TOPK_MAX) pairs at most
+static inline size_t sample_topk_scratch_bytes(int B, int V) {
+    return (size_t)B * sample_chunks(V) * SAMPLE_TOPK_MAX * sizeof(uint2);
 }
+// out.tok (B) on the device: each of B rows sampled with top-k (and top-p < 1, or 1: none) at temperature > 0, u (B)
+// the draws; cand sample_topk_scratch_bytes(B, V) on the device; scratch decode_sample's (its counters); top_v, top_id
+// (B, k) NULL or the sorted candidates (tests)
+static void decode_sample_topk(SampleOut out, void *cand, void *scratch, float *top_v, int *top_id,
+                               const floatX *logits, int ld, int V, int B, int k, const double *u, float temperature,
+                               float top_p, cudaStream_t stream) {
+    const int C = sample_chunks(V);
+    int *count = (int *)((SamplePart *)scratch + (size_t)B * C); // (B)
+    launch_k(out.seen != NULL ? sample_topk_kernel<true> : sample_topk_kernel<false>, dim3(C, B), SAMPLE_CTA, 0, stream,
+             out, (uint2 *)cand, count, top_v, top_id, logits, ld, V, k, u, temperature, top_p);
+}
+
 #define DECODE_ROWS 2048 // tokens (sequences × chunk) a prefill chunk runs through the forward's kernels at once
 
 static void model_decode_begin(Model *model, int B, int context) {
@@ -1206,8 +1358,8 @@ static void model_decode_begin(Model *model, int B, int context) {
         model->dec_logits = TAKE_X(&a, (size_t)B * c->padded_vocab_size);
         model->dec_sample_u = (double *)take(&a, (size_t)B * sizeof(double));
         model->dec_sample_scratch = take(&a, sample_scratch_bytes(B, c->vocab_size));
-        model->dec_top_v = TAKE_F(&a, (size_t)B * SAMPLE_TOPK_MAX);
-        model->dec_top_id = (int *)take(&a, (size_t)B * SAMPLE_TOPK_MAX * sizeof(int));
+        model->dec_topk_cand = take(&a, sample_topk_scratch_bytes(B, c->vocab_size));
+        model->dec_seen = (uint32_t *)take(&a, (size_t)B * CEIL_DIV(c->vocab_size, 32) * sizeof(uint32_t));
         if (pass == 0) {
             cudaError_t err = cudaMalloc(&model->dec_memory, a.used);
             if (err != cudaSuccess) {
@@ -1315,10 +1467,18 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
 // 0's tokens, their positions advanced, programmatically after the kernel before
 static void decode_gen_sample(Model *model) {
     const ModelConfig *c = &model->config;
+    const DecodeLane *L = &model->dec_lane[0];
+    const SampleOut out = {L->tokens, L->pos, model->dec_context - 1, model->gen_rp != 1.0f ? model->dec_seen : NULL,
+                           model->gen_rp};
     launch_pdl = !model->dec_pdl_off;
-    decode_sample(model->dec_lane[0].tokens, model->dec_lane[0].pos, model->dec_context - 1, model->dec_sample_scratch,
-                  model->dec_logits, c->padded_vocab_size, c->vocab_size, model->dec_B, model->dec_sample_u,
-                  model->gen_temp, model->rt.stream);
+    if (model->gen_top_k > 0) {
+        decode_sample_topk(out, model->dec_topk_cand, model->dec_sample_scratch, NULL, NULL, model->dec_logits,
+                           c->padded_vocab_size, c->vocab_size, model->dec_B, model->gen_top_k, model->dec_sample_u,
+                           model->gen_temp, model->gen_top_p, model->rt.stream);
+    } else {
+        decode_sample(out, model->dec_sample_scratch, model->dec_logits, c->padded_vocab_size, c->vocab_size,
+                      model->dec_B, model->dec_sample_u, model->gen_temp, model->rt.stream);
+    }
     launch_pdl = 0;
 }
 
@@ -1329,7 +1489,9 @@ static void decode_gen_sample(Model *model) {
 static void decode_step_graph(Model *model, int gen) {
     cudaStream_t stream = model->rt.stream;
     cudaGraphExec_t *exec = gen ? &model->dec_gen_graph : &model->dec_graph;
-    if (gen && *exec != NULL && model->dec_gen_temp != model->gen_temp) { // (another temperature: another sampler)
+    if (gen && *exec != NULL && (model->dec_gen_temp != model->gen_temp || model->dec_gen_top_k != model->gen_top_k ||
+                                 model->dec_gen_top_p != model->gen_top_p || model->dec_gen_rp != model->gen_rp)) {
+        // (other settings: another sampler)
         cudaCheck(cudaGraphExecDestroy(*exec));
         *exec = NULL;
     }
@@ -1351,6 +1513,9 @@ static void decode_step_graph(Model *model, int gen) {
             model->dec_graph_off = 1;
         }
         model->dec_gen_temp = model->gen_temp;
+        model->dec_gen_top_k = model->gen_top_k;
+        model->dec_gen_top_p = model->gen_top_p;
+        model->dec_gen_rp = model->gen_rp;
     }
     if (*exec != NULL) {
         cudaCheck(cudaGraphLaunch(*exec, stream));
@@ -1543,10 +1708,13 @@ static void model_set_parallel(Model *model, const Comm *comm) {
 #endif
 }
 
-static int model_decode_gen_begin(Model *model, const int *pos, float temperature) {
-    const int B = model->dec_B;
+static int model_decode_gen_begin(Model *model, const int *pos, float temperature, int top_k, float top_p,
+                                  float rep_penalty, const int *const *seen, const int *n_seen) {
+    const int B = model->dec_B, V = model->config.vocab_size, W = CEIL_DIV(V, 32);
     if (B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_gen_begin without a decode state"); }
-    if (!(temperature >= 0.0f) || isinf(temperature)) { return 0; }
+    if (!(temperature >= 0.0f) || isinf(temperature) || !(top_p > 0.0f) || !(rep_penalty > 0.0f)) { return 0; }
+    const int topk = temperature != 0.0f && top_k > 0 && top_k < V; // (else greedy, or the whole vocabulary)
+    if ((topk && top_k > SAMPLE_TOPK_MAX) || (temperature != 0.0f && !topk && top_p < 1.0f)) { return 0; }
     if (model->gen_host != NULL && model->gen_host_B < B) {
         cudaCheck(cudaFreeHost(model->gen_host));
         model->gen_host = NULL;
@@ -1562,7 +1730,21 @@ static int model_decode_gen_begin(Model *model, const int *pos, float temperatur
     cudaStream_t stream = model->rt.stream;
     cudaCheck(cudaStreamSynchronize(stream)); // (the iterations of an earlier loop have finished with the slots)
     cudaCheck(cudaMemcpy(model->dec_lane[0].pos, pos, (size_t)B * sizeof(int), cudaMemcpyHostToDevice));
+    if (rep_penalty != 1.0f) { // the ids each sequence has seen (sample_token's: every valid token of it once)
+        uint32_t *bits = (uint32_t *)callocCheck((size_t)B * W, sizeof(uint32_t));
+        for (int b = 0; b < B; b++) {
+            for (int i = 0; i < n_seen[b]; i++) {
+                const int t = seen[b][i];
+                if (t >= 0 && t < V) { bits[(size_t)b * W + t / 32] |= 1u << (t % 32); }
+            }
+        }
+        cudaCheck(cudaMemcpy(model->dec_seen, bits, (size_t)B * W * sizeof(uint32_t), cudaMemcpyHostToDevice));
+        free(bits);
+    }
+    model->gen_rp = rep_penalty;
     model->gen_temp = temperature;
+    model->gen_top_k = topk ? top_k : 0;
+    model->gen_top_p = topk ? (top_p < 1.0f ? top_p : 1.0f) : 1.0f;
     model->gen_queued = model->gen_waited = 0;
     return 1;
 }
@@ -1603,19 +1785,6 @@ static void model_decode_gen_wait(Model *model, int *tokens) {
     cudaCheck(cudaEventSynchronize(model->gen_ev[slot]));
     memcpy(tokens, (int *)((double *)model->gen_host + 2 * (size_t)B) + (size_t)slot * B, (size_t)B * sizeof(int));
     model->gen_waited++;
-}
-
-static int model_decode_top(Model *model, int k, float temperature, float *v, int *id) {
-    const int B = model->dec_B;
-    if (B == 0) { fail_with_hint("call model_decode_begin first", "model_decode_top without a decode state"); }
-    if (k < 1 || k > SAMPLE_TOPK_MAX || k > model->config.vocab_size || !(temperature > 0.0f)) { return 0; }
-    cudaStream_t stream = model->rt.stream;
-    decode_top(model->dec_top_v, model->dec_top_id, model->dec_logits, model->config.padded_vocab_size,
-               model->config.vocab_size, B, k, temperature, stream);
-    cudaCheck(cudaMemcpyAsync(v, model->dec_top_v, (size_t)B * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaMemcpyAsync(id, model->dec_top_id, (size_t)B * k * sizeof(int), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaStreamSynchronize(stream));
-    return 1;
 }
 
 static void model_decode_logits(Model *model, int b, float *out) {

@@ -574,8 +574,9 @@ static void model_decode_step(Model *model, const int *tokens, const int *pos) {
 
 static double model_aux_loss(const Model *model) { return model->aux_loss; }
 
-static int model_decode_gen_begin(Model *model, const int *pos, float temperature) {
-    (void)model; (void)pos; (void)temperature;
+static int model_decode_gen_begin(Model *model, const int *pos, float temperature, int top_k, float top_p,
+                                  float rep_penalty, const int *const *seen, const int *n_seen) {
+    (void)model; (void)pos; (void)temperature; (void)top_k; (void)top_p; (void)rep_penalty; (void)seen; (void)n_seen;
     return 0; // (the caller samples model_decode_logits' rows: the reference's sample_token)
 }
 static void model_decode_gen_launch(Model *model, const double *u, int step) {
@@ -585,11 +586,6 @@ static void model_decode_gen_launch(Model *model, const double *u, int step) {
 static void model_decode_gen_wait(Model *model, int *tokens) {
     (void)model; (void)tokens;
     fail_with_hint("sample on the host (model_decode_gen_begin returned 0)", "the CPU reference has no generation loop");
-}
-
-static int model_decode_top(Model *model, int k, float temperature, float *v, int *id) {
-    (void)model; (void)k; (void)temperature; (void)v; (void)id;
-    return 0; // (the caller sorts model_decode_logits' rows: the reference's sample_token)
 }
 
 static void model_decode_logits(Model *model, int b, float *out) {

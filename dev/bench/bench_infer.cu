@@ -11,9 +11,9 @@ unless given, e.g. 100352)
 -decode: only the graph decode lines (batch 1 and 64, or the batches given), for A/B runs of a step's kernels
 -sample: a generation loop's step with its sampling (infer.h's loop: each step's tokens drawn from its logits): the
 step alone (each waited for, as the host loop does), the executor's generation loop (model_decode_gen_*: greedy,
-temperature 1; an iteration queued ahead), top-k 50 (model_decode_top's candidates, the draw on the host), and the
-logits rows copied to the host and sampled there (sample_token: greedy, temperature 1, top-k 50), batches 1, 16 and 64
-or those given
+temperature 1, top-k 50, temperature 1 with a repetition penalty of 1.3; an iteration queued ahead), and the logits
+rows copied to the host and sampled there (sample_token: greedy, temperature 1, top-k 50), batches 1, 16 and 64 or
+those given
 -prof B: only B sequences, a 16-token prefill and two eager steps, then one more eager step inside
 cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each kernel of one step, no graph)
 -graph B: only B sequences, a 16-token prefill, then 32 graph steps (for a timeline: `nsys profile
@@ -83,24 +83,26 @@ int main(int argc, char **argv) {
         float *row = (float *)mallocCheck((size_t)Vp * sizeof(float));
         Cand *work = (Cand *)mallocCheck((size_t)Vp * sizeof(Cand));
         unsigned char *mark = (unsigned char *)mallocCheck((size_t)Vp);
-        const char *names[7] = {"step alone", "GPU greedy", "GPU temp 1", "GPU top-k 50", "host greedy", "host temp 1",
-                                "host top-k 50"};
-        float *top_v = (float *)mallocCheck((size_t)1024 * 50 * sizeof(float)); // (B ≤ 1024, k = 50)
-        int *top_id = (int *)mallocCheck((size_t)1024 * 50 * sizeof(int));
+        const char *names[8] = {"step alone", "GPU greedy", "GPU temp 1", "GPU top-k 50", "host greedy", "host temp 1",
+                                "host top-k 50", "GPU temp 1 rp 1.3"};
         for (int B : batches) {
             int *pos = (int *)mallocCheck((size_t)B * sizeof(int)), *tok = (int *)mallocCheck((size_t)B * sizeof(int));
             double *u = (double *)mallocCheck((size_t)B * sizeof(double));
-            for (int mode = 0; mode < 7; mode++) {
+            const int **seen = (const int **)mallocCheck((size_t)B * sizeof(int *));
+            int *n_seen = (int *)mallocCheck((size_t)B * sizeof(int));
+            for (int b = 0; b < B; b++) { seen[b] = tokens; n_seen[b] = P; } // (every sequence's prompt)
+            for (int mode = 0; mode < 8; mode++) {
                 o.temperature = mode == 1 || mode == 4 ? 0.0f : 1.0f;
                 o.top_k = mode == 3 || mode == 6 ? 50 : 0;
+                o.rep_penalty = mode == 7 ? 1.3f : 1.0f;
                 model_decode_begin(model, B, P + steps + 8);
                 for (int b = 0; b < B; b++) { pos[b] = 0; }
                 model_decode_advance(model, 0, B, tokens, P, pos);
                 for (int b = 0; b < B; b++) { pos[b] = P; tok[b] = tokens[P + b]; }
                 double t0 = 0.0;
-                if (mode == 1 || mode == 2) { // the executor's generation loop, an iteration queued ahead (infer.h)
+                if ((mode >= 1 && mode <= 3) || mode == 7) { // the executor's generation loop, an iteration ahead (infer.h)
                     for (int b = 0; b < B; b++) { pos[b] = P - 1; }
-                    model_decode_gen_begin(model, pos, o.temperature);
+                    model_decode_gen_begin(model, pos, o.temperature, o.top_k, o.top_p, o.rep_penalty, seen, n_seen);
                     for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
                     model_decode_gen_launch(model, u, 1);
                     double t1 = 0.0;
@@ -120,13 +122,7 @@ int main(int argc, char **argv) {
                 for (int s = 0; s < steps + 2; s++) {
                     if (s == 2) { executor_sync(model); t0 = wall(); }
                     for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
-                    if (mode == 3) {
-                        model_decode_top(model, 50, o.temperature, top_v, top_id);
-                        for (int b = 0; b < B; b++) {
-                            for (int i = 0; i < 50; i++) { work[i].v = top_v[b * 50 + i]; work[i].id = top_id[b * 50 + i]; }
-                            tok[b] = sample_candidates(work, 50, &o, u[b]);
-                        }
-                    } else if (mode >= 4) {
+                    if (mode >= 4) {
                         for (int b = 0; b < B; b++) {
                             model_decode_logits(model, b, row);
                             tok[b] = sample_token(row, V, NULL, 0, &o, u[b], work, mark);
@@ -140,9 +136,9 @@ int main(int argc, char **argv) {
                 printf("generate B=%-3d context ~%d  %-14s  %7.3f ms a token  %9.0f tokens/s\n", B, P, names[mode],
                        dt * 1e3, B / dt);
             }
-            free(pos); free(tok); free(u);
+            free(pos); free(tok); free(u); free(seen); free(n_seen);
         }
-        free(row); free(work); free(mark); free(tokens); free(top_v); free(top_id);
+        free(row); free(work); free(mark); free(tokens);
         model_free(model);
         return 0;
     }
