@@ -10,7 +10,10 @@ and ./infer_m2rnn_cpu (the CPU reference, infer_m2rnn.c), which differ only in t
             conv window and recurrence state), each attention layer a KV cache of -c positions
   sample    repetition penalty (CTRL's: a seen token's logit divided by p when positive, multiplied when negative),
             then temperature (0: greedy, ties to the lowest id), top-k, top-p (the smallest prefix of the sorted
-            distribution reaching p), drawn with the seeded splitmix64 of model.h: a seed repeats a run exactly
+            distribution reaching p), drawn with the seeded splitmix64 of model.h (one draw a sequence and token): a
+            seed repeats a run exactly. On the GPU the draws run in the executor's generation loop (model_decode_gen_*,
+            every setting but top-p without top-k and top-k above 1024), an iteration ahead of this loop; the host
+            samples the logits rows otherwise (and with M2RNN_HOST_SAMPLING=1)
   stop      at EOT, at the stop string (-stop; not printed), or after -n tokens
   output    one prompt: its completion streamed to stdout as the tokens come (held back only while it could still be
             the start of the stop string); a prompt file (-f: one prompt per line, or JSONL with a "prompt" string
@@ -571,8 +574,7 @@ static void infer_run(const InferOptions *o) {
         // the draws: one a sequence and iteration unless greedy (finished sequences too), in sequence order, so a seed
         // gives the same run on every path
 #define DRAW_U() for (int b = 0; b < B; b++) { u[b] = o->temperature != 0.0f ? rng_uniform(&rng) : 0.0; }
-        int gen = 0, gen_next = 0; // the executor's loop draws the tokens (from iteration gen_next − 1 on: queued up to it)
-        int gen_asked = 0;         // (once a batch: the executor may decline)
+        int gen = 0, gen_asked = 0; // the executor's loop draws the tokens (asked once a batch: it may decline)
         for (int k = 0; k < o->max_new; k++) {
             // the next tokens: drawn by the executor where the logits are (its generation loop feeds them to its next
             // step itself and runs an iteration ahead of this one), else from the rows on the host (and the first from
@@ -591,25 +593,19 @@ static void infer_run(const InferOptions *o) {
                                              n_seen);
                 free(seen);
                 free(n_seen);
-                if (gen) {
+                if (gen) { // this iteration (each queues the one after it)
                     DRAW_U();
                     model_decode_gen_launch(model, u, k + 1 < o->max_new);
-                    gen_next = k + 1;
                 }
             }
-            int drawn = 0;
             if (gen) {
-                if (gen_next == k + 1 && k + 1 < o->max_new) { // the next iteration, queued before this one's wait
+                if (k + 1 < o->max_new) { // the next iteration, queued before this one's wait
                     DRAW_U();
                     model_decode_gen_launch(model, u, k + 2 < o->max_new);
-                    gen_next++;
                 }
                 model_decode_gen_wait(model, next_tok);
-                drawn = 1;
             } else {
                 DRAW_U();
-            }
-            if (!drawn) {
                 for (int b = 0; b < B; b++) {
                     if (seq[b].done) { continue; }
                     float *lg = logits + (size_t)b * Vp;
