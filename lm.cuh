@@ -54,6 +54,14 @@ typedef struct {
 } LayerActs;
 
 // one lane's buffers for a decode step or a prefill chunk (decode_run); a prefill's chunks alternate between two lanes
+// the generation loop's sampling (model_decode_gen_begin)
+typedef struct {
+    float temp;  // 0: greedy
+    int top_k;   // 0: none
+    float top_p; // 1: none (top-k only)
+    float rp;    // the repetition penalty, 1: none
+} GenSampling;
+
 typedef struct {
     floatX *x, *norm, *branch; // (rows, C) the residual stream
     floatX *x2;                // (B, C) a step's residual stream alternates between x and x2 (StepInput.x_out)
@@ -120,18 +128,15 @@ struct Model {
     cudaEvent_t dec_ev[MAX_LAYERS][2], dec_fork, dec_join;
     int dec_two_lanes;
     cudaGraphExec_t dec_graph;     // the step of all B sequences, captured (NULL: not yet, or not possible)
-    cudaGraphExec_t dec_gen_graph; // the generation loop's: the draw, then the step (dec_gen_temp's sampler)
-    float dec_gen_temp;
+    cudaGraphExec_t dec_gen_graph; // the generation loop's: the draw (dec_gen_sampling's), then the step
+    GenSampling dec_gen_sampling;
     // the generation loop (model_decode_gen_*): up to two iterations queued, each with its pinned slot for the draws
     // (B doubles) and the tokens (B ints), and an event after its tokens' copy
     void *gen_host;                // pinned: u[2][B], then tok[2][B]
     int gen_host_B;                // (its B)
     cudaEvent_t gen_ev[2];
     long gen_queued, gen_waited;   // iterations launched, and waited for
-    float gen_temp, gen_top_p, gen_rp; // the loop's sampling (gen_top_k 0: no top-k; gen_rp 1: no penalty)
-    int gen_top_k;
-    float dec_gen_top_p, dec_gen_rp;   // dec_gen_graph's
-    int dec_gen_top_k;
+    GenSampling gen;               // the loop's sampling
     int dec_steps;                 // eager steps since begin (the second is captured: the first sets kernel attributes)
     int dec_graph_off;             // 1: run eagerly (M2RNN_NO_GRAPH=1, or a capture failed)
     int dec_pdl_off;               // 1: the step's kernels launched the ordinary way (M2RNN_NO_PDL=1; cuda_common.h)
@@ -851,17 +856,18 @@ static inline size_t sample_scratch_bytes(int B, int V) {
 __device__ __forceinline__ int sample_id0(int c, int w, int it, int lane) {
     return c * SAMPLE_CHUNK + w * SAMPLE_RUN + (it * WARP_SIZE + lane) * PACK;
 }
-// lane's piece of row b: its PACK ids' w = exp(v − maxv) (0 past V) summed in id order, the values in v
+// lane's piece of row b: its PACK ids' w = exp(v − maxv) (0 past V), each in w, and their sum in id order
 template <bool PEN>
-__device__ __forceinline__ double sample_piece(float (&v)[PACK], const floatX *x, int id0, int V, float temperature,
+__device__ __forceinline__ double sample_piece(double (&w)[PACK], const floatX *x, int id0, int V, float temperature,
                                                float maxv, const SampleOut &out, int b) {
     const Pack pk = id0 < V ? *(const Pack *)(x + id0) : Pack{};
     const uint32_t word = id0 < V ? sample_seen<PEN>(out, b, V, id0) : 0u;
     double s = 0.0;
 #pragma unroll
     for (int e = 0; e < PACK; e++) {
-        v[e] = sample_pen<PEN>((float)pk.v[e], word, id0 + e, out.rp) / temperature;
-        if (id0 + e < V) { s += exp((double)(v[e] - maxv)); }
+        const float v = sample_pen<PEN>((float)pk.v[e], word, id0 + e, out.rp) / temperature;
+        w[e] = id0 + e < V ? exp((double)(v - maxv)) : 0.0;
+        s += w[e];
     }
     return s;
 }
@@ -968,12 +974,12 @@ __global__ void __launch_bounds__(SAMPLE_CTA)
     const float v0 = sample_pen<PEN>((float)x[0], sample_seen<PEN>(out, b, V, 0), 0, out.rp) / temperature;
     maxv = isnan(v0) || best_i < 0 ? v0 : best;
     // this chunk's sum: each warp's iterations' lane-scanned sums in order, then the warps in order
-    float v[PACK];
+    double w[PACK];
     double carry = 0.0;
 #pragma unroll
     for (int it = 0; it < SAMPLE_ITERS; it++) {
         const int id0 = sample_id0(c, warp, it, lane);
-        const double incl = warp_scan_incl(sample_piece<PEN>(v, x, id0, V, temperature, maxv, out, b));
+        const double incl = warp_scan_incl(sample_piece<PEN>(w, x, id0, V, temperature, maxv, out, b));
         carry += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
     }
     if (lane == 0) { s_d[warp] = carry; }
@@ -1026,7 +1032,7 @@ __global__ void __launch_bounds__(SAMPLE_CTA)
 #pragma unroll
     for (int it = 0; it < SAMPLE_ITERS; it++) {
         const int id0 = sample_id0(cs, warp, it, lane);
-        const double incl = warp_scan_incl(sample_piece<PEN>(v, x, id0, V, temperature, maxv, out, b));
+        const double incl = warp_scan_incl(sample_piece<PEN>(w, x, id0, V, temperature, maxv, out, b));
         carry += __shfl_sync(0xffffffffu, incl, WARP_SIZE - 1);
     }
     if (lane == 0) { s_d[warp] = carry; } // (thread 0's read of s_d came before sample_last_cta's barriers)
@@ -1040,13 +1046,13 @@ __global__ void __launch_bounds__(SAMPLE_CTA)
         int pick = -1;
         for (int it = 0; it < SAMPLE_ITERS && pick < 0; it++) {
             const int id0 = sample_id0(cs, warp, it, lane);
-            const double incl = warp_scan_incl(sample_piece<PEN>(v, x, id0, V, temperature, maxv, out, b));
+            const double incl = warp_scan_incl(sample_piece<PEN>(w, x, id0, V, temperature, maxv, out, b));
             const double lower = __shfl_up_sync(0xffffffffu, incl, 1); // the lanes' before this one
             double acc = (before + run) + (lane > 0 ? lower : 0.0);
             int hit = -1;
             for (int e = 0; e < PACK; e++) {
                 if (id0 + e < V) {
-                    acc += exp((double)(v[e] - maxv)); // (v: the penalized values sample_piece left)
+                    acc += w[e]; // (the terms sample_piece summed)
                     if (hit < 0 && acc >= rl) { hit = id0 + e; }
                 }
             }
@@ -1468,16 +1474,16 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
 static void decode_gen_sample(Model *model) {
     const ModelConfig *c = &model->config;
     const DecodeLane *L = &model->dec_lane[0];
-    const SampleOut out = {L->tokens, L->pos, model->dec_context - 1, model->gen_rp != 1.0f ? model->dec_seen : NULL,
-                           model->gen_rp};
+    const GenSampling *g = &model->gen;
+    const SampleOut out = {L->tokens, L->pos, model->dec_context - 1, g->rp != 1.0f ? model->dec_seen : NULL, g->rp};
     launch_pdl = !model->dec_pdl_off;
-    if (model->gen_top_k > 0) {
+    if (g->top_k > 0) {
         decode_sample_topk(out, model->dec_topk_cand, model->dec_sample_scratch, NULL, NULL, model->dec_logits,
-                           c->padded_vocab_size, c->vocab_size, model->dec_B, model->gen_top_k, model->dec_sample_u,
-                           model->gen_temp, model->gen_top_p, model->rt.stream);
+                           c->padded_vocab_size, c->vocab_size, model->dec_B, g->top_k, model->dec_sample_u, g->temp,
+                           g->top_p, model->rt.stream);
     } else {
         decode_sample(out, model->dec_sample_scratch, model->dec_logits, c->padded_vocab_size, c->vocab_size,
-                      model->dec_B, model->dec_sample_u, model->gen_temp, model->rt.stream);
+                      model->dec_B, model->dec_sample_u, g->temp, model->rt.stream);
     }
     launch_pdl = 0;
 }
@@ -1489,8 +1495,7 @@ static void decode_gen_sample(Model *model) {
 static void decode_step_graph(Model *model, int gen) {
     cudaStream_t stream = model->rt.stream;
     cudaGraphExec_t *exec = gen ? &model->dec_gen_graph : &model->dec_graph;
-    if (gen && *exec != NULL && (model->dec_gen_temp != model->gen_temp || model->dec_gen_top_k != model->gen_top_k ||
-                                 model->dec_gen_top_p != model->gen_top_p || model->dec_gen_rp != model->gen_rp)) {
+    if (gen && *exec != NULL && memcmp(&model->dec_gen_sampling, &model->gen, sizeof(GenSampling)) != 0) {
         // (other settings: another sampler)
         cudaCheck(cudaGraphExecDestroy(*exec));
         *exec = NULL;
@@ -1512,10 +1517,7 @@ static void decode_step_graph(Model *model, int gen) {
             *exec = NULL;
             model->dec_graph_off = 1;
         }
-        model->dec_gen_temp = model->gen_temp;
-        model->dec_gen_top_k = model->gen_top_k;
-        model->dec_gen_top_p = model->gen_top_p;
-        model->dec_gen_rp = model->gen_rp;
+        model->dec_gen_sampling = model->gen;
     }
     if (*exec != NULL) {
         cudaCheck(cudaGraphLaunch(*exec, stream));
@@ -1741,10 +1743,7 @@ static int model_decode_gen_begin(Model *model, const int *pos, float temperatur
         cudaCheck(cudaMemcpy(model->dec_seen, bits, (size_t)B * W * sizeof(uint32_t), cudaMemcpyHostToDevice));
         free(bits);
     }
-    model->gen_rp = rep_penalty;
-    model->gen_temp = temperature;
-    model->gen_top_k = topk ? top_k : 0;
-    model->gen_top_p = topk ? (top_p < 1.0f ? top_p : 1.0f) : 1.0f;
+    model->gen = (GenSampling){temperature, topk ? top_k : 0, topk ? (top_p < 1.0f ? top_p : 1.0f) : 1.0f, rep_penalty};
     model->gen_queued = model->gen_waited = 0;
     return 1;
 }
@@ -1761,7 +1760,7 @@ static void model_decode_gen_launch(Model *model, const double *u, int step) {
     const int slot = (int)(model->gen_queued % 2);
     double *hu = (double *)model->gen_host + (size_t)slot * B;
     int *htok = (int *)((double *)model->gen_host + 2 * (size_t)B) + (size_t)slot * B;
-    if (model->gen_temp != 0.0f) { // (the slot's last copy ran before its iteration's event, waited for)
+    if (model->gen.temp != 0.0f) { // (the slot's last copy ran before its iteration's event, waited for)
         memcpy(hu, u, (size_t)B * sizeof(double));
         cudaCheck(cudaMemcpyAsync(model->dec_sample_u, hu, (size_t)B * sizeof(double), cudaMemcpyHostToDevice, stream));
     }

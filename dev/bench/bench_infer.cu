@@ -99,13 +99,12 @@ int main(int argc, char **argv) {
                 for (int b = 0; b < B; b++) { pos[b] = 0; }
                 model_decode_advance(model, 0, B, tokens, P, pos);
                 for (int b = 0; b < B; b++) { pos[b] = P; tok[b] = tokens[P + b]; }
-                double t0 = 0.0;
+                double t0 = 0.0, t1 = 0.0;
                 if ((mode >= 1 && mode <= 3) || mode == 7) { // the executor's generation loop, an iteration ahead (infer.h)
                     for (int b = 0; b < B; b++) { pos[b] = P - 1; }
                     model_decode_gen_begin(model, pos, o.temperature, o.top_k, o.top_p, o.rep_penalty, seen, n_seen);
                     for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
                     model_decode_gen_launch(model, u, 1);
-                    double t1 = 0.0;
                     for (int s = 0; s < steps + 2; s++) {
                         for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
                         model_decode_gen_launch(model, u, 1);
@@ -114,25 +113,23 @@ int main(int argc, char **argv) {
                         if (s == steps + 1) { t1 = wall(); }
                     }
                     executor_sync(model);
-                    const double dt = (t1 - t0) / steps;
-                    printf("generate B=%-3d context ~%d  %-14s  %7.3f ms a token  %9.0f tokens/s\n", B, P, names[mode],
-                           dt * 1e3, B / dt);
-                    continue;
-                }
-                for (int s = 0; s < steps + 2; s++) {
-                    if (s == 2) { executor_sync(model); t0 = wall(); }
-                    for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
-                    if (mode >= 4) {
-                        for (int b = 0; b < B; b++) {
-                            model_decode_logits(model, b, row);
-                            tok[b] = sample_token(row, V, NULL, 0, &o, u[b], work, mark);
+                } else {
+                    for (int s = 0; s < steps + 2; s++) {
+                        if (s == 2) { executor_sync(model); t0 = wall(); }
+                        for (int b = 0; b < B; b++) { u[b] = rng_uniform(&rng); }
+                        if (mode >= 4) {
+                            for (int b = 0; b < B; b++) {
+                                model_decode_logits(model, b, row);
+                                tok[b] = sample_token(row, V, NULL, 0, &o, u[b], work, mark);
+                            }
                         }
+                        model_decode_step(model, tok, pos);
+                        for (int b = 0; b < B; b++) { pos[b]++; }
                     }
-                    model_decode_step(model, tok, pos);
-                    for (int b = 0; b < B; b++) { pos[b]++; }
+                    executor_sync(model);
+                    t1 = wall();
                 }
-                executor_sync(model);
-                const double dt = (wall() - t0) / steps;
+                const double dt = (t1 - t0) / steps;
                 printf("generate B=%-3d context ~%d  %-14s  %7.3f ms a token  %9.0f tokens/s\n", B, P, names[mode],
                        dt * 1e3, B / dt);
             }
