@@ -26,8 +26,9 @@ Design (FlashAttention-2's decomposition on mma.sync m16n8k16 bf16 → fp32, the
   free of bank conflicts (HS = 32: c ^ (r & 3), 2-way).
 - decode: a batch of single-token queries against a KV cache, split along the context (flash-decoding): each CTA
   reduces a slice of positions to (max, sum, partial output) for the query heads of one kv head (up to 4: GQA reads
-  a kv head's rows once), each warp with 8 positions' loads in flight; a second kernel merges the slices in order. The slice
-  length depends on the cache capacity only, so a sequence's output does not depend on the batch it decodes in.
+  a kv head's rows once); HS/8 lanes read a row, 16 bytes each, so a warp reads 32/(HS/8) positions at once and keeps
+  4 KB of loads in flight; a second kernel merges the slices in order. The slice length depends on the cache
+  capacity only, so a sequence's output does not depend on the batch it decodes in (test_attention_gpu checks).
 
 Layouts: tokens are rows with strides (elements between tokens; heads contiguous inside a row), so q, k, v can be
 the column blocks of one (B,T,(NH+2·NKV)·HS) projection output and o a (B,T,NH·HS) buffer: no permute. A sequence
@@ -40,7 +41,6 @@ Limits: HS ∈ {32, 64, 128}; NH % NKV == 0; rows 16-byte aligned (strides and c
 #define M2RNN_ATTENTION_KERNELS_CUH
 
 #include <stdint.h>
-#include <type_traits>
 #include "cuda_common.h"
 #include "tiles.cuh"
 #include "utils.h"
@@ -635,13 +635,22 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_dq_kernel(AttnDims d, __
 
 // One CTA = (kv head, a group of up to GH of the query heads that read it, sequence b, slice s): positions
 // [s·slice, (s+1)·slice) ∩ [0, len_b) of the sequence's cache. Each key and value row is read once and serves the
-// CTA's query heads (GQA: a kv head's rows are not re-read per query head). Each warp takes DEC_PP consecutive
-// positions at a time (the warps interleave by DEC_PP), issues all their loads before the first use (DEC_PP rows of
-// K and V in flight a warp, not one), then updates each query head's online softmax once for the DEC_PP positions.
+// CTA's query heads (GQA: a kv head's rows are not re-read per query head). A row is read by LPP = HS/8 lanes, 8
+// elements (one 16-byte load) each, so a warp reads SG = 32/LPP positions side by side, and each lane keeps
+// dec_rpl() such loads of K and of V in flight (4 KB a warp; 2 KB with four query heads a CTA). Each sub-group of LPP
+// lanes runs its own online softmax over the positions it reads (a score is a sum over its LPP lanes: log2(LPP)
+// shuffles, not five); at the end of the slice the sub-groups are combined within the warp, then the four warps
+// through shared memory, always in the same order. (Lanes across the whole row, 2 elements a lane at HS = 64, cost a
+// five-step warp reduction a position and ran issue-bound: the 410M models' heads of 64 read their caches at 2.0 TB/s
+// at batch 64, against 3.5 TB/s for heads of 128: NOTES.md, issue 14 round 11.)
 // The (max, sum, partial output) of each query head goes to part (sequence b's at b·part_seq floats: (NH, slices,
 // HS+2)). q (B, NH·HS) at q_row elements per sequence; kcache/vcache: sequence b's (context, NKV·HS) rows at
-// b·cache_seq elements; len_b = lens[b] + len_add. Lane l holds elements l·E .. l·E+E−1 of a row, E = HS/32.
-#define DEC_PP 8
+// b·cache_seq elements; len_b = lens[b] + len_add. 16-byte aligned rows (flash_attention_decode checks).
+template <int GH> __host__ __device__ constexpr int dec_rpl() { return GH == 4 ? 2 : 4; }
+__device__ __forceinline__ void unpack8_bf16(float (&x)[8], uint4 u) {
+    x[0] = tiles::bf_lo(u.x); x[1] = tiles::bf_hi(u.x); x[2] = tiles::bf_lo(u.y); x[3] = tiles::bf_hi(u.y);
+    x[4] = tiles::bf_lo(u.z); x[5] = tiles::bf_hi(u.z); x[6] = tiles::bf_lo(u.w); x[7] = tiles::bf_hi(u.w);
+}
 template <int HS, int GH>
 __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long part_seq, const __nv_bfloat16 *q, long q_row,
                                                             const __nv_bfloat16 *kcache, const __nv_bfloat16 *vcache,
@@ -649,91 +658,102 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long par
                                                             int NKV, int slice, int slices, float scale) {
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
     pdl_trigger();
-    constexpr int E = HS / 32;
-    typedef typename std::conditional<E == 4, uint2, typename std::conditional<E == 2, uint32_t, uint16_t>::type>::type Raw;
+    constexpr int LPP = HS / 8, SG = 32 / LPP, RPL = dec_rpl<GH>(), WPOS = SG * RPL; // WPOS: a warp's positions a round
     __shared__ float pm[4][GH], pl[4][GH], pacc[4][GH][HS];
     const int G = NH / NKV, groups = (G + GH - 1) / GH;
     const int kvh = blockIdx.x / groups, g0 = (blockIdx.x % groups) * GH, ng = min(GH, G - g0);
     const int b = blockIdx.y, s = blockIdx.z, h0 = kvh * G + g0; // query heads h0 .. h0+ng−1 read kv head kvh
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, inner = NKV * HS;
+    const int sub = lane / LPP, li = lane % LPP; // this lane's position slot in a round, its elements 8·li .. 8·li+7
     const int len = lens[b] + len_add, p0 = s * slice, p1 = min(len, p0 + slice);
-    float qv[GH][E], m[GH], l[GH], acc[GH][E];
+    float qv[GH][8], m[GH], l[GH], acc[GH][8];
 #pragma unroll
     for (int g = 0; g < GH; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
+        uint4 u = make_uint4(0u, 0u, 0u, 0u);
+        if (g < ng) { u = *(const uint4 *)(q + (long)b * q_row + (long)(h0 + g) * HS + li * 8); }
+        unpack8_bf16(qv[g], u);
 #pragma unroll
-        for (int e = 0; e < E; e++) {
-            qv[g][e] = g < ng ? __bfloat162float(q[(long)b * q_row + (long)(h0 + g) * HS + lane * E + e]) * scale : 0.0f;
+        for (int e = 0; e < 8; e++) {
+            qv[g][e] *= scale;
             acc[g][e] = 0.0f;
         }
     }
-    const __nv_bfloat16 *kc = kcache + (long)b * cache_seq + (long)kvh * HS + lane * E;
-    const __nv_bfloat16 *vc = vcache + (long)b * cache_seq + (long)kvh * HS + lane * E;
-    auto unpack = [](float (&x)[E], Raw u) {
-        if constexpr (E == 4) {
-            x[0] = tiles::bf_lo(u.x); x[1] = tiles::bf_hi(u.x); x[2] = tiles::bf_lo(u.y); x[3] = tiles::bf_hi(u.y);
-        } else if constexpr (E == 2) {
-            x[0] = tiles::bf_lo(u); x[1] = tiles::bf_hi(u);
-        } else {
-            x[0] = __uint_as_float((uint32_t)u << 16);
-        }
-    };
-    for (int p = p0 + warp * DEC_PP; p < p1; p += 4 * DEC_PP) {
-        Raw kr[DEC_PP], vr[DEC_PP];
+    const __nv_bfloat16 *kc = kcache + (long)b * cache_seq + (long)kvh * HS + li * 8;
+    const __nv_bfloat16 *vc = vcache + (long)b * cache_seq + (long)kvh * HS + li * 8;
+    for (int pw = p0 + warp * WPOS; pw < p1; pw += 4 * WPOS) { // load j of this lane: position pw + j·SG + sub
+        uint4 kr[RPL], vr[RPL];
 #pragma unroll
-        for (int i = 0; i < DEC_PP; i++) { // every load of the DEC_PP positions first
-            if (p + i < p1) {
-                kr[i] = *(const Raw *)(kc + (long)(p + i) * inner);
-                vr[i] = *(const Raw *)(vc + (long)(p + i) * inner);
+        for (int j = 0; j < RPL; j++) { // every load of the round first
+            const int p = pw + j * SG + sub;
+            kr[j] = vr[j] = make_uint4(0u, 0u, 0u, 0u);
+            if (p < p1) {
+                kr[j] = *(const uint4 *)(kc + (long)p * inner);
+                vr[j] = *(const uint4 *)(vc + (long)p * inner);
             }
         }
-        float sc[GH][DEC_PP];
+        float sc[GH][RPL];
 #pragma unroll
-        for (int i = 0; i < DEC_PP; i++) {
-            float kx[E] = {};
-            if (p + i < p1) { unpack(kx, kr[i]); }
+        for (int j = 0; j < RPL; j++) {
+            float kx[8];
+            unpack8_bf16(kx, kr[j]);
 #pragma unroll
             for (int g = 0; g < GH; g++) {
-                float d = 0.0f;
+                float d = qv[g][0] * kx[0];
 #pragma unroll
-                for (int e = 0; e < E; e++) { d += qv[g][e] * kx[e]; }
-                sc[g][i] = d;
+                for (int e = 1; e < 8; e++) { d = fmaf(qv[g][e], kx[e], d); }
+#pragma unroll
+                for (int off = LPP / 2; off > 0; off >>= 1) { d += __shfl_xor_sync(0xffffffffu, d, off); }
+                sc[g][j] = pw + j * SG + sub < p1 ? d : -INFINITY;
             }
-        }
-#pragma unroll
-        for (int g = 0; g < GH; g++) {
-#pragma unroll
-            for (int i = 0; i < DEC_PP; i++) { sc[g][i] = p + i < p1 ? warp_reduce_sum(sc[g][i]) : -INFINITY; }
         }
 #pragma unroll
         for (int g = 0; g < GH; g++) {
             float mn = m[g];
 #pragma unroll
-            for (int i = 0; i < DEC_PP; i++) { mn = fmaxf(mn, sc[g][i]); }
+            for (int j = 0; j < RPL; j++) { mn = fmaxf(mn, sc[g][j]); }
+            if (mn == -INFINITY) { continue; } // (no position of this sub-group yet)
             const float corr = __expf(m[g] - mn);
             l[g] *= corr;
 #pragma unroll
-            for (int e = 0; e < E; e++) { acc[g][e] *= corr; }
+            for (int e = 0; e < 8; e++) { acc[g][e] *= corr; }
 #pragma unroll
-            for (int i = 0; i < DEC_PP; i++) {
-                if (p + i < p1) {
-                    const float w = __expf(sc[g][i] - mn);
-                    float vx[E];
-                    unpack(vx, vr[i]);
+            for (int j = 0; j < RPL; j++) {
+                if (pw + j * SG + sub < p1) {
+                    const float w = __expf(sc[g][j] - mn);
+                    float vx[8];
+                    unpack8_bf16(vx, vr[j]);
                     l[g] += w;
 #pragma unroll
-                    for (int e = 0; e < E; e++) { acc[g][e] += w * vx[e]; }
+                    for (int e = 0; e < 8; e++) { acc[g][e] = fmaf(w, vx[e], acc[g][e]); }
                 }
             }
             m[g] = mn;
         }
     }
+    // the warp's state: the sub-groups' states at their common max, summed over the sub-groups (xor butterflies: every
+    // lane of an element slot ends with the same bits)
 #pragma unroll
     for (int g = 0; g < GH; g++) {
-        if (lane == 0) { pm[warp][g] = m[g]; pl[warp][g] = l[g]; }
+        float M = m[g];
 #pragma unroll
-        for (int e = 0; e < E; e++) { pacc[warp][g][lane * E + e] = acc[g][e]; }
+        for (int off = LPP; off < 32; off <<= 1) { M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off)); }
+        const float c = m[g] == -INFINITY ? 0.0f : __expf(m[g] - M);
+        float lw = l[g] * c;
+#pragma unroll
+        for (int e = 0; e < 8; e++) { acc[g][e] *= c; }
+#pragma unroll
+        for (int off = LPP; off < 32; off <<= 1) {
+            lw += __shfl_xor_sync(0xffffffffu, lw, off);
+#pragma unroll
+            for (int e = 0; e < 8; e++) { acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off); }
+        }
+        if (lane == 0) { pm[warp][g] = M; pl[warp][g] = lw; }
+        if (sub == 0) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) { pacc[warp][g][li * 8 + e] = acc[g][e]; }
+        }
     }
     __syncthreads();
     // each query head's partial result: [0, HS) the unnormalized output, [HS] the sum of weights, [HS+1] the max
@@ -859,10 +879,12 @@ static void flash_attention_backward(__nv_bfloat16 *dq, __nv_bfloat16 *dk, __nv_
     else { flash_backward_hs<128>(dq, dk, dv, D, dout, q, k, v, o, lse, q_tokens, d, stream); }
 }
 
-// the decode split: the slice length depends on the cache capacity only (batch-invariant results): 64 positions
-// up to a 2K context, then growing so that a sequence has at most 32 slices
+// the decode split: the slice length depends on the cache capacity only (batch-invariant results): 256 positions
+// up to an 8K context, then growing so that a sequence has at most 32 slices. (64 up to 2K made 16 CTAs of one round
+// of loads a warp per (sequence, kv head) at a 1K context: the 410M hybrid's batch-64 step 1.660 ms, against 1.630
+// with 256; batch 1 unchanged: NOTES.md, issue 14 round 11.)
 static inline int flash_decode_slice(int context) {
-    int slice = 64;
+    int slice = 256;
     while (slice < 4096 && (long)slice * 32 < context) { slice *= 2; }
     return slice;
 }
@@ -882,6 +904,11 @@ static void flash_attention_decode(__nv_bfloat16 *y, long y_row, float *workspac
     if ((HS != 32 && HS != 64 && HS != 128) || NKV < 1 || NH % NKV != 0 || B < 1 || context < 1) {
         fail_with_hint("use head dim 32, 64 or 128 and kv heads dividing the heads",
                        "attention decode: HS=%d NH=%d NKV=%d B=%d context=%d", HS, NH, NKV, B, context);
+    }
+    if (((uintptr_t)q | (uintptr_t)kcache | (uintptr_t)vcache) % 16 != 0 || q_row % 8 != 0 || cache_seq % 8 != 0) {
+        fail_with_hint("keep q and the caches 16-byte aligned, their row strides multiples of 8 elements",
+                       "attention decode: q %p, caches %p %p, strides %ld %ld", (const void *)q, (const void *)kcache,
+                       (const void *)vcache, q_row, cache_seq);
     }
     const int slice = flash_decode_slice(context), slices = flash_decode_slices(context);
     if (ws_seq < (long)flash_decode_workspace_floats(1, NH, HS, context)) {

@@ -238,6 +238,9 @@ int main(int argc, char **argv) {
         }
     } else {
         bench_copy(repeats);
+        for (int B : {1, 16, 64}) { // the 410M models' attention layers: 16 heads of 64
+            for (int ctx : {1024, 4096}) { bench_decode(B, 16, 16, 64, ctx, repeats); }
+        }
         for (int B : {1, 64}) {
             for (int ctx : {1024, 4096, 16384, 65536}) { bench_decode(B, 16, 16, 128, ctx, repeats); }
         }
