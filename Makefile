@@ -245,7 +245,7 @@ build/test_m2rnn_gpu: test/test_m2rnn_gpu.cu $(M2RNN_GPU_HEADERS) test/test_comm
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
 
-build/bench_m2rnn: dev/bench/bench_m2rnn.cu $(M2RNN_GPU_HEADERS)
+build/bench_m2rnn: dev/bench/bench_m2rnn.cu dev/bench/bench_common.cuh $(M2RNN_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -lineinfo -o $@ $< $(NVCC_LDLIBS)
 

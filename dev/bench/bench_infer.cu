@@ -6,7 +6,7 @@ decode tokens/s of B sequences stepping together at a context of ~1K (the step a
 programmatic launches (M2RNN_NO_PDL=1), and eagerly), and the
 decode state a sequence carries against the context (recurrent layers: constant; attention: the KV cache, linear).
 Timing: the host clock around synchronized work, after a warm-up: a prefill's best of 3, a decode step's mean over 64.
-usage: build/bench_infer DESCRIPTOR [vocab] [-prof B | -graph B | -decode [B ...] | -sample [B ...]]   (vocab 50257
+usage: build/bench_infer DESCRIPTOR [vocab] [-prof B [P] | -graph B [P] | -decode [B ...] | -sample [B ...]]   (vocab 50257
 unless given, e.g. 100352)
 -decode: only the graph decode lines (batch 1 and 64, or the batches given), for A/B runs of a step's kernels
 -sample: a generation loop's step with its sampling (infer.h's loop: each step's tokens drawn from its logits): the
@@ -14,9 +14,10 @@ step alone (each waited for, as the host loop does), the executor's generation l
 temperature 1, top-k 50, temperature 1 with a repetition penalty of 1.3; an iteration queued ahead), and the logits
 rows copied to the host and sampled there (sample_token: greedy, temperature 1, top-k 50), batches 1, 16 and 64 or
 those given
--prof B: only B sequences, a 16-token prefill and two eager steps, then one more eager step inside
-cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each kernel of one step, no graph)
--graph B: only B sequences, a 16-token prefill, then 32 graph steps (for a timeline: `nsys profile
+-prof B [P]: only B sequences, a P-token prefill (default 16; 1024 to see the attention layers as -decode has them)
+and two eager steps, then one more eager step inside cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each
+kernel of one step, no graph)
+-graph B [P]: only B sequences, a P-token prefill (default 16), then 32 graph steps (for a timeline: `nsys profile
 --cuda-graph-trace=node`; with M2RNN_NO_PDL=1 the kernels do not overlap, so their durations are their own)
 */
 #include <cuda_profiler_api.h>
@@ -45,13 +46,18 @@ int main(int argc, char **argv) {
     int *tokens = (int *)mallocCheck((size_t)65536 * sizeof(int));
     for (int i = 0; i < 65536; i++) { tokens[i] = (int)(rng_next_u64(&rng) % V); }
     if (argc > 4 && (strcmp(argv[3], "-prof") == 0 || strcmp(argv[3], "-graph") == 0)) {
+        // -prof B [P] / -graph B [P]: B sequences prefilled with P tokens (default 16), then the profiled steps
         const int B = atoi(argv[4]), graph = strcmp(argv[3], "-graph") == 0, steps = graph ? 34 : 3;
+        const int P = argc > 5 ? atoi(argv[5]) : 16;
+        if (B < 1 || B > 1024 || P < 1 || P > 32768) {
+            fail_with_hint("e.g. -graph 64 1024", "bad batch %d or prompt length %d", B, P);
+        }
         if (!graph) { setenv("M2RNN_NO_GRAPH", "1", 1); }
-        model_decode_begin(model, B, 64);
+        model_decode_begin(model, B, P + 48);
         int *pos = (int *)mallocCheck((size_t)B * sizeof(int)), *tok = (int *)mallocCheck((size_t)B * sizeof(int));
         for (int b = 0; b < B; b++) { pos[b] = 0; }
-        model_decode_advance(model, 0, B, tokens, 16, pos);
-        for (int b = 0; b < B; b++) { pos[b] = 16; tok[b] = tokens[16 + b]; }
+        model_decode_advance(model, 0, B, tokens, P, pos);
+        for (int b = 0; b < B; b++) { pos[b] = P; tok[b] = tokens[(P + b) % 65536]; }
         double t0 = 0.0;
         for (int s = 0; s < steps; s++) {
             if (s == 2) { executor_sync(model); cudaCheck(cudaProfilerStart()); t0 = wall(); }

@@ -10,6 +10,8 @@ measured against. dev/bench/m2rnn_authors.py times the authors' Triton kernel in
                                           of mixes of tanh, ld.shared, movmatrix, shfl, mma, FFMA)
   build/bench_m2rnn -u 3                  the forward step's dependency chain piece by piece: clocks a step
                                           for 1..8 chains per SM sub-partition
+  build/bench_m2rnn -s 1 [-n 84]          the decode step kernel (m2rnn_step) at B in {1,16,64}: µs a layer in a graph of
+                                          21 layers (each its own state, as a decode step's), the state's GB/s
   build/bench_m2rnn -x 1 -b 8 -n 84      one training forward + backward only (the launcher's choices), for ncu
   build/bench_m2rnn -d DIR                writes a small problem's inputs and our outputs to DIR (raw little-endian
                                           arrays + meta.txt) for the float64 / authors' comparison in m2rnn_authors.py
@@ -29,6 +31,7 @@ the only device memory the op allocates beyond its inputs and outputs.
 #include <vector>
 
 #include "m2rnn_kernels.cuh"
+#include "bench_common.cuh"
 
 static uint64_t rng = 0x1234567ull;
 static float urand() { // xorshift64* -> [0,1)
@@ -471,10 +474,54 @@ static void dump_problem(const char *dir, int B, int T, int N, int Nq, int K, in
     release(in);
 }
 
+// The decode step kernel as a decode step runs it: L layers, each its own (B,N,K,V) fp32 state and inputs (so the
+// states do not stay in L2 from one layer to the next, as in a 24-layer model), captured in one graph of L launches.
+// Floor: the states are read and written once a step, 2·B·N·K·V·4 bytes a layer.
+static void bench_step(int N, int Nq, int K, int V, int reps) {
+    const int L = 21, CD = 2 * Nq * K + N * V;
+    const int batches[3] = {1, 16, 64};
+    for (int bi = 0; bi < 3; bi++) {
+        const int B = batches[bi];
+        const size_t sn = (size_t)B * N * K * V;
+        std::vector<float *> st(L), f(L);
+        std::vector<floatX *> conv(L), y(L), W(L);
+        for (int l = 0; l < L; l++) {
+            cudaCheck(cudaMalloc(&st[l], sn * sizeof(float)));
+            cudaCheck(cudaMalloc(&f[l], (size_t)B * N * sizeof(float)));
+            cudaCheck(cudaMalloc(&conv[l], (size_t)B * CD * sizeof(floatX)));
+            cudaCheck(cudaMalloc(&y[l], (size_t)B * N * V * sizeof(floatX)));
+            cudaCheck(cudaMalloc(&W[l], (size_t)N * V * V * sizeof(floatX)));
+            bench_fill(st[l], sn, 11 + l, 0.5f);
+            bench_fill(f[l], (size_t)B * N, 23 + l, 0.2f, 0.75f);
+            bench_fill(conv[l], (size_t)B * CD, 37 + l, 1.0f);
+            bench_fill(W[l], (size_t)N * V * V, 41 + l, 0.25f);
+        }
+        M2RNNDims d = {B, 1, N, Nq, K, V, CD, CD, CD, NULL};
+        cudaStream_t s;
+        cudaCheck(cudaStreamCreate(&s));
+        const float ms = graph_median_ms([&]() {
+            for (int l = 0; l < L; l++) {
+                const floatX *qv = conv[l], *kv = conv[l] + Nq * K, *vv = conv[l] + 2 * Nq * K;
+                m2rnn_step(y[l], st[l], (long)N * K * V, qv, kv, vv, f[l], W[l], &d, s);
+            }
+        }, 1, reps, s);
+        const double us = 1000.0 * ms / L, bytes = 2.0 * sn * sizeof(float);
+        printf("step B=%-3d N=%d K=%d V=%d: %7.2f us a layer, state %6.0f GB/s\n", B, N, K, V, us, bytes / us / 1e3);
+        for (int l = 0; l < L; l++) {
+            cudaCheck(cudaFree(st[l]));
+            cudaCheck(cudaFree(f[l]));
+            cudaCheck(cudaFree(conv[l]));
+            cudaCheck(cudaFree(y[l]));
+            cudaCheck(cudaFree(W[l]));
+        }
+        cudaCheck(cudaStreamDestroy(s));
+    }
+}
+
 int main(int argc, char **argv) {
     int B = 0, T = 4096, N = 84, Nq = 1, K = 64, V = 16, reps = 20;
     const char *dump_dir = NULL;
-    int rates = 0, once = 0;
+    int rates = 0, once = 0, step = 0;
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) { fail_with_hint("flags come in pairs: -b 8 -t 4096 ...", "missing value for %s", argv[i]); }
         if (!strcmp(argv[i], "-b")) { B = (int)parse_int_arg("-b", argv[i + 1], 1, 1024); }
@@ -487,8 +534,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-d")) { dump_dir = argv[i + 1]; }
         else if (!strcmp(argv[i], "-x")) { once = (int)parse_int_arg("-x", argv[i + 1], 0, 1); }
         else if (!strcmp(argv[i], "-u")) { rates = (int)parse_int_arg("-u", argv[i + 1], 0, 3); }
+        else if (!strcmp(argv[i], "-s")) { step = (int)parse_int_arg("-s", argv[i + 1], 0, 1); }
         else {
-            fail_with_hint("flags: -b -t -n -q -k -v -r -d -u -x (see the comment at the top of the file)",
+            fail_with_hint("flags: -b -t -n -q -k -v -r -d -u -s -x (see the comment at the top of the file)",
                            "unknown flag %s", argv[i]);
         }
     }
@@ -507,6 +555,10 @@ int main(int argc, char **argv) {
         if (rates == 1) { sfu_rates(prop, ghz); }
         else if (rates == 2) { pipe_mix(prop, ghz); }
         else { chain_latency(prop, ghz); }
+        return 0;
+    }
+    if (step) {
+        bench_step(N, Nq, K, V, reps);
         return 0;
     }
     if (once) { // one training forward and one backward with the launcher's own choices, for a profiler
