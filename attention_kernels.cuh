@@ -693,6 +693,18 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long par
                 vr[j] = *(const uint4 *)(vc + (long)p * inner);
             }
         }
+        if constexpr (GH == 4) { // 2 loads a lane in flight only: the next round's rows into L2 meanwhile, a lane a line
+            if (li % 8 == 0) {   // (GQA batch 64, 16K: 1.83 -> 1.58 ms; no gain, or a loss, with 4 loads: NOTES.md)
+#pragma unroll
+                for (int j = 0; j < RPL; j++) {
+                    const int p = pw + 4 * WPOS + j * SG + sub;
+                    if (p < p1) {
+                        prefetch_l2(kc + (long)p * inner);
+                        prefetch_l2(vc + (long)p * inner);
+                    }
+                }
+            }
+        }
         float sc[GH][RPL];
 #pragma unroll
         for (int j = 0; j < RPL; j++) {

@@ -244,7 +244,8 @@ int main(int argc, char **argv) {
         for (int B : {1, 64}) {
             for (int ctx : {1024, 4096, 16384, 65536}) { bench_decode(B, 16, 16, 128, ctx, repeats); }
         }
-        bench_decode(64, 32, 8, 128, 16384, repeats); // GQA: 4 query heads a kv head
+        bench_decode(1, 32, 8, 128, 16384, repeats);  // GQA: 4 query heads a kv head
+        bench_decode(64, 32, 8, 128, 16384, repeats);
     }
     return 0;
 }
