@@ -333,7 +333,7 @@ int main(void) {
     run_decode(64, 8, 1, {4096}, 4096);
     run_decode(32, 2, 2, {3, 2000, 70000}, 70000);
     run_decode(128, 8, 2, {1, 9000}, 9000);
-    { // many sequences, the 410M models' 16 heads of 64, and GQA with slices of 128 positions
+    { // many sequences of the 410M models' 16 heads of 64, and a GQA batch over a 3,000-position cache
         std::vector<int> lens(40);
         for (int b = 0; b < 40; b++) { lens[b] = 1 + (int)((urand() + 1.0) * 0.5 * 1023); } // 1..1023
         lens[3] = 1024;
