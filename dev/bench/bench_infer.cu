@@ -49,8 +49,9 @@ int main(int argc, char **argv) {
         // -prof B [P] / -graph B [P]: B sequences prefilled with P tokens (default 16), then the profiled steps
         const int B = atoi(argv[4]), graph = strcmp(argv[3], "-graph") == 0, steps = graph ? 34 : 3;
         const int P = argc > 5 ? atoi(argv[5]) : 16;
-        if (B < 1 || B > 1024 || P < 1 || P > 32768) {
-            fail_with_hint("e.g. -graph 64 1024", "bad batch %d or prompt length %d", B, P);
+        if (B < 1 || B > 1024 || P < 1 || (long)B * P > 65536) { // (the prefill reads B·P of the 65,536 tokens)
+            fail_with_hint("e.g. -graph 64 1024 (B from 1 to 1024, B·P at most 65,536)",
+                           "bad batch %d or prompt length %d", B, P);
         }
         if (!graph) { setenv("M2RNN_NO_GRAPH", "1", 1); }
         model_decode_begin(model, B, P + 48);
