@@ -574,7 +574,7 @@ static void attention_mixer_step(floatX *out, void *state, void *work, StepInput
                                                                  scale);
     cudaCheck(cudaGetLastError());
 #endif
-    matmul_forward(out, a.attn_y, w->out_w, B, inner, C, rt);
+    step_branch_product(out, in, a.attn_y, w->out_w, B, inner, C, rt);
 }
 
 #if !FLOATX_IS_FP32

@@ -159,9 +159,10 @@ static uint32_t operand_alignment(const void *ptr, long long ld, size_t elem) {
 }
 
 // lda, ldb, ldd = 0 mean dense (the rows of op-less storage)
+// one_kernel: the first of cuBLASLt's candidates that is one kernel (no split-K with its reduction kernel after it)
 static void matmul_cublaslt_ld(void *d, int d_fp32, const floatX *a, const floatX *b, int m, int n, int k, int trans_a,
                                int trans_b, float alpha, float beta, int batch, long long stride_a, long long stride_b,
-                               long long stride_d, int lda, int ldb, int ldd, const Runtime *rt) {
+                               long long stride_d, int lda, int ldb, int ldd, const Runtime *rt, int one_kernel = 0) {
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -199,9 +200,17 @@ static void matmul_cublaslt_ld(void *d, int d_fp32, const floatX *a, const float
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
-    cublasLtMatmulHeuristicResult_t heuristic;
+    cublasLtMatmulHeuristicResult_t heuristic, cand[8];
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(rt->lt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(rt->lt, desc, la, lb, ld, ld, pref, one_kernel ? 8 : 1, cand, &found));
+    heuristic = cand[0];
+    for (int i = 0; one_kernel && i < found; i++) {
+        uint32_t split = 1;
+        size_t written = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&cand[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split),
+                                             &written);
+        if (split <= 1) { heuristic = cand[i]; break; }
+    }
     if (found == 0) {
         fail_with_hint("report the shape; it is a cuBLASLt limitation we have not met",
                        "no cuBLASLt algorithm for m=%d n=%d k=%d transA=%d transB=%d batch=%d", m, n, k, trans_a,
@@ -242,9 +251,12 @@ __host__ __device__ inline bool rmsnorm_row_packs_ok(int C) {
 // WPRE: the weight's packs are loaded with the row's, so a row costs one round trip to memory, not two (a decode
 // step's norms are a few rows each: their time is that latency); the decode products' prologue, where the weight is
 // read by every block and the registers are the product's, loads them after the reduction.
-template <bool WPRE = true>
+// PARTS: b is given instead as np fp32 partial sums (parts, pstride floats apart), added in order and rounded to
+// floatX (a decode step's branch product split along K: step_branch_product).
+template <bool WPRE = true, bool PARTS = false>
 __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floatX *residual_out, const floatX *a,
-                                                  const floatX *b, const floatX *weight, int C, int lane) {
+                                                  const floatX *b, const floatX *weight, int C, int lane,
+                                                  const float *parts = NULL, int np = 0, long pstride = 0) {
     const int packs = CEIL_DIV(C, WARP_SIZE * PACK);
     Pack xs[RMSNORM_FWD_PACKS], ws[RMSNORM_FWD_PACKS];
     float ss = 0.0f;
@@ -255,8 +267,24 @@ __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floa
         if (i >= C) { break; }
         if constexpr (WPRE) { ws[p] = *(const Pack *)(weight + i); }
         xs[p] = *(const Pack *)(a + i);
-        if (b != NULL) {
-            const Pack bp = *(const Pack *)(b + i);
+        if (PARTS || b != NULL) {
+            Pack bp;
+            if constexpr (PARTS) {
+                float bs[PACK];
+                for (int k = 0; k < PACK; k += 4) {
+                    const float4 v = *(const float4 *)(parts + i + k);
+                    bs[k] = v.x; bs[k + 1] = v.y; bs[k + 2] = v.z; bs[k + 3] = v.w;
+                }
+                for (int sp = 1; sp < np; sp++) {
+                    for (int k = 0; k < PACK; k += 4) {
+                        const float4 v = *(const float4 *)(parts + sp * pstride + i + k);
+                        bs[k] += v.x; bs[k + 1] += v.y; bs[k + 2] += v.z; bs[k + 3] += v.w;
+                    }
+                }
+                for (int k = 0; k < PACK; k++) { bp.v[k] = (floatX)bs[k]; }
+            } else {
+                bp = *(const Pack *)(b + i);
+            }
             for (int k = 0; k < PACK; k++) { xs[p].v[k] = (floatX)(to_float(xs[p].v[k]) + to_float(bp.v[k])); }
             if (residual_out != NULL) { *(Pack *)(residual_out + i) = xs[p]; } // normalize what the residual holds
         }
@@ -749,6 +777,14 @@ static void matmul_forward(floatX *out, const floatX *inp, const floatX *weight,
                            const Runtime *rt) {
     matmul_forward_strided(out, OC, inp, weight, M, IC, OC, rt);
 }
+// parts (S, M, OC) fp32: part s = inp[:, sK, (s+1)K) @ weight[:, sK, (s+1)K)ᵀ, K = IC/S (IC a multiple of 8·S), as one
+// cuBLASLt launch (a strided batch of S products, the first candidate without split-K): a product split along K whose
+// sum the kernel after it adds (rmsnorm_forward_parts), with no reduction kernel between them
+static void matmul_split_partials(float *parts, const floatX *inp, const floatX *weight, int M, int IC, int OC, int S,
+                                  const Runtime *rt) {
+    const int K = IC / S;
+    matmul_cublaslt_ld(parts, 1, weight, inp, OC, M, K, 1, 0, 1.0f, 0.0f, S, K, K, (long long)M * OC, IC, IC, OC, rt, 1);
+}
 
 // dinp (M, IC) = dout (M, OC) @ weight (or += with accumulate_dinp); dweight (OC, IC) += doutᵀ @ inp in fp32.
 // Either output may be NULL. dout's rows are dout_stride ≥ OC apart. With OC split (matmul_oc_main), dinp takes the
@@ -900,6 +936,28 @@ static void rmsnorm_forward(floatX *out, float *rstd, floatX *residual_out, cons
     const int block = M < 1024 ? 64 : 256, rows_per_block = block / WARP_SIZE;
     launch_k(rmsnorm_forward_kernel, CEIL_DIV(M, rows_per_block), block, 0, stream, out, rstd, residual_out, a, b,
              weight, M, C);
+}
+
+// rmsnorm_forward with the residual branch given as np fp32 partial sums (np, M, C), pstride floats apart (added in
+// order, rounded to floatX, then as rmsnorm_forward): residual_out = a + branch, out its norm. Rows in whole packs.
+__global__ void rmsnorm_parts_kernel(floatX *out, float *rstd, floatX *residual_out, const floatX *a,
+                                     const float *parts, int np, long pstride, const floatX *weight, int M, int C) {
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    if (row >= M) { return; }
+    rmsnorm_row_packs<true, true>(out + (long)row * C, rstd + row, residual_out + (long)row * C, a + (long)row * C, NULL,
+                                  weight, C, lane, parts + (long)row * C, np, pstride);
+}
+static void rmsnorm_forward_parts(floatX *out, float *rstd, floatX *residual_out, const floatX *a, const float *parts,
+                                  int np, const floatX *weight, int M, int C, cudaStream_t stream) {
+    if (!rmsnorm_row_packs_ok(C) || C % 4 != 0) {
+        fail_with_hint("split the branch product only where the norm keeps its rows in whole packs",
+                       "rmsnorm_forward_parts: C=%d", C);
+    }
+    const int block = 64, rows_per_block = block / WARP_SIZE;
+    launch_k(rmsnorm_parts_kernel, CEIL_DIV(M, rows_per_block), block, 0, stream, out, rstd, residual_out, a, parts, np,
+             (long)M * C, weight, M, C);
 }
 
 #define RMSNORM_BWD_ROWS 32 // rows per block: a block's dweight partial covers these rows, in order
@@ -1416,10 +1474,21 @@ typedef struct {
     floatX *x_out;        // (B, C) x + branch (a buffer other than x; unused without branch)
     float *rstd;          // (B)
     int ready;            // 1: inp holds the rows (no norm to make)
+    // the branch as nparts fp32 partial sums (nparts, B, C) instead (nparts > 0: branch unused), which the norm adds
+    const float *branch_parts;
+    int nparts;
+    // where the kind's own branch product may leave its output as partial sums (step_branch_product: up to
+    // STEP_MAX_PARTS × B × C floats; NULL: never), and how many it left (0: out holds the output)
+    float *out_parts;
+    int out_nparts;
 } StepInput;
 
 // the rows in in->inp, made now if they are not there yet
 static const floatX *step_input_rows(StepInput *in, int B, int C, cudaStream_t stream) {
+    if (!in->ready && in->nparts > 0) {
+        rmsnorm_forward_parts(in->inp, in->rstd, in->x_out, in->x, in->branch_parts, in->nparts, in->w, B, C, stream);
+        in->ready = 1;
+    }
     if (!in->ready) {
         rmsnorm_forward(in->inp, in->rstd, in->branch != NULL ? in->x_out : NULL, in->x, in->branch, in->w, B, C,
                         stream);
@@ -1438,7 +1507,7 @@ template <class Epi = GemvNoEpilogue>
 static bool step_product(floatX *out, int out_stride, StepInput *in, const floatX *weight, int B, int C, int OC,
                          const Runtime *rt, const Epi *epi = NULL) {
     // (not for the LM head: its thousands of blocks would each make the rows again, B·C·4 bytes of L2 reads a block)
-    if (!in->ready && rt->decode_step && OC <= 16384) {
+    if (!in->ready && in->nparts == 0 && rt->decode_step && OC <= 16384) {
         const GemvNorm n = step_gemv_norm(in);
         if (matmul_gemv_launch<false, Epi>(out, out_stride, NULL, weight, B, C, OC, &n, rt->stream, epi)) {
             return epi != NULL;
@@ -1450,10 +1519,39 @@ static bool step_product(floatX *out, int out_stride, StepInput *in, const float
 // h (B, F) = SwiGLU of the rows through up_w (2F, C), in one GEMV with the SwiGLU epilogue (and the norm in its
 // prologue unless the rows are ready); false (nothing launched) where that kernel cannot take the shape
 static bool step_product_glu(floatX *h, StepInput *in, const floatX *up_w, int B, int C, int F, const Runtime *rt) {
-    if (!rt->decode_step) { return false; }
+    if (!rt->decode_step || (!in->ready && in->nparts > 0)) { return false; }
     if (in->ready) { return matmul_gemv_glu(h, in->inp, up_w, B, C, F, rt->stream); }
     const GemvNorm n = step_gemv_norm(in);
     return matmul_gemv_launch<true>(h, F, NULL, up_w, B, C, F, &n, rt->stream);
+}
+
+// A kind's last product in a decode step, out (B, OC = d_model) = inp (B, IC) @ weightᵀ: the branch the next norm adds
+// to the residual stream. From 5 to 64 sequences (cuBLASLt's products) it is made as S = 2 partial sums over halves of
+// K in one cuBLASLt launch (in->out_parts, in->out_nparts; decode_run hands them on), which the next norm adds before
+// it rounds (rmsnorm_forward_parts): no split-K reduction kernel between the product and the norm, and twice the
+// product's CTAs. H200, the 410M hybrid at batch 64: 1.63-1.64 -> 1.57 ms a step (S = 4: 1.59; NOTES.md, issue 14
+// round 12). M2RNN_STEP_PARTS=0..4 sets S (0: off, for A/B runs). Below 5 or above 64 sequences, with K not a multiple
+// of 8·S, and in the fp32 build, the product goes into out.
+#define STEP_MAX_PARTS 4
+static int step_split_parts(int B, int IC, int OC) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("M2RNN_STEP_PARTS");
+        env = e != NULL ? atoi(e) : 2;
+    }
+    int S = env < 0 ? 0 : (env > STEP_MAX_PARTS ? STEP_MAX_PARTS : env);
+    while (S > 1 && IC % (8 * S) != 0) { S--; }
+    return FLOATX_IS_FP32 || B <= gemv_max_rows() || B > 64 || !rmsnorm_row_packs_ok(OC) || S < 2 ? 0 : S;
+}
+static void step_branch_product(floatX *out, StepInput *in, const floatX *inp, const floatX *weight, int B, int IC,
+                                int OC, const Runtime *rt) {
+    const int S = rt->decode_step && in->out_parts != NULL ? step_split_parts(B, IC, OC) : 0;
+    in->out_nparts = S;
+    if (S > 0) {
+        matmul_split_partials(in->out_parts, inp, weight, B, IC, OC, S, rt);
+    } else {
+        matmul_forward(out, inp, weight, B, IC, OC, rt);
+    }
 }
 
 typedef struct {

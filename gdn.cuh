@@ -2652,11 +2652,17 @@ static void gdn_inputs(GDNActs *a, float *window, long stride, const floatX *inp
 }
 
 // per-head RMSNorm, the SiLU(g) gate, the output projection
-static void gdn_outputs(floatX *out, GDNActs *a, const GDNParams *w, const ModelConfig *c, int BT, const Runtime *rt) {
+// (in: a decode step's input, whose branch product may leave partial sums: step_branch_product)
+static void gdn_outputs(floatX *out, GDNActs *a, const GDNParams *w, const ModelConfig *c, int BT, const Runtime *rt,
+                        StepInput *in = NULL) {
     const int C = c->d_model, Rs = gdn_proj_stride(c), H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, HV = H * V;
     rmsnorm_forward(a->normed, a->rstd, NULL, a->o, NULL, w->norm_w, BT * H, V, rt->stream);
     output_gate_forward(a->normed, a->gated, NULL, a->proj + 2 * H * K + HV, NULL, BT, HV, 0, Rs, rt->stream);
-    matmul_forward(out, a->gated, w->out_w, BT, HV, C, rt);
+    if (in != NULL) {
+        step_branch_product(out, in, a->gated, w->out_w, BT, HV, C, rt);
+    } else {
+        matmul_forward(out, a->gated, w->out_w, BT, HV, C, rt);
+    }
 }
 
 // the chunked forward of the layer (o, and the kept qn, kn, rq, rk, Tm, Gc in a) from the conv's q, k, v and the gates,
@@ -2812,7 +2818,7 @@ static void gdn_mixer_step(floatX *out, void *state, void *work, StepInput *in, 
                               boff, c->gdn.neg, stream);
     }
     gdn_step(a.o, S, stride, a.qn, a.kn, a.conv_act + 2 * HK, CD, a.beta, a.g, B, H, K, V, stream);
-    gdn_outputs(out, &a, w, c, B, rt);
+    gdn_outputs(out, &a, w, c, B, rt, in);
 }
 
 // B sequences advance by T tokens (a prefill chunk): the chunked forward from and back into each S

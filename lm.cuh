@@ -120,6 +120,7 @@ struct Model {
     void *dec_sample_scratch;      // decode_sample's (sample_scratch_bytes(B, V))
     void *dec_topk_cand;           // decode_sample_topk's (sample_topk_scratch_bytes(B, V))
     uint32_t *dec_seen;            // (B, ceil(V / 32)) the ids each sequence has seen (the repetition penalty)
+    float *dec_parts;              // (STEP_MAX_PARTS, B, C) a step's branch as partial sums (step_branch_product)
     // A prefill of several chunks alternates them between the lanes, so chunk c+1's layer l (on the other stream)
     // runs once chunk c's layer l has left the layer's state (dec_ev[l][lane], recorded after the mixer's advance):
     // one chunk's latency-bound recurrences overlap the other's products. Off with MoE layers (their grouping keeps
@@ -1361,6 +1362,7 @@ static void model_decode_begin(Model *model, int B, int context) {
             L->pos = (int *)take(&a, on ? (size_t)B * sizeof(int) : 0);
             L->work = take(&a, on ? work : 0);
         }
+        model->dec_parts = TAKE_F(&a, (size_t)STEP_MAX_PARTS * B * C);
         model->dec_logits = TAKE_X(&a, (size_t)B * c->padded_vocab_size);
         model->dec_sample_u = (double *)take(&a, (size_t)B * sizeof(double));
         model->dec_sample_scratch = take(&a, sample_scratch_bytes(B, c->vocab_size));
@@ -1431,15 +1433,19 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
     if (T == 1) { // a step: each RMSNorm made by the next kind's first product where it can (StepInput)
         floatX *xs[2] = {L->x, L->x2};
         int cur = 0; // the residual stream is xs[cur]
-        StepInput in = {L->norm, xs[0], NULL, model->params.layers[0].ln1_w, NULL, L->rstd, 0};
+        // (a kind's branch may come as partial sums in dec_parts, which the next norm adds: step_branch_product)
+        StepInput in = {L->norm, xs[0], NULL, model->params.layers[0].ln1_w, NULL, L->rstd, 0, NULL, 0,
+                        model->dec_parts, 0};
         for (int l = 0; l < c->n_layer; l++) {
             const DecodeLayer d = decode_layer(model, l, b0);
             d.mx->step(L->branch, d.state, L->work, &in, &d.tm, c, nb, L->pos, model->dec_context, rt);
-            in = (StepInput){L->norm, xs[cur], L->branch, d.w->ln2_w, xs[1 - cur], L->rstd, 0};
+            in = (StepInput){L->norm, xs[cur], L->branch, d.w->ln2_w, xs[1 - cur], L->rstd, 0, model->dec_parts,
+                             in.out_nparts, model->dec_parts, 0};
             cur = 1 - cur;
             d.ff->step(L->branch, NULL, L->work, &in, &d.tf, c, nb, L->pos, model->dec_context, rt);
             const floatX *next_w = l + 1 < c->n_layer ? model->params.layers[l + 1].ln1_w : model->params.lnf_w;
-            in = (StepInput){L->norm, xs[cur], L->branch, next_w, xs[1 - cur], L->rstd, 0};
+            in = (StepInput){L->norm, xs[cur], L->branch, next_w, xs[1 - cur], L->rstd, 0, model->dec_parts,
+                             in.out_nparts, model->dec_parts, 0};
             cur = 1 - cur;
         }
         step_product(model->dec_logits + (size_t)b0 * Vp, Vp, &in, model->params.lm_head, nb, C, Vp, rt);

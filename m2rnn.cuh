@@ -552,7 +552,7 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in
     }
     output_gate_forward(a.y, a.gated, v_view, g_view, w->D, B, NV, CD, Rs, stream);
     m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, B, NULL, stream);
-    matmul_forward(out, a.normed, w->out_w, B, NV, C, rt);
+    step_branch_product(out, in, a.normed, w->out_w, B, NV, C, rt);
 }
 
 // B sequences advance by T tokens (a prefill chunk): the forward's kernels from the states (the conv from each window,

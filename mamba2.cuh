@@ -1307,7 +1307,7 @@ static void mamba2_mixer_step(floatX *out, void *state, void *work, StepInput *i
     mamba2_step(a.y, h, stride, a.conv_act, a.conv_act + DI, a.conv_act + DI + GN, a.dt, w32->A_log, w32->D, &d, stream);
     output_gate_forward(a.y, a.gated, NULL, a.proj, NULL, B, DI, 0, Rs, stream);
     group_rmsnorm_forward(a.normed, a.rstd, a.gated, w->norm_w, B, DI, G, stream);
-    matmul_forward(out, a.normed, w->out_w, B, DI, C, rt);
+    step_branch_product(out, in, a.normed, w->out_w, B, DI, C, rt);
 }
 
 // B sequences advance by T tokens (a prefill chunk): the forward's kernels from and back into the windows and h

@@ -225,7 +225,7 @@ static void rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in, 
     cudaCheck(cudaGetLastError());
     output_gate_forward(a.y, a.gated, a.u, a.proj + NV + N, w->D, B, NV, NV, Rs, stream);
     rmsnorm_forward(a.normed, a.rstd, NULL, a.gated, NULL, w->norm_w, B, NV, stream);
-    matmul_forward(out, a.normed, w->out_w, B, NV, C, rt);
+    step_branch_product(out, in, a.normed, w->out_w, B, NV, C, rt);
 }
 
 // B sequences advance by T tokens (a prefill chunk): the forward's kernels from and back into the windows and h

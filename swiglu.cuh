@@ -128,11 +128,11 @@ static void swiglu_ffn_step(floatX *out, void *state, void *work, StepInput *in,
     SwiGLUActs a;
     swiglu_acts_layout(&a, work, c, B, 1);
     const int C = c->d_model, F = c->swiglu.hidden;
-    if (step_product_glu(a.h, in, w->up_w, B, C, F, rt)) {
-        matmul_forward(out, a.h, w->down_w, B, F, C, rt);
-        return;
+    if (!step_product_glu(a.h, in, w->up_w, B, C, F, rt)) { // else the norm, the up-projection, the SwiGLU
+        matmul_forward(a.up, step_input_rows(in, B, C, rt->stream), w->up_w, B, C, 2 * F, rt);
+        swiglu_pointwise_forward(a.h, a.up, B, F, rt->stream);
     }
-    swiglu_ffn_forward(out, work, NULL, step_input_rows(in, B, C, rt->stream), t, c, B, 1, rt);
+    step_branch_product(out, in, a.h, w->down_w, B, F, C, rt);
 }
 
 static const KindOps SWIGLU_OPS = {'s', swiglu_ffn_acts_bytes, swiglu_ffn_scratch_bytes, swiglu_ffn_forward,

@@ -11,6 +11,8 @@ held to the plain product of the 2F rows followed by the pointwise kernel, bit f
 + decay gate (m2rnn_step_prep) to the conv step and the gate kernels: activations, gates and windows bit for bit, and
 the same work in the in-projection's epilogue (M2RNNStepEpilogue) to the product followed by that kernel; and
 a product with the residual RMSNorm in its prologue (step_product, step_product_glu) to rmsnorm_forward + the GEMV,
+a kind's branch product split along K at 5..64 rows (step_branch_product) against float64 and the norm that adds its
+partial sums to rmsnorm_forward of their rounded sum,
 and the M²RNN step's output gate and mixer norm in the out-projection's prologue (GemvNorm's gate) to
 output_gate_forward + rmsnorm_forward + the GEMV; the GDN step's conv, q/k L2 norms and gates in one kernel
 (gdn_step_prep) to the four kernels.
@@ -68,6 +70,24 @@ static bool same_device_bytes(const void *const (*pairs)[2], const size_t *sizes
 
 // out (M, OC) with row stride S from a direct kernel call, against float64; then a chain of three products through
 // the decode dispatch (x → y = x Wᵀ (OC) → z = y W2ᵀ (IC) → y again), programmatic and not, bit for bit
+// the normwise relative error of y (M rows of OC, ystride apart) against the float64 product x (M, IC) @ w (OC, IC)ᵀ
+// of the same inputs; *finite cleared where y holds a NaN or an infinity
+static double product_err(const floatX *y, int ystride, const floatX *x, const floatX *w, int M, int IC, int OC,
+                          bool *finite) {
+    double num = 0.0, den = 0.0;
+    for (int m = 0; m < M; m++) {
+        for (int o = 0; o < OC; o++) {
+            double want = 0.0;
+            for (int k = 0; k < IC; k++) { want += (double)(float)x[(size_t)m * IC + k] * (double)(float)w[(size_t)o * IC + k]; }
+            const double got = (double)(float)y[(size_t)m * ystride + o];
+            *finite = *finite && isfinite(got);
+            num += (got - want) * (got - want);
+            den += want * want;
+        }
+    }
+    return sqrt(num / (den > 0 ? den : 1.0));
+}
+
 static void run_case(Runtime *rt, int M, int IC, int OC, int S) {
     char name[96];
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ ((uint64_t)M << 32) ^ ((uint64_t)IC << 16) ^ (uint64_t)OC;
@@ -97,19 +117,8 @@ static void run_case(Runtime *rt, int M, int IC, int OC, int S) {
     } else {
         cudaCheck(cudaDeviceSynchronize());
         download(hy, dy, ny);
-        double num = 0.0, den = 0.0;
         bool finite = true;
-        for (int m = 0; m < M; m++) {
-            for (int o = 0; o < OC; o++) {
-                double want = 0.0;
-                for (int k = 0; k < IC; k++) { want += (double)(float)hx[(size_t)m * IC + k] * (double)(float)hw[(size_t)o * IC + k]; }
-                const double got = (double)(float)hy[(size_t)m * S + o];
-                finite = finite && isfinite(got);
-                num += (got - want) * (got - want);
-                den += want * want;
-            }
-        }
-        const double err = sqrt(num / (den > 0 ? den : 1.0));
+        const double err = product_err(hy, S, hx, hw, M, IC, OC, &finite);
         test_result(finite && err < TOL, name, "rel err %.2e (tol %.0e)%s", err, TOL, finite ? "" : " NON-FINITE");
     }
     // the chain through the decode dispatch
@@ -315,6 +324,74 @@ static void run_norm_case(Runtime *rt, int M, int C, int OC, int with_branch) {
     }
 }
 
+// A kind's branch product (step_branch_product) at 5..64 rows: split along K into partial sums (one cuBLASLt launch),
+// which the next norm adds (step_input_rows with branch_parts). Their sum, rounded, against a float64 product; the norm
+// from the parts = rmsnorm_forward from that rounded sum, bit for bit (rows, x + branch, 1/rms). Elsewhere (≤ 4 rows,
+// more than 64, the fp32 build) the product itself, against float64.
+static void run_branch_parts_case(Runtime *rt, int M, int IC, int C) {
+    char name[96];
+    uint64_t seed = 0xb4a9c ^ ((uint64_t)M << 24) ^ ((uint64_t)IC << 8) ^ (uint64_t)C;
+    const size_t nin = (size_t)M * IC, nw = (size_t)C * IC, nx = (size_t)M * C;
+    floatX *hin = (floatX *)mallocCheck(nin * sizeof(floatX)), *hw = (floatX *)mallocCheck(nw * sizeof(floatX));
+    floatX *hx = (floatX *)mallocCheck(nx * sizeof(floatX)), *hn = (floatX *)mallocCheck((size_t)C * sizeof(floatX));
+    floatX *hb = (floatX *)mallocCheck(nx * sizeof(floatX));
+    float *hp = (float *)mallocCheck((size_t)STEP_MAX_PARTS * nx * sizeof(float));
+    for (size_t i = 0; i < nin; i++) { hin[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < nw; i++) { hw[i] = (floatX)(frand(&seed) / sqrtf((float)IC)); }
+    for (size_t i = 0; i < nx; i++) { hx[i] = (floatX)(2.0f * frand(&seed)); }
+    for (int i = 0; i < C; i++) { hn[i] = (floatX)(1.0f + 0.5f * frand(&seed)); }
+    floatX *din = upload(hin, nin), *dw = upload(hw, nw), *dx = upload(hx, nx), *dn = upload(hn, (size_t)C);
+    floatX *dout, *db, *rows[2], *xo[2];
+    float *dparts, *rs[2];
+    cudaCheck(cudaMalloc(&dout, nx * sizeof(floatX)));
+    cudaCheck(cudaMemset(dout, 0xff, nx * sizeof(floatX))); // NaN: a missed element shows
+    cudaCheck(cudaMalloc(&db, nx * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dparts, (size_t)STEP_MAX_PARTS * nx * sizeof(float)));
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaMalloc(&rows[i], nx * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&xo[i], nx * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&rs[i], (size_t)M * sizeof(float)));
+    }
+    StepInput in = {NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, 0, dparts, -1};
+    rt->decode_step = 1;
+    step_branch_product(dout, &in, din, dw, M, IC, C, rt);
+    rt->decode_step = 0;
+    const int S = in.out_nparts;
+    cudaCheck(cudaDeviceSynchronize());
+    if (S > 0) { // the rounded sum of the parts, in order, as the norm forms it
+        cudaCheck(cudaMemcpy(hp, dparts, (size_t)S * nx * sizeof(float), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < nx; i++) {
+            float v = hp[i];
+            for (int sp = 1; sp < S; sp++) { v += hp[(size_t)sp * nx + i]; }
+            hb[i] = (floatX)v;
+        }
+    } else {
+        download(hb, dout, nx);
+    }
+    bool finite = true;
+    const double err = product_err(hb, C, hin, hw, M, IC, C, &finite);
+    snprintf(name, sizeof(name), "branch product M=%d IC=%d C=%d", M, IC, C);
+    test_result(finite && err < TOL && S >= 0, name, "%s: rel err %.2e (tol %.0e)%s",
+                S > 0 ? "partial sums" : "the product", err, TOL, finite ? "" : " NON-FINITE");
+    if (S > 0) {
+        cudaCheck(cudaMemcpy(db, hb, nx * sizeof(floatX), cudaMemcpyHostToDevice));
+        StepInput a = {rows[0], dx, NULL, dn, xo[0], rs[0], 0, dparts, S, NULL, 0};
+        step_input_rows(&a, M, C, rt->stream);
+        rmsnorm_forward(rows[1], rs[1], xo[1], dx, db, dn, M, C, rt->stream);
+        cudaCheck(cudaStreamSynchronize(rt->stream));
+        const void *const pairs[3][2] = {{rows[0], rows[1]}, {xo[0], xo[1]}, {rs[0], rs[1]}};
+        const size_t sizes[3] = {nx * sizeof(floatX), nx * sizeof(floatX), (size_t)M * sizeof(float)};
+        const bool same = same_device_bytes(pairs, sizes, 3);
+        snprintf(name, sizeof(name), "norm from %d partial sums M=%d C=%d", S, M, C);
+        test_result(same, name, "= RMSNorm kernel of their rounded sum (rows, x + branch, 1/rms): %s",
+                    same ? "bit for bit" : "DIFFER");
+    }
+    free(hin); free(hw); free(hx); free(hn); free(hb); free(hp);
+    cudaCheck(cudaFree(din)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dn));
+    cudaCheck(cudaFree(dout)); cudaCheck(cudaFree(db)); cudaCheck(cudaFree(dparts));
+    for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(rows[i])); cudaCheck(cudaFree(xo[i])); cudaCheck(cudaFree(rs[i])); }
+}
+
 // the M²RNN step's output gate and mixer norm in the out-projection's prologue (GemvNorm's gate) = output_gate_forward,
 // rmsnorm_forward, then the GEMV: the output and the 1/rms bit for bit (v and g strided views, as in the step)
 static void run_gate_norm_case(Runtime *rt, int M, int NV, int OC, int vs, int gs) {
@@ -477,6 +554,13 @@ int main(void) {
     }
     const int glu[][3] = {{1, 1024, 2816}, {3, 64, 77}, {4, 256, 1000}};
     for (size_t i = 0; i < sizeof(glu) / sizeof(glu[0]); i++) { run_glu_case(&rt, glu[i][0], glu[i][1], glu[i][2]); }
+    run_branch_parts_case(&rt, 64, 1344, 1024); // the 410M Hybrid M²RNN's out-projection at batch 64
+    run_branch_parts_case(&rt, 64, 2752, 1024); // its down-projection
+    run_branch_parts_case(&rt, 13, 1024, 1024); // the attention out-projection
+    run_branch_parts_case(&rt, 5, 96, 40);
+    run_branch_parts_case(&rt, 7, 200, 64);     // K = 200 not a multiple of 8 · 2: the product itself
+    run_branch_parts_case(&rt, 4, 1344, 1024);  // the GEMV's rows: the product itself
+    run_branch_parts_case(&rt, 65, 1344, 1024); // more than 64 rows: the product itself
     run_norm_case(&rt, 1, 1024, 3076, 1);
     run_norm_case(&rt, 4, 1024, 1000, 1);
     run_norm_case(&rt, 3, 1344, 77, 0);
