@@ -513,6 +513,50 @@ struct M2RNNStepEpilogue {
     }
 };
 
+#if !FLOATX_IS_FP32
+// The output gate in the step kernel's epilogue (m2rnn_step_kernel's Epi) above GEMV_MAX_M sequences, where no GEMV
+// prologue takes it: the thread that sums y of (sequence b, head n, column j) makes gated = (y + v·D) ⊙ SiLU(g) by
+// output_gate_value, the gate kernel's arithmetic on the same rounded y (the same bits), one launch fewer a layer.
+// The CTA's v, g and D (HPB·V elements each) are staged by cp.async at the kernel's start, under the state's loads.
+struct M2RNNGateEpilogue {
+    static constexpr int E = 64; // elements staged a tensor (HPB·V ≤ 64)
+    static constexpr int SMEM = 3 * E * (int)sizeof(floatX);
+    floatX *gated;       // (B, NV)
+    const floatX *v, *g; // sequence b's rows at b·sv, b·sg elements; head n's V at n·V
+    long sv, sg;
+    const floatX *D;     // (NV), or NULL (no residual)
+    int NV, V, per_cta;  // N·V, the head dim, HPB·V
+    __device__ __forceinline__ void stage(unsigned char *smem, int b, int n0) const {
+        const int pairs = per_cta / 2, copies = (D != NULL ? 3 : 2) * pairs; // 4-byte pieces (element pairs)
+        for (int t = threadIdx.x; t < copies; t += blockDim.x) {
+            const int which = t / pairs, e = 2 * (t % pairs), j = n0 * V + e;
+            if (j >= NV) { continue; } // (a CTA's spare head)
+            const floatX *src = which == 0 ? v + (long)b * sv + j : which == 1 ? g + (long)b * sg + j : D + j;
+            tiles::cp_async4(tiles::smem_addr(smem + (size_t)(which * E + e) * sizeof(floatX)), src);
+        }
+        tiles::cp_async_commit();
+    }
+    __device__ __forceinline__ void apply(const unsigned char *smem, int e, size_t i, floatX *y, floatX yb) const {
+        const floatX *st = (const floatX *)smem, zero = (floatX)0.0f;
+        const bool has_d = D != NULL;
+        floatX yv;
+        gated[i] = output_gate_value(&yv, yb, has_d ? st[e] : zero, st[E + e], has_d ? st[2 * E + e] : zero, has_d);
+        y[i] = yv; // (yb itself without D)
+    }
+};
+// the epilogue takes the step's gate where its copies are 4-byte pieces (not with N odd: g's rows then start at an odd
+// element, CD + N; M2RNN_STEP_GATE=0: never, for A/B runs)
+static bool m2rnn_gate_epilogue_ok(const M2RNNGateEpilogue *e) {
+    static int env = -1;
+    if (env < 0) {
+        const char *s = getenv("M2RNN_STEP_GATE");
+        env = !(s != NULL && strcmp(s, "0") == 0);
+    }
+    return env && e->per_cta <= M2RNNGateEpilogue::E && e->per_cta % 2 == 0 && e->sv % 2 == 0 && e->sg % 2 == 0 &&
+           ((uintptr_t)e->v | (uintptr_t)e->g | (uintptr_t)e->D) % 4 == 0;
+}
+#endif
+
 // One token of B sequences: the forward's ops at T = 1 from the state; the recurrence by the step kernel of
 // m2rnn_kernels.cuh (the training kernels' numerics) or the plain kernel from and back into the state.
 static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in, const KindTensors *t,
@@ -534,23 +578,30 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in
                         c->m2rnn.conv, N, Rs, stream);
     }
     const floatX *q = a.conv_act, *k = a.conv_act + Nq * K, *v = a.conv_act + 2 * Nq * K;
+    const floatX *v_view = a.conv_act + 2 * Nq * K, *g_view = a.proj + CD + N;
+    bool gated = false; // a.gated made by the step kernel's epilogue
 #if !FLOATX_IS_FP32
     if (m2rnn_use_fast(c, rt)) {
         M2RNNDims d = m2rnn_dims_of(c, B, 1);
-        m2rnn_step(a.y, H, stride, q, k, v, a.f, w->W, &d, stream);
+        const M2RNNGateEpilogue ge = {a.gated, v_view, g_view, CD, Rs, w->D, NV, V, m2rnn_step_heads_per_cta(K) * V};
+        gated = rt->decode_step && B > gemv_max_rows() && m2rnn_gate_epilogue_ok(&ge);
+        if (gated) {
+            m2rnn_step(a.y, H, stride, q, k, v, a.f, w->W, &d, stream, ge);
+        } else {
+            m2rnn_step(a.y, H, stride, q, k, v, a.f, w->W, &d, stream);
+        }
     } else
 #endif
     {
         m2rnn_plain_forward(a.y, NULL, H, H, stride, q, k, v, CD, a.f, w->W, B, 1, N, Nq, K, V, stream);
     }
-    const floatX *v_view = a.conv_act + 2 * Nq * K, *g_view = a.proj + CD + N;
-    if (rt->decode_step && m2rnn_norm_groups(c) == 1 && c->m2rnn.tp_norm <= 1) {
+    if (!gated && rt->decode_step && m2rnn_norm_groups(c) == 1 && c->m2rnn.tp_norm <= 1) {
         // the output gate and the norm in the out-projection's prologue (up to GEMV_MAX_M sequences): the same bits as
         // the three kernels below, two launches fewer (y is not updated)
         GemvNorm n = {a.y, NULL, w->norm_w, NULL, a.rstd, v_view, g_view, w->D, CD, Rs};
         if (matmul_gemv_launch<false>(out, C, NULL, w->out_w, B, NV, C, &n, stream)) { return; }
     }
-    output_gate_forward(a.y, a.gated, v_view, g_view, w->D, B, NV, CD, Rs, stream);
+    if (!gated) { output_gate_forward(a.y, a.gated, v_view, g_view, w->D, B, NV, CD, Rs, stream); }
     m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, B, NULL, stream);
     step_branch_product(out, in, a.normed, w->out_w, B, NV, C, rt);
 }

@@ -1,6 +1,7 @@
 /*
 m2rnn_kernels.cuh: the M²RNN recurrence on the GPU: training forward (saves state checkpoints), backward (recomputes
-from the checkpoints chunk by chunk), an inference forward, and a batched single-token step for generation.
+from the checkpoints chunk by chunk), an inference forward, and a batched single-token step for generation (its y store
+an epilogue type the caller may replace: m2rnn.cuh's applies the layer's output gate there).
 
 The recurrence, per sequence b and value head n (H is K x V, W right-multiplies, q/k head = n / (N/Nq)):
     Z_t = tanh(H_t W_n + k_t v_t^T),   H_{t+1} = f_t H_t + (1 - f_t) Z_t,   y_t = H_{t+1}^T q_t      (H_0 = h0 or 0)
@@ -1148,15 +1149,24 @@ __global__ void m2rnn_dw_reduce_kernel(float *__restrict__ dW, const float *__re
 // chunk's) bit for bit, not just in kind. (The scalar kernel it replaces, a thread per row with its 256 products from
 // shared memory, ran at 56 µs a layer for 64 sequences of 84 heads on an H200: NOTES.md.)
 // grid (ceil(N / HPB), B), block HPB·K/16 warps; the state row pairs move as float2.
-template <int V, int HPB>
+// Epi: what becomes of y. epi.stage(smem, b, n0) runs on every thread once the dependencies are met (cp.async copies
+// into the CTA's Epi::SMEM bytes, waited for before the y sum); epi.apply(smem, e, i, y, yb) then takes element e of
+// the CTA's HPB·V (head n0 + e / V, column e % V), i its index in y, and stores it (M2RNNStepNoEpilogue: y = yb).
+struct M2RNNStepNoEpilogue {
+    static constexpr int SMEM = 16;
+    __device__ __forceinline__ void stage(unsigned char *, int, int) const {}
+    __device__ __forceinline__ void apply(const unsigned char *, int, size_t i, floatX *y, floatX yb) const { y[i] = yb; }
+};
+template <int V, int HPB, class Epi = M2RNNStepNoEpilogue>
 __global__ void __launch_bounds__(512)
     m2rnn_step_kernel(floatX *__restrict__ y, float *__restrict__ state, const floatX *__restrict__ q,
                       const floatX *__restrict__ k, const floatX *__restrict__ v, const float *__restrict__ f,
                       const floatX *__restrict__ W, int N, int Nq, int K, long sq, long sk, long sv,
-                      long state_stride) {
+                      long state_stride, Epi epi) {
     using namespace m2rnn_detail;
     constexpr int NT = V / 8, NS = V / 16;
     __shared__ float ybuf[16][V]; // (warp, V) partial y over the warp's 16 rows (HPB·K/16 ≤ 16 warps)
+    __shared__ __align__(16) unsigned char epi_smem[Epi::SMEM];
     const int RB = K / 16;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int hh = warp / RB, rb = warp % RB, row0 = rb * 16 + g, b = blockIdx.y;
@@ -1166,6 +1176,7 @@ __global__ void __launch_bounds__(512)
     if (live) { load_w_frags<V>(bW, W + (size_t)n * V * V, false, g, t4); } // a weight: read before the wait
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
     pdl_trigger();
+    epi.stage(epi_smem, b, blockIdx.x * HPB);
     if (live) {
         float *Hn = state + (size_t)b * state_stride + (size_t)n * K * V;
         float S[NT][4];
@@ -1198,6 +1209,7 @@ __global__ void __launch_bounds__(512)
             if (g == 0) { *(float2 *)&ybuf[warp][8 * h + 2 * t4] = make_float2(acc[0], acc[1]); }
         }
     }
+    tiles::cp_async_wait<0>(); // (the epilogue's staged copies, if any)
     __syncthreads();
     // y = sum over the head's row-block warps in order (the forward's order); a thread per (head, column)
     if (threadIdx.x < HPB * V) {
@@ -1205,7 +1217,7 @@ __global__ void __launch_bounds__(512)
         if (nn < N) {
             float sum = ybuf[h2 * RB][col];
             for (int r = 1; r < RB; r++) { sum += ybuf[h2 * RB + r][col]; }
-            y[((size_t)b * N + nn) * V + col] = __float2bfloat16(sum);
+            epi.apply(epi_smem, threadIdx.x, ((size_t)b * N + nn) * V + col, y, __float2bfloat16(sum));
         }
     }
 }
@@ -1382,8 +1394,13 @@ static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float 
 // One token for B sequences: state (B,N,K,V) fp32 updated in place, sequence b's (N,K,V) block state_stride floats
 // (even) after sequence b−1's (N·K·V when they are packed); y (B,N,V) bf16; q, k (B,Nq,K) and v (B,N,V) with per-sequence
 // strides sq, sk, sv (d->T and d->cu_seqlens are ignored); f (B,N) fp32.
+// heads a step CTA holds: two where a CTA of K/16 warps a head stays within 8 warps (K ≤ 64), else one
+static inline int m2rnn_step_heads_per_cta(int K) { return 2 * (K / 16) <= 8 ? 2 : 1; }
+// With epi: its stage and apply instead of the plain store of y (m2rnn_step_kernel).
+template <class Epi = M2RNNStepNoEpilogue>
 static void m2rnn_step(floatX *y, float *state, long state_stride, const floatX *q, const floatX *k, const floatX *v,
-                       const float *f, const floatX *W, const M2RNNDims *d, cudaStream_t stream) {
+                       const float *f, const floatX *W, const M2RNNDims *d, cudaStream_t stream,
+                       const Epi &epi = Epi()) {
     const char *why = m2rnn_check_dims(d);
     if (why != NULL) {
         fail_with_hint("the fast path is K=64, V=16; see the limits in m2rnn_kernels.cuh",
@@ -1393,13 +1410,12 @@ static void m2rnn_step(floatX *y, float *state, long state_stride, const floatX 
         fail_with_hint("keep each sequence's state 8-byte aligned (an even state_stride)",
                        "m2rnn_step: state %p with stride %ld floats", (void *)state, state_stride);
     }
-    // two heads a CTA where a CTA of K/16 warps a head stays within 8 warps (K ≤ 64), else one
-    const int RB = d->K / 16, hpb = 2 * RB <= 8 ? 2 : 1;
+    const int RB = d->K / 16, hpb = m2rnn_step_heads_per_cta(d->K);
     const dim3 grid(CEIL_DIV(d->N, hpb), d->B);
     const int block = hpb * RB * WARP_SIZE;
 #define M2RNN_STEP_LAUNCH(VV, HH)                                                                                      \
-    launch_k(m2rnn_step_kernel<VV, HH>, grid, block, 0, stream, y, state, q, k, v, f, W, d->N, d->Nq, d->K, d->sq,     \
-             d->sk, d->sv, state_stride)
+    launch_k(m2rnn_step_kernel<VV, HH, Epi>, grid, block, 0, stream, y, state, q, k, v, f, W, d->N, d->Nq, d->K,     \
+             d->sq, d->sk, d->sv, state_stride, epi)
     if (d->V == 16) {
         if (hpb == 2) { M2RNN_STEP_LAUNCH(16, 2); } else { M2RNN_STEP_LAUNCH(16, 1); }
     } else {

@@ -12,7 +12,8 @@ held to the plain product of the 2F rows followed by the pointwise kernel, bit f
 the same work in the in-projection's epilogue (M2RNNStepEpilogue) to the product followed by that kernel; and
 a product with the residual RMSNorm in its prologue (step_product, step_product_glu) to rmsnorm_forward + the GEMV,
 a kind's branch product split along K at 5..64 rows (step_branch_product) against float64 and the norm that adds its
-partial sums to rmsnorm_forward of their rounded sum,
+partial sums to rmsnorm_forward of their rounded sum, the M²RNN step kernel with the output gate in its epilogue to
+the step kernel and the gate kernel,
 and the M²RNN step's output gate and mixer norm in the out-projection's prologue (GemvNorm's gate) to
 output_gate_forward + rmsnorm_forward + the GEMV; the GDN step's conv, q/k L2 norms and gates in one kernel
 (gdn_step_prep) to the four kernels.
@@ -392,6 +393,66 @@ static void run_branch_parts_case(Runtime *rt, int M, int IC, int C) {
     for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(rows[i])); cudaCheck(cudaFree(xo[i])); cudaCheck(cudaFree(rs[i])); }
 }
 
+#if !FLOATX_IS_FP32
+// The M²RNN step kernel with the output gate in its epilogue (M2RNNGateEpilogue, above GEMV_MAX_M sequences) = the
+// step kernel followed by output_gate_forward: y, gated and the state bit for bit. q, k, v in one row of CD elements
+// a sequence and g in one of Rs (a multiple of 8, as m2rnn_proj_stride makes it), as a decode step lays them out; N odd
+// leaves a CTA's second head spare (g then starts one element later than CD + N, which a decode step's layout would put
+// at an odd offset: there the gate kernel runs). With odd_rows Rs is odd, so g's rows are not 4-byte pieces: the
+// epilogue must be refused (the step then runs the gate kernel).
+static void run_step_gate_case(Runtime *rt, int B, int N, int Nq, int with_d, int odd_rows = 0) {
+    const int K = 64, V = 16, NV = N * V, CD = 2 * Nq * K + NV, G0 = CD + N + (N & 1);
+    const int Rs = (G0 + NV + 7) / 8 * 8 + (odd_rows ? 1 : 0);
+    char name[112];
+    uint64_t seed = 0x57e9 ^ ((uint64_t)B << 24) ^ ((uint64_t)N << 8) ^ (uint64_t)with_d;
+    const size_t nrow = (size_t)B * CD, nproj = (size_t)B * Rs, nst = (size_t)B * N * K * V;
+    floatX *hrow = (floatX *)mallocCheck(nrow * sizeof(floatX)), *hproj = (floatX *)mallocCheck(nproj * sizeof(floatX));
+    floatX *hW = (floatX *)mallocCheck((size_t)N * V * V * sizeof(floatX)), *hD = (floatX *)mallocCheck(NV * sizeof(floatX));
+    float *hst = (float *)mallocCheck(nst * sizeof(float)), *hf = (float *)mallocCheck((size_t)B * N * sizeof(float));
+    for (size_t i = 0; i < nrow; i++) { hrow[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < nproj; i++) { hproj[i] = (floatX)(2.0f * frand(&seed)); }
+    for (int i = 0; i < N * V * V; i++) { hW[i] = (floatX)(0.3f * frand(&seed)); }
+    for (int i = 0; i < NV; i++) { hD[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < nst; i++) { hst[i] = frand(&seed); }
+    for (int i = 0; i < B * N; i++) { hf[i] = 0.5f + 0.45f * frand(&seed); }
+    floatX *drow = upload(hrow, nrow), *dproj = upload(hproj, nproj), *dW = upload(hW, (size_t)N * V * V);
+    floatX *dD = upload(hD, NV), *y[2], *gated[2];
+    float *st[2], *df;
+    cudaCheck(cudaMalloc(&df, (size_t)B * N * sizeof(float)));
+    cudaCheck(cudaMemcpy(df, hf, (size_t)B * N * sizeof(float), cudaMemcpyHostToDevice));
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaMalloc(&y[i], (size_t)B * NV * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&gated[i], (size_t)B * NV * sizeof(floatX)));
+        cudaCheck(cudaMemset(gated[i], 0xff, (size_t)B * NV * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&st[i], nst * sizeof(float)));
+        cudaCheck(cudaMemcpy(st[i], hst, nst * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    M2RNNDims d = {B, 1, N, Nq, K, V, CD, CD, CD, NULL};
+    const floatX *q = drow, *k = drow + Nq * K, *v = drow + 2 * Nq * K, *g = dproj + G0, *Dp = with_d ? dD : NULL;
+    m2rnn_step(y[0], st[0], (long)N * K * V, q, k, v, df, dW, &d, rt->stream);
+    output_gate_forward(y[0], gated[0], v, g, Dp, B, NV, CD, Rs, rt->stream);
+    const M2RNNGateEpilogue ge = {gated[1], v, g, CD, Rs, Dp, NV, V, m2rnn_step_heads_per_cta(K) * V};
+    const bool ok = m2rnn_gate_epilogue_ok(&ge);
+    if (ok) { m2rnn_step(y[1], st[1], (long)N * K * V, q, k, v, df, dW, &d, rt->stream, ge); }
+    cudaCheck(cudaStreamSynchronize(rt->stream));
+    const void *const pairs[3][2] = {{y[0], y[1]}, {gated[0], gated[1]}, {st[0], st[1]}};
+    const size_t sizes[3] = {(size_t)B * NV * sizeof(floatX), (size_t)B * NV * sizeof(floatX), nst * sizeof(float)};
+    const bool same = ok && same_device_bytes(pairs, sizes, 3);
+    snprintf(name, sizeof(name), "M2RNN step + gate epilogue B=%d N=%d Nq=%d%s%s", B, N, Nq, with_d ? " D" : "",
+             odd_rows ? " odd g rows" : "");
+    if (odd_rows) {
+        test_result(!ok, name, "the epilogue %s", ok ? "TAKEN (its 4-byte copies would be misaligned)" : "refused");
+    } else {
+        test_result(same, name, "= step kernel + output gate kernel (y, gated, state): %s",
+                    !ok ? "REFUSED" : same ? "bit for bit" : "DIFFER");
+    }
+    free(hrow); free(hproj); free(hW); free(hD); free(hst); free(hf);
+    cudaCheck(cudaFree(drow)); cudaCheck(cudaFree(dproj)); cudaCheck(cudaFree(dW)); cudaCheck(cudaFree(dD));
+    cudaCheck(cudaFree(df));
+    for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(y[i])); cudaCheck(cudaFree(gated[i])); cudaCheck(cudaFree(st[i])); }
+}
+#endif
+
 // the M²RNN step's output gate and mixer norm in the out-projection's prologue (GemvNorm's gate) = output_gate_forward,
 // rmsnorm_forward, then the GEMV: the output and the 1/rms bit for bit (v and g strided views, as in the step)
 static void run_gate_norm_case(Runtime *rt, int M, int NV, int OC, int vs, int gs) {
@@ -554,6 +615,12 @@ int main(void) {
     }
     const int glu[][3] = {{1, 1024, 2816}, {3, 64, 77}, {4, 256, 1000}};
     for (size_t i = 0; i < sizeof(glu) / sizeof(glu[0]); i++) { run_glu_case(&rt, glu[i][0], glu[i][1], glu[i][2]); }
+#if !FLOATX_IS_FP32
+    run_step_gate_case(&rt, 64, 84, 1, 1); // the 410M Hybrid M²RNN's layer at batch 64
+    run_step_gate_case(&rt, 5, 7, 1, 1);   // N odd: a CTA's spare head
+    run_step_gate_case(&rt, 9, 6, 2, 0);   // two q/k heads, no D
+    run_step_gate_case(&rt, 6, 7, 1, 1, 1); // g's rows an odd number of elements apart: refused
+#endif
     run_branch_parts_case(&rt, 64, 1344, 1024); // the 410M Hybrid M²RNN's out-projection at batch 64
     run_branch_parts_case(&rt, 64, 2752, 1024); // its down-projection
     run_branch_parts_case(&rt, 13, 1024, 1024); // the attention out-projection
