@@ -203,6 +203,11 @@ static void matmul_cublaslt_ld(void *d, int d_fp32, const floatX *a, const float
     cublasLtMatmulHeuristicResult_t heuristic, cand[8];
     int found = 0;
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(rt->lt, desc, la, lb, ld, ld, pref, one_kernel ? 8 : 1, cand, &found));
+    if (found == 0) {
+        fail_with_hint("report the shape; it is a cuBLASLt limitation we have not met",
+                       "no cuBLASLt algorithm for m=%d n=%d k=%d transA=%d transB=%d batch=%d", m, n, k, trans_a,
+                       trans_b, batch);
+    }
     heuristic = cand[0];
     for (int i = 0; one_kernel && i < found; i++) {
         uint32_t split = 1;
@@ -210,11 +215,6 @@ static void matmul_cublaslt_ld(void *d, int d_fp32, const floatX *a, const float
         cublasLtMatmulAlgoConfigGetAttribute(&cand[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split),
                                              &written);
         if (split <= 1) { heuristic = cand[i]; break; }
-    }
-    if (found == 0) {
-        fail_with_hint("report the shape; it is a cuBLASLt limitation we have not met",
-                       "no cuBLASLt algorithm for m=%d n=%d k=%d transA=%d transB=%d batch=%d", m, n, k, trans_a,
-                       trans_b, batch);
     }
     cublasCheck(cublasLtMatmul(rt->lt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo,
                                rt->lt_workspace, rt->lt_workspace_bytes, rt->stream));
@@ -951,7 +951,7 @@ __global__ void rmsnorm_parts_kernel(floatX *out, float *rstd, floatX *residual_
 }
 static void rmsnorm_forward_parts(floatX *out, float *rstd, floatX *residual_out, const floatX *a, const float *parts,
                                   int np, const floatX *weight, int M, int C, cudaStream_t stream) {
-    if (!rmsnorm_row_packs_ok(C) || C % 4 != 0) {
+    if (!rmsnorm_row_packs_ok(C)) { // (whole packs: C a multiple of 4 too, for the partial sums' float4 loads)
         fail_with_hint("split the branch product only where the norm keeps its rows in whole packs",
                        "rmsnorm_forward_parts: C=%d", C);
     }
@@ -1543,10 +1543,11 @@ static int step_split_parts(int B, int IC, int OC) {
     while (S > 1 && IC % (8 * S) != 0) { S--; }
     return FLOATX_IS_FP32 || B <= gemv_max_rows() || B > 64 || !rmsnorm_row_packs_ok(OC) || S < 2 ? 0 : S;
 }
+// (in NULL, or outside a decode step: the product into out, as matmul_forward)
 static void step_branch_product(floatX *out, StepInput *in, const floatX *inp, const floatX *weight, int B, int IC,
                                 int OC, const Runtime *rt) {
-    const int S = rt->decode_step && in->out_parts != NULL ? step_split_parts(B, IC, OC) : 0;
-    in->out_nparts = S;
+    const int S = rt->decode_step && in != NULL && in->out_parts != NULL ? step_split_parts(B, IC, OC) : 0;
+    if (in != NULL) { in->out_nparts = S; }
     if (S > 0) {
         matmul_split_partials(in->out_parts, inp, weight, B, IC, OC, S, rt);
     } else {

@@ -2658,11 +2658,7 @@ static void gdn_outputs(floatX *out, GDNActs *a, const GDNParams *w, const Model
     const int C = c->d_model, Rs = gdn_proj_stride(c), H = c->gdn.heads, K = c->gdn.k, V = c->gdn.v, HV = H * V;
     rmsnorm_forward(a->normed, a->rstd, NULL, a->o, NULL, w->norm_w, BT * H, V, rt->stream);
     output_gate_forward(a->normed, a->gated, NULL, a->proj + 2 * H * K + HV, NULL, BT, HV, 0, Rs, rt->stream);
-    if (in != NULL) {
-        step_branch_product(out, in, a->gated, w->out_w, BT, HV, C, rt);
-    } else {
-        matmul_forward(out, a->gated, w->out_w, BT, HV, C, rt);
-    }
+    step_branch_product(out, in, a->gated, w->out_w, BT, HV, C, rt);
 }
 
 // the chunked forward of the layer (o, and the kept qn, kn, rq, rk, Tm, Gc in a) from the conv's q, k, v and the gates,

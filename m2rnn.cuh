@@ -577,13 +577,12 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in
         m2rnn_step_prep(a.conv_act, window, stride, a.f, a.proj, w->conv_w, w32->A_log, w32->dt_bias, B, CD,
                         c->m2rnn.conv, N, Rs, stream);
     }
-    const floatX *q = a.conv_act, *k = a.conv_act + Nq * K, *v = a.conv_act + 2 * Nq * K;
-    const floatX *v_view = a.conv_act + 2 * Nq * K, *g_view = a.proj + CD + N;
+    const floatX *q = a.conv_act, *k = a.conv_act + Nq * K, *v = a.conv_act + 2 * Nq * K, *g = a.proj + CD + N;
     bool gated = false; // a.gated made by the step kernel's epilogue
 #if !FLOATX_IS_FP32
     if (m2rnn_use_fast(c, rt)) {
         M2RNNDims d = m2rnn_dims_of(c, B, 1);
-        const M2RNNGateEpilogue ge = {a.gated, v_view, g_view, CD, Rs, w->D, NV, V, m2rnn_step_heads_per_cta(K) * V};
+        const M2RNNGateEpilogue ge = {a.gated, v, g, CD, Rs, w->D, NV, V, m2rnn_step_heads_per_cta(K) * V};
         gated = rt->decode_step && B > gemv_max_rows() && m2rnn_gate_epilogue_ok(&ge);
         if (gated) {
             m2rnn_step(a.y, H, stride, q, k, v, a.f, w->W, &d, stream, ge);
@@ -598,10 +597,10 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in
     if (!gated && rt->decode_step && m2rnn_norm_groups(c) == 1 && c->m2rnn.tp_norm <= 1) {
         // the output gate and the norm in the out-projection's prologue (up to GEMV_MAX_M sequences): the same bits as
         // the three kernels below, two launches fewer (y is not updated)
-        GemvNorm n = {a.y, NULL, w->norm_w, NULL, a.rstd, v_view, g_view, w->D, CD, Rs};
+        GemvNorm n = {a.y, NULL, w->norm_w, NULL, a.rstd, v, g, w->D, CD, Rs};
         if (matmul_gemv_launch<false>(out, C, NULL, w->out_w, B, NV, C, &n, stream)) { return; }
     }
-    if (!gated) { output_gate_forward(a.y, a.gated, v_view, g_view, w->D, B, NV, CD, Rs, stream); }
+    if (!gated) { output_gate_forward(a.y, a.gated, v, g, w->D, B, NV, CD, Rs, stream); }
     m2rnn_norm_forward(a.normed, a.rstd, a.gated, w->norm_w, c, B, NULL, stream);
     step_branch_product(out, in, a.normed, w->out_w, B, NV, C, rt);
 }
