@@ -389,13 +389,18 @@ struct GemvNoEpilogue {
     __device__ __forceinline__ void apply(int m, int o, floatX y) {}
 };
 
-template <int M, bool GLU, bool NORM, int R, class Epi = GemvNoEpilogue>
+// ST: each warp's weight rows are copied into shared memory (cp.async, after the NORM rows) before the dependency
+// wait, so that after it the product reads them from there instead of making its round trips to L2 then; else they
+// are prefetched into L2 before the wait and streamed from there in the k loop. The same sums either way.
+template <int M, bool GLU, bool NORM, int R, bool ST = false, class Epi = GemvNoEpilogue>
 __global__ void __launch_bounds__(256)
     matmul_gemv_kernel(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC,
                        GemvNorm nrm, Epi epi) {
-    extern __shared__ __align__(16) unsigned char gemv_rows[]; // NORM: (M, IC) the normed input rows
+    extern __shared__ __align__(16) unsigned char gemv_rows[]; // NORM: (M, IC) the normed input rows; ST: then
+                                                                // (warps, NS, R, IC) the weight rows
     constexpr int NS = GLU ? 2 : 1; // weight row sets: (gate, up) or one
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    using namespace tiles;
     const int o0 = (blockIdx.x * (blockDim.x / WARP_SIZE) + warp) * R;
     const floatX *wrow[NS][R];
 #pragma unroll
@@ -405,13 +410,27 @@ __global__ void __launch_bounds__(256)
             wrow[s][r] = weight + ((size_t)s * OC + min(o0 + r, OC - 1)) * IC;
         }
     }
-    // the weight rows start for L2 while the kernel before this one finishes (they do not depend on it)
-    constexpr int LINE = 128 / (int)sizeof(floatX);
+    // the weight rows start while the kernel before this one finishes (they do not depend on it)
+    floatX *wsm = (floatX *)(gemv_rows + (NORM ? (size_t)M * IC * sizeof(floatX) : 0)) + (size_t)warp * NS * R * IC;
+    if constexpr (ST) { // into this warp's rows of shared memory
 #pragma unroll
-    for (int s = 0; s < NS; s++) {
+        for (int s = 0; s < NS; s++) {
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            for (int k = lane * LINE; k < IC; k += WARP_SIZE * LINE) { prefetch_l2(wrow[s][r] + k); }
+            for (int r = 0; r < R; r++) {
+                for (int k = lane * PACK; k < IC; k += WARP_SIZE * PACK) {
+                    cp_async16(smem_addr(wsm + (size_t)(s * R + r) * IC + k), wrow[s][r] + k);
+                }
+            }
+        }
+        cp_async_commit();
+    } else { // into L2
+        constexpr int LINE = 128 / (int)sizeof(floatX);
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                for (int k = lane * LINE; k < IC; k += WARP_SIZE * LINE) { prefetch_l2(wrow[s][r] + k); }
+            }
         }
     }
     Epi ep = epi; // (its per-lane operands in registers)
@@ -446,13 +465,17 @@ __global__ void __launch_bounds__(256)
             for (int m = 0; m < M; m++) { acc[s][r][m] = 0.0f; }
         }
     }
+    // ST: a lane reads back only the pieces it copied itself, so its own wait suffices
+    if constexpr (ST) { cp_async_wait<0>(); }
 #pragma unroll 2
     for (int k = lane * PACK; k < IC; k += WARP_SIZE * PACK) {
         Pack w[NS][R], x[M];
 #pragma unroll
         for (int s = 0; s < NS; s++) {
 #pragma unroll
-            for (int r = 0; r < R; r++) { w[s][r] = *(const Pack *)(wrow[s][r] + k); }
+            for (int r = 0; r < R; r++) {
+                w[s][r] = *(const Pack *)((ST ? wsm + (size_t)(s * R + r) * IC : wrow[s][r]) + k);
+            }
         }
 #pragma unroll
         for (int m = 0; m < M; m++) { x[m] = *(const Pack *)(inp + (size_t)m * IC + k); }
@@ -484,45 +507,87 @@ __global__ void __launch_bounds__(256)
         }
     }
 }
+// 1: one-row products whose grid is one wave take their weights into shared memory before the dependency wait (the
+// default); 0: streamed from L2 after it (env M2RNN_GEMV_STAGE=0, for A/B runs; the same sums)
+static int gemv_stage = -1;
+static long gemv_staged_launches = 0; // launches that staged their weights (tests check the path they meant to take)
+static inline bool gemv_stage_on(void) {
+    if (gemv_stage < 0) {
+        const char *e = getenv("M2RNN_GEMV_STAGE");
+        gemv_stage = e == NULL || strcmp(e, "0") != 0;
+    }
+    return gemv_stage == 1;
+}
+// output rows a warp: 1 for a plain product of ≤ 2048 outputs (4× the blocks of R = 4: an H100's 1024-output GEMV
+// 4.9 → 3.2 µs at IC = 2752), else 2 (a prologue is made by every block: more blocks cost more there); the sums are
+// the same whatever R (each row's own lane order)
+static inline int gemv_rows_a_warp(int OC, bool norm) { return !norm && OC <= 2048 ? 1 : 2; }
+// a block's shared memory with its weights staged: the norm's rows, then 8 warps' NS · R weight rows
+static inline size_t gemv_staged_bytes(int M, int IC, bool glu, bool norm, int R) {
+    return (norm ? (size_t)M * IC * sizeof(floatX) : 0) + (size_t)8 * (glu ? 2 : 1) * R * IC * sizeof(floatX);
+}
+// whether the GEMV stages its weights: one row, the grid one wave at two blocks an SM, ≤ 100 KB a block (the LM
+// head's thousands of blocks keep streaming: a block there would stage, then compute, in turn). Measured at one row
+// only: the 410M Hybrid M²RNN's step on an H200 0.75 → 0.66 ms; at 4 rows no gain (NOTES.md, inference round 13).
+static inline bool gemv_stages(int M, int IC, int OC, bool glu, bool norm) {
+    if (M != 1 || !gemv_stage_on()) { return false; }
+    const int R = gemv_rows_a_warp(OC, norm);
+    int sms = 0, dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return CEIL_DIV(OC, 8 * R) <= 2 * sms && gemv_staged_bytes(M, IC, glu, norm, R) <= 100 * 1024;
+}
+// one launch of the GEMV: with epi (and a norm), with a norm, or plain with R rows a warp; smem: the norm's rows and,
+// with ST, the staged weight rows
+template <int MM, bool GLU, bool ST, class Epi>
+static void gemv_go(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC,
+                    const GemvNorm &n, bool norm, int R, unsigned grid, size_t smem, cudaStream_t stream,
+                    const Epi *epi) {
+    const GemvNoEpilogue no_epi;
+    auto go = [&](auto kernel, auto e) {
+        if (smem > 48 * 1024) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); }
+        launch_k(kernel, grid, 256, smem, stream, out, out_stride, inp, weight, IC, OC, n, e);
+    };
+    if (epi != NULL) {
+        go(matmul_gemv_kernel<MM, GLU, true, 2, ST, Epi>, *epi);
+    } else if (norm) {
+        go(matmul_gemv_kernel<MM, GLU, true, 2, ST>, no_epi);
+    } else if (R == 1) {
+        go(matmul_gemv_kernel<MM, GLU, false, 1, ST>, no_epi);
+    } else {
+        go(matmul_gemv_kernel<MM, GLU, false, 2, ST>, no_epi);
+    }
+}
 // nrm NULL: the input rows are inp; else made from nrm (inp unused). epi (not NULL): an epilogue, with nrm only
 template <bool GLU, class Epi = GemvNoEpilogue>
 static bool matmul_gemv_launch(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC,
                                int OC, const GemvNorm *nrm, cudaStream_t stream, const Epi *epi = NULL) {
-    const size_t smem = nrm != NULL ? (size_t)M * IC * sizeof(floatX) : 0;
     if (M < 1 || M > gemv_max_rows() || IC % PACK != 0 || (uintptr_t)weight % 16 != 0) { return false; }
     if (epi != NULL && (nrm == NULL || GLU)) { return false; }
     if (nrm == NULL && (uintptr_t)inp % 16 != 0) { return false; }
-    if (nrm != NULL && (!rmsnorm_row_packs_ok(IC) || smem > 48 * 1024 ||
+    if (nrm != NULL && (!rmsnorm_row_packs_ok(IC) || (size_t)M * IC * sizeof(floatX) > 48 * 1024 ||
                         ((uintptr_t)nrm->x | (uintptr_t)nrm->branch | (uintptr_t)nrm->x_out | (uintptr_t)nrm->w) % 16 != 0)) {
         return false;
     }
-    const GemvNorm none = {}, n = nrm != NULL ? *nrm : none;
-    const GemvNoEpilogue no_epi;
-    // output rows a warp: 1 for a plain product of ≤ 2048 outputs (4× the blocks of R = 4: an H100's 1024-output GEMV
-    // 4.9 → 3.2 µs at IC = 2752), else 2 (a prologue is made by every block: more blocks cost more there); the sums
-    // are the same whatever R (each row's own lane order)
-    const int R = nrm == NULL && OC <= 2048 ? 1 : 2;
+    const GemvNorm n = nrm != NULL ? *nrm : GemvNorm{};
+    const int R = gemv_rows_a_warp(OC, nrm != NULL);
     const unsigned grid = (unsigned)CEIL_DIV(OC, 8 * R);
-#define GEMV_CASE(MM)                                                                                                  \
-    case MM:                                                                                                           \
-        if (epi != NULL) {                                                                                             \
-            launch_k(matmul_gemv_kernel<MM, GLU, true, 2, Epi>, grid, 256, smem, stream, out, out_stride, inp, weight,  \
-                     IC, OC, n, *epi);                                                                                 \
-        } else if (nrm != NULL) {                                                                                      \
-            launch_k(matmul_gemv_kernel<MM, GLU, true, 2>, grid, 256, smem, stream, out, out_stride, inp, weight, IC,   \
-                     OC, n, no_epi);                                                                                   \
-        } else if (R == 1) {                                                                                           \
-            launch_k(matmul_gemv_kernel<MM, GLU, false, 1>, grid, 256, 0, stream, out, out_stride, inp, weight, IC, OC, \
-                     n, no_epi);                                                                                       \
-        } else {                                                                                                       \
-            launch_k(matmul_gemv_kernel<MM, GLU, false, 2>, grid, 256, 0, stream, out, out_stride, inp, weight, IC, OC, \
-                     n, no_epi);                                                                                       \
-        }                                                                                                              \
-        break
+    const size_t rows = nrm != NULL ? (size_t)M * IC * sizeof(floatX) : 0;
+    const bool st = gemv_stages(M, IC, OC, GLU, nrm != NULL);
+    const size_t smem = st ? gemv_staged_bytes(M, IC, GLU, nrm != NULL, R) : rows;
+    gemv_staged_launches += st;
     switch (M) {
-        GEMV_CASE(1); GEMV_CASE(2); GEMV_CASE(3); GEMV_CASE(4);
+    case 1:
+        if (st) {
+            gemv_go<1, GLU, true>(out, out_stride, inp, weight, IC, OC, n, nrm != NULL, R, grid, smem, stream, epi);
+        } else {
+            gemv_go<1, GLU, false>(out, out_stride, inp, weight, IC, OC, n, nrm != NULL, R, grid, smem, stream, epi);
+        }
+        break;
+    case 2: gemv_go<2, GLU, false>(out, out_stride, inp, weight, IC, OC, n, nrm != NULL, R, grid, smem, stream, epi); break;
+    case 3: gemv_go<3, GLU, false>(out, out_stride, inp, weight, IC, OC, n, nrm != NULL, R, grid, smem, stream, epi); break;
+    case 4: gemv_go<4, GLU, false>(out, out_stride, inp, weight, IC, OC, n, nrm != NULL, R, grid, smem, stream, epi); break;
     }
-#undef GEMV_CASE
     return true;
 }
 // out (M, OC), rows out_stride apart, = inp (M, IC) @ weightᵀ; false (nothing launched) where the shape does not fit

@@ -16,7 +16,8 @@ partial sums to rmsnorm_forward of their rounded sum, the M²RNN step kernel wit
 the step kernel and the gate kernel,
 and the M²RNN step's output gate and mixer norm in the out-projection's prologue (GemvNorm's gate) to
 output_gate_forward + rmsnorm_forward + the GEMV; the GDN step's conv, q/k L2 norms and gates in one kernel
-(gdn_step_prep) to the four kernels.
+(gdn_step_prep) to the four kernels; the GEMV with its weights staged in shared memory before the dependency wait to
+the same GEMV streaming them (gemv_stage), in each of its forms.
 Without a GPU it prints a SKIP line and exits 0.
 */
 #include <math.h>
@@ -149,6 +150,65 @@ static void run_case(Runtime *rt, int M, int IC, int OC, int S) {
     free(hx); free(hw); free(hw2); free(hy); free(hc);
     cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dw2)); cudaCheck(cudaFree(dy));
     cudaCheck(cudaFree(dz)); cudaCheck(cudaFree(dy2));
+}
+
+// The one-row GEMV with its weight rows staged in shared memory before the dependency wait (gemv_stage) = the same
+// GEMV streaming them from L2 after it, bit for bit. kind 0: the plain product (1 and 2 rows a warp), 1: the SwiGLU form,
+// 2: the residual norm (+ branch) in the prologue, 3: the M²RNN output gate + norm in the prologue.
+static void run_stage_case(Runtime *rt, int M, int IC, int OC, int kind) {
+    char name[96];
+    static const char *kinds[4] = {"plain", "SwiGLU", "norm + branch", "gate + norm"};
+    snprintf(name, sizeof(name), "gemv weights staged = streamed, %s M=%d IC=%d OC=%d", kinds[kind], M, IC, OC);
+    if (kind >= 2 && !rmsnorm_row_packs_ok(IC)) {
+        test_skip(name, "rows too long for the one-warp norm at this precision");
+        return;
+    }
+    uint64_t seed = 0x9e10ad ^ ((uint64_t)IC << 20) ^ ((uint64_t)OC << 4) ^ (uint64_t)(kind + 8 * M);
+    const int NS = kind == 1 ? 2 : 1;
+    const size_t nw = (size_t)NS * OC * IC, nx = (size_t)M * IC;
+    floatX *hw = (floatX *)mallocCheck(nw * sizeof(floatX)), *hx = (floatX *)mallocCheck(4 * nx * sizeof(floatX));
+    for (size_t i = 0; i < nw; i++) { hw[i] = (floatX)(frand(&seed) / sqrtf((float)IC)); }
+    for (size_t i = 0; i < 4 * nx; i++) { hx[i] = (floatX)(1.0f + frand(&seed)); } // x, branch / v, g, D and w
+    floatX *dw = upload(hw, nw), *dx = upload(hx, 4 * nx), *out[2], *xo[2];
+    float *rs[2];
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaMalloc(&out[i], (size_t)M * OC * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&xo[i], nx * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&rs[i], (size_t)M * sizeof(float)));
+    }
+    bool ok = true;
+    long staged[2] = {0, 0}; // launches that staged, with gemv_stage 0 (none may) and 1 (as gemv_stages says)
+    bool want = false;
+    for (int st = 0; st < 2; st++) {
+        gemv_stage = st;
+        if (st) { want = gemv_stages(M, IC, OC, kind == 1, kind >= 2); }
+        const long before = gemv_staged_launches;
+        const floatX *x = dx, *a = dx + nx, *b = dx + 2 * nx, *c = dx + 3 * nx;
+        const GemvNorm nb = {x, a, c, xo[st], rs[st], NULL, NULL, NULL, 0, 0};
+        const GemvNorm ng = {x, NULL, c, NULL, rs[st], a, b, c, IC, IC};
+        if (kind == 1) {
+            ok = ok && matmul_gemv_glu(out[st], x, dw, M, IC, OC, rt->stream);
+        } else {
+            ok = ok && matmul_gemv_launch<false>(out[st], OC, x, dw, M, IC, OC, kind == 2 ? &nb : kind == 3 ? &ng : NULL,
+                                                 rt->stream);
+        }
+        staged[st] = gemv_staged_launches - before;
+    }
+    gemv_stage = -1; // (the environment's choice again)
+    cudaCheck(cudaStreamSynchronize(rt->stream));
+    const size_t sizes[3] = {(size_t)M * OC * sizeof(floatX), kind == 2 ? nx * sizeof(floatX) : 0,
+                             kind >= 2 ? (size_t)M * sizeof(float) : 0};
+    const void *const bufs[3][2] = {{out[0], out[1]}, {xo[0], xo[1]}, {rs[0], rs[1]}};
+    const bool same = ok && same_device_bytes(bufs, sizes, 3);
+    // the launches took the path gemv_stages names (on an H100 or H200 in bf16 every case here stages), and the
+    // shapes of 77 outputs (5 blocks of a few KB) stage on any GPU at either precision: a case cannot pass by
+    // streaming twice without the test saying so
+    const bool path_ok = staged[0] == 0 && staged[1] == (long)want && (OC > 80 || want);
+    test_result(same && path_ok, name, "%s (%s)", !ok ? "REFUSED" : same ? "bit for bit" : "DIFFER",
+                !path_ok ? "WRONG PATH" : want ? "staged" : "not staged here: both streamed");
+    free(hw); free(hx);
+    cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dx));
+    for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(out[i])); cudaCheck(cudaFree(xo[i])); cudaCheck(cudaFree(rs[i])); }
 }
 
 // h = SiLU(x W_gateᵀ) ⊙ (x W_upᵀ) in one kernel = the product of all 2F rows then swiglu_pointwise_forward
@@ -612,6 +672,13 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         run_case(&rt, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    }
+    // staged and streamed weights at one row: every form the decode step takes, at the 410M shapes and small ones
+    const int stage[][4] = {{1, 1024, 1000, 0}, {1, 2816, 1000, 0}, {1, 1024, 3076, 0}, {1, 1344, 2900, 0},
+                            {1, 1024, 2816, 1}, {1, 256, 1000, 1}, {1, 1024, 1000, 2}, {1, 1024, 2900, 2},
+                            {1, 1344, 1024, 3}, {1, 256, 77, 3}, {1, 200, 77, 2}};
+    for (size_t i = 0; i < sizeof(stage) / sizeof(stage[0]); i++) {
+        run_stage_case(&rt, stage[i][0], stage[i][1], stage[i][2], stage[i][3]);
     }
     const int glu[][3] = {{1, 1024, 2816}, {3, 64, 77}, {4, 256, 1000}};
     for (size_t i = 0; i < sizeof(glu) / sizeof(glu[0]); i++) { run_glu_case(&rt, glu[i][0], glu[i][1], glu[i][2]); }
