@@ -532,10 +532,7 @@ static inline size_t gemv_staged_bytes(int M, int IC, bool glu, bool norm, int R
 static inline bool gemv_stages(int M, int IC, int OC, bool glu, bool norm) {
     if (M != 1 || !gemv_stage_on()) { return false; }
     const int R = gemv_rows_a_warp(OC, norm);
-    int sms = 0, dev = 0;
-    cudaCheck(cudaGetDevice(&dev));
-    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return CEIL_DIV(OC, 8 * R) <= 2 * sms && gemv_staged_bytes(M, IC, glu, norm, R) <= 100 * 1024;
+    return CEIL_DIV(OC, 8 * R) <= 2 * device_num_sms() && gemv_staged_bytes(M, IC, glu, norm, R) <= 100 * 1024;
 }
 // one launch of the GEMV: with epi (and a norm), with a norm, or plain with R rows a warp; smem: the norm's rows and,
 // with ST, the staged weight rows

@@ -3,7 +3,7 @@ cuda_common.h: the small GPU foundation every CUDA program and kernel header of 
 - cudaCheck / cudaFreeCheck: every fallible CUDA runtime call is wrapped; on failure they print what failed and where,
   and exit(EXIT_FAILURE). Nothing returns an error code the caller could forget.
 - floatX = __nv_bfloat16: the activation/parameter storage type of the trainer (bf16 in, fp32 accumulation inside).
-- CEIL_DIV, WARP_SIZE and the warp reductions (sum, max) the kernels share.
+- CEIL_DIV, WARP_SIZE and the warp reductions (sum, max) the kernels share; the current device's SM count (cached).
 - Programmatic dependent launch for a decode step's chain of small kernels (launch_k, pdl_wait, pdl_trigger).
 Kept deliberately small and general: op-specific helpers live beside their op (e.g. m2rnn_kernels.cuh).
 */
@@ -48,6 +48,18 @@ typedef __nv_bfloat16 floatX; // storage type of activations and parameters on t
 
 #define WARP_SIZE 32
 #define CEIL_DIV(M, N) (((M) + (N) - 1) / (N))
+
+// the SM count of the current device, cached per device (one process may drive GPUs of different sizes)
+static inline int device_num_sms(void) {
+    static int sms[64];
+    int dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    if (dev < 64 && sms[dev] != 0) { return sms[dev]; }
+    int n = 0;
+    cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) { sms[dev] = n; }
+    return n;
+}
 
 // ----------------------------------------------------------------------------------------------------------------
 // programmatic dependent launch (sm_90)

@@ -1242,22 +1242,11 @@ static inline bool m2rnn_deterministic_on(void) {
     }
     return m2rnn_deterministic == 1;
 }
-// the SM count of the current device, cached per device (one process may drive GPUs of different sizes)
-static inline int m2rnn_num_sms(void) {
-    static int sms[64];
-    int dev = 0;
-    cudaCheck(cudaGetDevice(&dev));
-    if (dev < 64 && sms[dev] != 0) { return sms[dev]; }
-    int n = 0;
-    cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    if (dev < 64) { sms[dev] = n; }
-    return n;
-}
 static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
     const int Gq = d->N / d->Nq, RB = d->K / 16;
     const bool two_ok = Gq % 2 == 0 && 2 * RB <= 8;
     if (m2rnn_hpc_override == 1 || (m2rnn_hpc_override == 2 && two_ok)) { return m2rnn_hpc_override; }
-    return (two_ok && (long)d->B * (d->N / 2) >= 2L * m2rnn_num_sms()) ? 2 : 1;
+    return (two_ok && (long)d->B * (d->N / 2) >= 2L * device_num_sms()) ? 2 : 1;
 }
 static inline size_t m2rnn_forward_smem(const M2RNNDims *d, int hpc) {
     const size_t stage = m2rnn_detail::m2rnn_stage_bytes(d->K, d->V, hpc, false);
@@ -1323,7 +1312,7 @@ static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, int *turn, float
         if (m2rnn_zstash_override >= 0) {
             use_stash = m2rnn_zstash_override == 1;
         } else {
-            const long per_sm = CEIL_DIV((long)d->B * (d->N / HPC), (long)m2rnn_num_sms()); // CTAs per SM, rounded up
+            const long per_sm = CEIL_DIV((long)d->B * (d->N / HPC), (long)device_num_sms()); // CTAs per SM, rounded up
             const int cap_z = m2rnn_ctas_per_sm(stash, threads, smem_z), cap = m2rnn_ctas_per_sm(plain, threads, smem);
             use_stash = cap_z > 0 && !(per_sm > cap_z && per_sm <= cap);
         }
