@@ -1536,19 +1536,18 @@ typedef struct {
     floatX *x_out;        // (B, C) x + branch (a buffer other than x; unused without branch)
     float *rstd;          // (B)
     int ready;            // 1: inp holds the rows (no norm to make)
-    // the branch as nparts fp32 partial sums (nparts, B, C) instead (nparts > 0: branch unused), which the norm adds
-    const float *branch_parts;
+    // partial sums (up to STEP_MAX_PARTS × B × C floats; NULL: none): the branch as nparts fp32 partial sums there
+    // (nparts > 0: branch unused), which the norm adds; then the kind's own branch product may leave its output there
+    // too (step_branch_product: the norm has read them by then, in stream order), out_nparts of them (0: out holds it)
+    float *parts;
     int nparts;
-    // where the kind's own branch product may leave its output as partial sums (step_branch_product: up to
-    // STEP_MAX_PARTS × B × C floats; NULL: never), and how many it left (0: out holds the output)
-    float *out_parts;
     int out_nparts;
 } StepInput;
 
 // the rows in in->inp, made now if they are not there yet
 static const floatX *step_input_rows(StepInput *in, int B, int C, cudaStream_t stream) {
     if (!in->ready && in->nparts > 0) {
-        rmsnorm_forward_parts(in->inp, in->rstd, in->x_out, in->x, in->branch_parts, in->nparts, in->w, B, C, stream);
+        rmsnorm_forward_parts(in->inp, in->rstd, in->x_out, in->x, in->parts, in->nparts, in->w, B, C, stream);
         in->ready = 1;
     }
     if (!in->ready) {
@@ -1589,7 +1588,7 @@ static bool step_product_glu(floatX *h, StepInput *in, const floatX *up_w, int B
 
 // A kind's last product in a decode step, out (B, OC = d_model) = inp (B, IC) @ weightᵀ: the branch the next norm adds
 // to the residual stream. From 5 to 64 sequences (cuBLASLt's products) it is made as S = 2 partial sums over halves of
-// K in one cuBLASLt launch (in->out_parts, in->out_nparts; decode_run hands them on), which the next norm adds before
+// K in one cuBLASLt launch (into in->parts, their count in->out_nparts; decode_run hands them on), which the next norm adds before
 // it rounds (rmsnorm_forward_parts): no split-K reduction kernel between the product and the norm, and twice the
 // product's CTAs. H200, the 410M hybrid at batch 64: 1.63-1.64 -> 1.57 ms a step (S = 4: 1.59; NOTES.md, issue 14
 // round 12). M2RNN_STEP_PARTS=0..4 sets S (0: off, for A/B runs). Below 5 or above 64 sequences, with K not a multiple
@@ -1608,10 +1607,10 @@ static int step_split_parts(int B, int IC, int OC) {
 // (in NULL, or outside a decode step: the product into out, as matmul_forward)
 static void step_branch_product(floatX *out, StepInput *in, const floatX *inp, const floatX *weight, int B, int IC,
                                 int OC, const Runtime *rt) {
-    const int S = rt->decode_step && in != NULL && in->out_parts != NULL ? step_split_parts(B, IC, OC) : 0;
+    const int S = rt->decode_step && in != NULL && in->parts != NULL ? step_split_parts(B, IC, OC) : 0;
     if (in != NULL) { in->out_nparts = S; }
     if (S > 0) {
-        matmul_split_partials(in->out_parts, inp, weight, B, IC, OC, S, rt);
+        matmul_split_partials(in->parts, inp, weight, B, IC, OC, S, rt);
     } else {
         matmul_forward(out, inp, weight, B, IC, OC, rt);
     }

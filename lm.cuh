@@ -1434,18 +1434,17 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
         floatX *xs[2] = {L->x, L->x2};
         int cur = 0; // the residual stream is xs[cur]
         // (a kind's branch may come as partial sums in dec_parts, which the next norm adds: step_branch_product)
-        StepInput in = {L->norm, xs[0], NULL, model->params.layers[0].ln1_w, NULL, L->rstd, 0, NULL, 0,
-                        model->dec_parts, 0};
+        StepInput in = {L->norm, xs[0], NULL, model->params.layers[0].ln1_w, NULL, L->rstd, 0, model->dec_parts, 0, 0};
         for (int l = 0; l < c->n_layer; l++) {
             const DecodeLayer d = decode_layer(model, l, b0);
             d.mx->step(L->branch, d.state, L->work, &in, &d.tm, c, nb, L->pos, model->dec_context, rt);
             in = (StepInput){L->norm, xs[cur], L->branch, d.w->ln2_w, xs[1 - cur], L->rstd, 0, model->dec_parts,
-                             in.out_nparts, model->dec_parts, 0};
+                             in.out_nparts, 0};
             cur = 1 - cur;
             d.ff->step(L->branch, NULL, L->work, &in, &d.tf, c, nb, L->pos, model->dec_context, rt);
             const floatX *next_w = l + 1 < c->n_layer ? model->params.layers[l + 1].ln1_w : model->params.lnf_w;
             in = (StepInput){L->norm, xs[cur], L->branch, next_w, xs[1 - cur], L->rstd, 0, model->dec_parts,
-                             in.out_nparts, model->dec_parts, 0};
+                             in.out_nparts, 0};
             cur = 1 - cur;
         }
         step_product(model->dec_logits + (size_t)b0 * Vp, Vp, &in, model->params.lm_head, nb, C, Vp, rt);

@@ -386,7 +386,7 @@ static void run_norm_case(Runtime *rt, int M, int C, int OC, int with_branch) {
 }
 
 // A kind's branch product (step_branch_product) at 5..64 rows: split along K into partial sums (one cuBLASLt launch),
-// which the next norm adds (step_input_rows with branch_parts). Their sum, rounded, against a float64 product; the norm
+// which the next norm adds (step_input_rows with the parts). Their sum, rounded, against a float64 product; the norm
 // from the parts = rmsnorm_forward from that rounded sum, bit for bit (rows, x + branch, 1/rms). Elsewhere (≤ 4 rows,
 // more than 64, the fp32 build) the product itself, against float64.
 static void run_branch_parts_case(Runtime *rt, int M, int IC, int C) {
@@ -413,7 +413,7 @@ static void run_branch_parts_case(Runtime *rt, int M, int IC, int C) {
         cudaCheck(cudaMalloc(&xo[i], nx * sizeof(floatX)));
         cudaCheck(cudaMalloc(&rs[i], (size_t)M * sizeof(float)));
     }
-    StepInput in = {NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, 0, dparts, -1};
+    StepInput in = {NULL, NULL, NULL, NULL, NULL, NULL, 1, dparts, 0, -1};
     rt->decode_step = 1;
     step_branch_product(dout, &in, din, dw, M, IC, C, rt);
     rt->decode_step = 0;
@@ -436,7 +436,7 @@ static void run_branch_parts_case(Runtime *rt, int M, int IC, int C) {
                 S > 0 ? "partial sums" : "the product", err, TOL, finite ? "" : " NON-FINITE");
     if (S > 0) {
         cudaCheck(cudaMemcpy(db, hb, nx * sizeof(floatX), cudaMemcpyHostToDevice));
-        StepInput a = {rows[0], dx, NULL, dn, xo[0], rs[0], 0, dparts, S, NULL, 0};
+        StepInput a = {rows[0], dx, NULL, dn, xo[0], rs[0], 0, dparts, S, 0};
         step_input_rows(&a, M, C, rt->stream);
         rmsnorm_forward(rows[1], rs[1], xo[1], dx, db, dn, M, C, rt->stream);
         cudaCheck(cudaStreamSynchronize(rt->stream));
