@@ -253,22 +253,27 @@ __host__ __device__ inline bool rmsnorm_row_packs_ok(int C) {
 // read by every block and the registers are the product's, loads them after the reduction.
 // PARTS: b is given instead as np fp32 partial sums (parts, pstride floats apart), added in order and rounded to
 // floatX (a decode step's branch product split along K: step_branch_product).
+// The loads go in batches of RMSNORM_FWD_PACKS / 2 packs (a row of 1024 in bf16 is one batch), each batch's loads
+// straight-line at addresses clamped into the row (a lane past its end loads the row's last pack and drops it), with
+// no store between them: the scheduler issues them together, one round trip to memory a batch. (A loop that stopped
+// at the row's end and stored x + branch as it went made one round trip a pack: 4 to 6 in a decode step's norms.)
 template <bool WPRE = true, bool PARTS = false>
 __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floatX *residual_out, const floatX *a,
                                                   const floatX *b, const floatX *weight, int C, int lane,
                                                   const float *parts = NULL, int np = 0, long pstride = 0) {
-    const int packs = CEIL_DIV(C, WARP_SIZE * PACK);
+    constexpr int BATCH = RMSNORM_FWD_PACKS / 2;
     Pack xs[RMSNORM_FWD_PACKS], ws[RMSNORM_FWD_PACKS];
     float ss = 0.0f;
+    const bool has_b = PARTS || b != NULL;
 #pragma unroll
-    for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
-        if (p >= packs) { break; }
-        const int i = (p * WARP_SIZE + lane) * PACK;
-        if (i >= C) { break; }
-        if constexpr (WPRE) { ws[p] = *(const Pack *)(weight + i); }
-        xs[p] = *(const Pack *)(a + i);
-        if (PARTS || b != NULL) {
-            Pack bp;
+    for (int p0 = 0; p0 < RMSNORM_FWD_PACKS; p0 += BATCH) {
+        if (p0 * WARP_SIZE * PACK >= C) { break; }
+        Pack bp[BATCH];
+#pragma unroll
+        for (int q = 0; q < BATCH; q++) {
+            const int i = min(((p0 + q) * WARP_SIZE + lane) * PACK, C - PACK);
+            if constexpr (WPRE) { ws[p0 + q] = *(const Pack *)(weight + i); }
+            xs[p0 + q] = *(const Pack *)(a + i);
             if constexpr (PARTS) {
                 float bs[PACK];
                 for (int k = 0; k < PACK; k += 4) {
@@ -281,27 +286,44 @@ __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floa
                         bs[k] += v.x; bs[k + 1] += v.y; bs[k + 2] += v.z; bs[k + 3] += v.w;
                     }
                 }
-                for (int k = 0; k < PACK; k++) { bp.v[k] = (floatX)bs[k]; }
-            } else {
-                bp = *(const Pack *)(b + i);
+                for (int k = 0; k < PACK; k++) { bp[q].v[k] = (floatX)bs[k]; }
+            } else if (has_b) {
+                bp[q] = *(const Pack *)(b + i);
             }
-            for (int k = 0; k < PACK; k++) { xs[p].v[k] = (floatX)(to_float(xs[p].v[k]) + to_float(bp.v[k])); }
-            if (residual_out != NULL) { *(Pack *)(residual_out + i) = xs[p]; } // normalize what the residual holds
         }
-        for (int k = 0; k < PACK; k++) { ss += to_float(xs[p].v[k]) * to_float(xs[p].v[k]); }
+#pragma unroll
+        for (int q = 0; q < BATCH; q++) {
+            const int p = p0 + q;
+            if ((p * WARP_SIZE + lane) * PACK < C) {
+                if (has_b) {
+                    for (int k = 0; k < PACK; k++) { xs[p].v[k] = (floatX)(to_float(xs[p].v[k]) + to_float(bp[q].v[k])); }
+                }
+                for (int k = 0; k < PACK; k++) { ss += to_float(xs[p].v[k]) * to_float(xs[p].v[k]); }
+            }
+        }
     }
     ss = warp_reduce_sum(ss);
     const float s = rsqrtf(ss / C + 1e-5f);
     if (lane == 0 && rstd != NULL) { *rstd = s; }
 #pragma unroll
-    for (int p = 0; p < RMSNORM_FWD_PACKS; p++) {
-        if (p >= packs) { break; }
-        const int i = (p * WARP_SIZE + lane) * PACK;
-        if (i >= C) { break; }
-        const Pack wp = WPRE ? ws[p] : *(const Pack *)(weight + i);
-        Pack o;
-        for (int k = 0; k < PACK; k++) { o.v[k] = (floatX)(to_float(xs[p].v[k]) * s * to_float(wp.v[k])); }
-        *(Pack *)(out + i) = o;
+    for (int p0 = 0; p0 < RMSNORM_FWD_PACKS; p0 += BATCH) {
+        if (p0 * WARP_SIZE * PACK >= C) { break; }
+        if constexpr (!WPRE) { // (the weight's batch, as above)
+#pragma unroll
+            for (int q = 0; q < BATCH; q++) {
+                ws[p0 + q] = *(const Pack *)(weight + min(((p0 + q) * WARP_SIZE + lane) * PACK, C - PACK));
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < BATCH; q++) {
+            const int p = p0 + q, i = (p * WARP_SIZE + lane) * PACK;
+            if (i < C) {
+                if (residual_out != NULL && has_b) { *(Pack *)(residual_out + i) = xs[p]; } // what the norm read
+                Pack o;
+                for (int k = 0; k < PACK; k++) { o.v[k] = (floatX)(to_float(xs[p].v[k]) * s * to_float(ws[p].v[k])); }
+                *(Pack *)(out + i) = o;
+            }
+        }
     }
 }
 
@@ -356,7 +378,7 @@ typedef struct {
 // rows (count, IC) in shared memory = the gated rows m0 .. m0 + count − 1 of n (output_gate_value), by the whole
 // block, GATE_U loads of each operand in flight a thread
 __device__ __forceinline__ void gate_rows_block(floatX *rows, const GemvNorm *n, int m0, int count, int IC) {
-    constexpr int GATE_U = 4;
+    constexpr int GATE_U = 6; // (M²RNN's 1344 elements a row: one round of loads at 256 threads)
     const int total = count * IC;
     const bool has_d = n->gate_D != NULL;
     for (int i0 = threadIdx.x; i0 < total; i0 += GATE_U * blockDim.x) {
@@ -389,15 +411,25 @@ struct GemvNoEpilogue {
     __device__ __forceinline__ void apply(int m, int o, floatX y) {}
 };
 
+// a GEMV block's shared memory before its staged weights: with a norm the M rows it makes, then the norm's weight;
+// staged without a norm the M input rows; else none
+__host__ __device__ inline size_t gemv_rows_bytes(int M, int IC, bool norm, bool st) {
+    return (size_t)(norm ? M + 1 : st ? M : 0) * IC * sizeof(floatX);
+}
+
 // ST: each warp's weight rows are copied into shared memory (cp.async, after the NORM rows) before the dependency
 // wait, so that after it the product reads them from there instead of making its round trips to L2 then; else they
 // are prefetched into L2 before the wait and streamed from there in the k loop. The same sums either way.
+// Two blocks an SM (≤ 128 registers), as gemv_stages' one-wave rule assumes: without the bound ptxas took the 4-row
+// in-projection with its conv epilogue to 148 registers, one block an SM (NOTES.md, inference round 14).
 template <int M, bool GLU, bool NORM, int R, bool ST = false, class Epi = GemvNoEpilogue>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 2)
     matmul_gemv_kernel(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC,
                        GemvNorm nrm, Epi epi) {
-    extern __shared__ __align__(16) unsigned char gemv_rows[]; // NORM: (M, IC) the normed input rows; ST: then
-                                                                // (warps, NS, R, IC) the weight rows
+    extern __shared__ __align__(16) unsigned char gemv_rows[]; // NORM: (M, IC) the normed input rows, then (IC)
+                                                                // the norm's weight; ST without NORM: (M, IC) the
+                                                                // input rows; ST: then (warps, NS, R, IC) the weight
+                                                                // rows (gemv_rows_bytes)
     constexpr int NS = GLU ? 2 : 1; // weight row sets: (gate, up) or one
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     using namespace tiles;
@@ -410,8 +442,14 @@ __global__ void __launch_bounds__(256)
             wrow[s][r] = weight + ((size_t)s * OC + min(o0 + r, OC - 1)) * IC;
         }
     }
-    // the weight rows start while the kernel before this one finishes (they do not depend on it)
-    floatX *wsm = (floatX *)(gemv_rows + (NORM ? (size_t)M * IC * sizeof(floatX) : 0)) + (size_t)warp * NS * R * IC;
+    // the weight rows start while the kernel before this one finishes (they do not depend on it), and so does the
+    // norm's weight (a parameter), copied into shared memory: after the norm's reduction it is one trip to L2 fewer
+    floatX *nw = (floatX *)gemv_rows + (size_t)M * IC;
+    floatX *wsm = (floatX *)(gemv_rows + gemv_rows_bytes(M, IC, NORM, ST)) + (size_t)warp * NS * R * IC;
+    if constexpr (NORM) {
+        for (int k = threadIdx.x * PACK; k < IC; k += blockDim.x * PACK) { cp_async16(smem_addr(nw + k), nrm.w + k); }
+        cp_async_commit();
+    }
     if constexpr (ST) { // into this warp's rows of shared memory
 #pragma unroll
         for (int s = 0; s < NS; s++) {
@@ -440,17 +478,37 @@ __global__ void __launch_bounds__(256)
     if constexpr (NORM) {
         floatX *rows = (floatX *)gemv_rows;
         const bool gate = nrm.gate_g != NULL;
-        if (gate) { // the gated rows first, by the whole block
-            gate_rows_block(rows, &nrm, 0, M, IC);
-            __syncthreads();
-        }
+        if (gate) { gate_rows_block(rows, &nrm, 0, M, IC); } // the gated rows first, by the whole block
+        if constexpr (ST) { cp_async_wait<1>(); } else { cp_async_wait<0>(); } // (the norm's weight: its group)
+        __syncthreads();
         if (warp < M) { // then normalized in place (rmsnorm_row_packs reads a lane's packs before it writes them)
             const bool first = blockIdx.x == 0;
             const size_t r0 = (size_t)warp * IC;
             rmsnorm_row_packs<false>(rows + r0, first ? nrm.rstd + warp : NULL,
                                      first && !gate && nrm.branch != NULL ? nrm.x_out + r0 : NULL,
                                      gate ? rows + r0 : nrm.x + r0, !gate && nrm.branch != NULL ? nrm.branch + r0 : NULL,
-                                     nrm.w, IC, lane);
+                                     nw, IC, lane);
+        }
+        __syncthreads();
+        inp = rows;
+    } else if constexpr (ST) {
+        // the input rows into shared memory by the whole block, its loads straight-line (one trip to L2): read in
+        // the k loop they were ⌈IC / 512⌉ dependent trips (6 for a down-projection's 2752), now the weights are not
+        constexpr int U = 4;
+        floatX *rows = (floatX *)gemv_rows;
+        const int total = M * IC;
+        for (int k0 = threadIdx.x * PACK; k0 < total; k0 += U * blockDim.x * PACK) {
+            Pack v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = k0 + u * blockDim.x * PACK;
+                if (k < total) { v[u] = *(const Pack *)(inp + k); }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = k0 + u * blockDim.x * PACK;
+                if (k < total) { *(Pack *)(rows + k) = v[u]; }
+            }
         }
         __syncthreads();
         inp = rows;
@@ -522,9 +580,9 @@ static inline bool gemv_stage_on(void) {
 // 4.9 → 3.2 µs at IC = 2752), else 2 (a prologue is made by every block: more blocks cost more there); the sums are
 // the same whatever R (each row's own lane order)
 static inline int gemv_rows_a_warp(int OC, bool norm) { return !norm && OC <= 2048 ? 1 : 2; }
-// a block's shared memory with its weights staged: the norm's rows, then 8 warps' NS · R weight rows
+// a block's shared memory with its weights staged: its rows (gemv_rows_bytes), then 8 warps' NS · R weight rows
 static inline size_t gemv_staged_bytes(int M, int IC, bool glu, bool norm, int R) {
-    return (norm ? (size_t)M * IC * sizeof(floatX) : 0) + (size_t)8 * (glu ? 2 : 1) * R * IC * sizeof(floatX);
+    return gemv_rows_bytes(M, IC, norm, true) + (size_t)8 * (glu ? 2 : 1) * R * IC * sizeof(floatX);
 }
 // whether the GEMV stages its weights: one row, the grid one wave at two blocks an SM, ≤ 100 KB a block (the LM
 // head's thousands of blocks keep streaming: a block there would stage, then compute, in turn). Measured at one row
@@ -569,7 +627,7 @@ static bool matmul_gemv_launch(floatX *out, int out_stride, const floatX *inp, c
     const GemvNorm n = nrm != NULL ? *nrm : GemvNorm{};
     const int R = gemv_rows_a_warp(OC, nrm != NULL);
     const unsigned grid = (unsigned)CEIL_DIV(OC, 8 * R);
-    const size_t rows = nrm != NULL ? (size_t)M * IC * sizeof(floatX) : 0;
+    const size_t rows = gemv_rows_bytes(M, IC, nrm != NULL, false);
     const bool st = gemv_stages(M, IC, OC, GLU, nrm != NULL);
     const size_t smem = st ? gemv_staged_bytes(M, IC, GLU, nrm != NULL, R) : rows;
     gemv_staged_launches += st;

@@ -1173,14 +1173,18 @@ __global__ void __launch_bounds__(512)
     const int n = blockIdx.x * HPB + hh, qh = n / (N / Nq);
     const bool live = n < N; // the last CTA's spare head (N odd) only meets the barrier
     uint32_t bW[NS][NT][2];
-    if (live) { load_w_frags<V>(bW, W + (size_t)n * V * V, false, g, t4); } // a weight: read before the wait
+    float S[NT][4];
+    float *Hn = state + (size_t)b * state_stride + (size_t)n * K * V;
+    // the weight and the state before the wait: no kernel of the step before this one writes them (the state is the
+    // previous token's, written by this layer's step kernel then, or by a prefill's kernels, many launches back)
+    if (live) {
+        load_w_frags<V>(bW, W + (size_t)n * V * V, false, g, t4);
+        load_state_pairs<V>(S, Hn, row0, t4);
+    }
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
     pdl_trigger();
     epi.stage(epi_smem, b, blockIdx.x * HPB);
     if (live) {
-        float *Hn = state + (size_t)b * state_stride + (size_t)n * K * V;
-        float S[NT][4];
-        load_state_pairs<V>(S, Hn, row0, t4);
         uint32_t aS[NS][4];
         pack_frag<V>(aS, S);
         const floatX *kb = k + b * sk + (long)qh * K, *qb = q + b * sq + (long)qh * K, *vb = v + b * sv + (long)n * V;
