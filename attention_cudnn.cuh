@@ -547,13 +547,7 @@ static int attention_mode(void) { // 0 ours, 1 auto, 2 cudnn
     return mode;
 }
 
-static int cudnn_deterministic_on(void) {
-    if (cudnn_deterministic < 0) {
-        const char *env = getenv("M2RNN_DETERMINISTIC");
-        cudnn_deterministic = env != NULL && strcmp(env, "1") == 0;
-    }
-    return cudnn_deterministic == 1;
-}
+static int cudnn_deterministic_on(void) { return env_off_unless_1(&cudnn_deterministic, "M2RNN_DETERMINISTIC"); }
 
 static size_t cu_dq_acc_bytes(const AttnDims *d) { return (size_t)d->B * d->NH * d->Lq * d->HS * sizeof(float); }
 

@@ -569,13 +569,7 @@ __global__ void __launch_bounds__(256, 2)
 // default); 0: streamed from L2 after it (env M2RNN_GEMV_STAGE=0, for A/B runs; the same sums)
 static int gemv_stage = -1;
 static long gemv_staged_launches = 0; // launches that staged their weights (tests check the path they meant to take)
-static inline bool gemv_stage_on(void) {
-    if (gemv_stage < 0) {
-        const char *e = getenv("M2RNN_GEMV_STAGE");
-        gemv_stage = e == NULL || strcmp(e, "0") != 0;
-    }
-    return gemv_stage == 1;
-}
+static inline bool gemv_stage_on(void) { return env_on_unless_0(&gemv_stage, "M2RNN_GEMV_STAGE"); }
 // output rows a warp: 1 for a plain product of ≤ 2048 outputs (4× the blocks of R = 4: an H100's 1024-output GEMV
 // 4.9 → 3.2 µs at IC = 2752), else 2 (a prologue is made by every block: more blocks cost more there); the sums are
 // the same whatever R (each row's own lane order)
@@ -865,14 +859,13 @@ static bool skinny_product(floatX *y, int y_stride, const floatX *x, const float
 static int skinny_on = -1;
 static bool matmul_skinny(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC, int OC,
                           const Runtime *rt) {
-    if (skinny_on < 0) {
-        const char *e = getenv("M2RNN_SKINNY");
-        skinny_on = !(e != NULL && strcmp(e, "0") == 0);
-    }
     // only where cuBLASLt needs a thin product beside its main one (OC not a multiple of 8: the in-projections of
     // M²RNN and GDN, 2900 and 3076 rows); elsewhere cuBLASLt's first pick is faster (NOTES.md, inference round 7).
     // Not the LM head either (more than 16384 rows: cuBLASLt streams it faster).
-    if (!skinny_on || M <= gemv_max_rows() || M > 64 || OC % 8 == 0 || OC > 16384) { return false; }
+    if (!env_on_unless_0(&skinny_on, "M2RNN_SKINNY") || M <= gemv_max_rows() || M > 64 || OC % 8 == 0 ||
+        OC > 16384) {
+        return false;
+    }
     const int S = skinny_splits(IC, OC, rt->prop.multiProcessorCount);
     return S > 0 && skinny_product(out, out_stride, inp, weight, M, IC, OC, S, rt->stream);
 }
@@ -1654,10 +1647,7 @@ static bool step_product_glu(floatX *h, StepInput *in, const floatX *up_w, int B
 #define STEP_MAX_PARTS 4
 static int step_split_parts(int B, int IC, int OC) {
     static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("M2RNN_STEP_PARTS");
-        env = e != NULL ? atoi(e) : 2;
-    }
+    env_int(&env, "M2RNN_STEP_PARTS", 2);
     int S = env < 0 ? 0 : (env > STEP_MAX_PARTS ? STEP_MAX_PARTS : env);
     while (S > 1 && IC % (8 * S) != 0) { S--; }
     return FLOATX_IS_FP32 || B <= gemv_max_rows() || B > 64 || !rmsnorm_row_packs_ok(OC) || S < 2 ? 0 : S;

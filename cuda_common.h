@@ -5,6 +5,7 @@ cuda_common.h: the small GPU foundation every CUDA program and kernel header of 
 - floatX = __nv_bfloat16: the activation/parameter storage type of the trainer (bf16 in, fp32 accumulation inside).
 - CEIL_DIV, WARP_SIZE and the warp reductions (sum, max) the kernels share; the current device's SM count (cached).
 - Programmatic dependent launch for a decode step's chain of small kernels (launch_k, pdl_wait, pdl_trigger).
+- Environment switches read once into a cache (env_on_unless_0, env_off_unless_1, env_int).
 Kept deliberately small and general: op-specific helpers live beside their op (e.g. m2rnn_kernels.cuh).
 */
 #ifndef M2RNN_CUDA_COMMON_H
@@ -14,6 +15,7 @@ Kept deliberately small and general: op-specific helpers live beside their op (e
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <utility>
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -48,6 +50,33 @@ typedef __nv_bfloat16 floatX; // storage type of activations and parameters on t
 
 #define WARP_SIZE 32
 #define CEIL_DIV(M, N) (((M) + (N) - 1) / (N))
+
+// Environment switches, each read once into its cache (an int: -1 not read yet; tests and benchmarks set a cache to
+// 0 or 1 directly, or back to -1 to read the variable again).
+// on unless the variable is "0"
+static inline bool env_on_unless_0(int *cache, const char *name) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = !(e != NULL && strcmp(e, "0") == 0);
+    }
+    return *cache != 0;
+}
+// off unless the variable is "1"
+static inline bool env_off_unless_1(int *cache, const char *name) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = e != NULL && strcmp(e, "1") == 0;
+    }
+    return *cache == 1;
+}
+// an integer: the variable's value, or fallback where it is unset (a negative value is read again each time)
+static inline int env_int(int *cache, const char *name, int fallback) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = e != NULL ? atoi(e) : fallback;
+    }
+    return *cache;
+}
 
 // the SM count of the current device, cached per device (one process may drive GPUs of different sizes)
 static inline int device_num_sms(void) {

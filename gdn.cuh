@@ -2040,11 +2040,8 @@ static void gdn_map_rows(GDNMaps *m, CUtensorMap *t, const floatX *p, int D, int
 // the sm_90a serial kernels apply to K = 128 or 256, V a multiple of 8 and 16-byte aligned tensors (ptrs: their
 // addresses or'ed), on a compute capability 9.0 device, unless switched off
 static bool gdn_wg_applies(int K, int V, uintptr_t ptrs) {
-    if (gdn_state_wgmma < 0) {
-        const char *env = getenv("M2RNN_GDN_WGMMA");
-        gdn_state_wgmma = (env != NULL && strcmp(env, "0") == 0) ? 0 : 1;
-    }
-    return gdn_state_wgmma != 0 && (K == 128 || K == 256) && V % 8 == 0 && (ptrs & 15) == 0 && gpu_is_sm90();
+    return env_on_unless_0(&gdn_state_wgmma, "M2RNN_GDN_WGMMA") && (K == 128 || K == 256) && V % 8 == 0 &&
+           (ptrs & 15) == 0 && gpu_is_sm90();
 }
 // the sm_90a state kernel where it applies (bf16, K = 128 or 256, V a multiple of 8, tensors 16-byte aligned, a
 // compute capability 9.0 device, the driver's tensor maps): true if launched

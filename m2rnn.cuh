@@ -548,11 +548,8 @@ struct M2RNNGateEpilogue {
 // element, CD + N; M2RNN_STEP_GATE=0: never, for A/B runs)
 static bool m2rnn_gate_epilogue_ok(const M2RNNGateEpilogue *e) {
     static int env = -1;
-    if (env < 0) {
-        const char *s = getenv("M2RNN_STEP_GATE");
-        env = !(s != NULL && strcmp(s, "0") == 0);
-    }
-    return env && e->per_cta <= M2RNNGateEpilogue::E && e->per_cta % 2 == 0 && e->sv % 2 == 0 && e->sg % 2 == 0 &&
+    return env_on_unless_0(&env, "M2RNN_STEP_GATE") && e->per_cta <= M2RNNGateEpilogue::E && e->per_cta % 2 == 0 &&
+           e->sv % 2 == 0 && e->sg % 2 == 0 &&
            ((uintptr_t)e->v | (uintptr_t)e->g | (uintptr_t)e->D) % 4 == 0;
 }
 #endif

@@ -1174,7 +1174,7 @@ __global__ void __launch_bounds__(512)
     const bool live = n < N; // the last CTA's spare head (N odd) only meets the barrier
     uint32_t bW[NS][NT][2];
     float S[NT][4];
-    float *Hn = state + (size_t)b * state_stride + (size_t)n * K * V;
+    float *Hn = state + (size_t)b * state_stride + (size_t)(live ? n : 0) * K * V;
     // the weight and the state before the wait: no kernel of the step before this one writes them (the state is the
     // previous token's, written by this layer's step kernel then, or by a prefill's kernels, many launches back)
     if (live) {
@@ -1240,11 +1240,7 @@ static int m2rnn_zstash_override = -1; // tests/benchmarks: 0 / 1 forces the bac
 // option). -1: from M2RNN_DETERMINISTIC (default 0) at first use.
 static int m2rnn_deterministic = -1;
 static inline bool m2rnn_deterministic_on(void) {
-    if (m2rnn_deterministic < 0) {
-        const char *env = getenv("M2RNN_DETERMINISTIC");
-        m2rnn_deterministic = env != NULL && strcmp(env, "1") == 0;
-    }
-    return m2rnn_deterministic == 1;
+    return env_off_unless_1(&m2rnn_deterministic, "M2RNN_DETERMINISTIC");
 }
 static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
     const int Gq = d->N / d->Nq, RB = d->K / 16;

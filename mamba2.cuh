@@ -940,12 +940,9 @@ static int mamba2_wgmma = -1;
 static bool mamba2_state_pass_wg(floatX *Sst, float *fin, const float *init, long state_stride, const floatX *U,
                                  long su, const floatX *V, long sv, const float *dt, const float *A_log,
                                  const Mamba2Dims *d, int reverse, cudaStream_t stream) {
-    if (mamba2_wgmma < 0) {
-        const char *env = getenv("M2RNN_MAMBA2_WGMMA");
-        mamba2_wgmma = (env != NULL && strcmp(env, "0") == 0) ? 0 : 1;
-    }
     const uintptr_t ptrs = (uintptr_t)Sst | (uintptr_t)U | (uintptr_t)V;
-    if (mamba2_wgmma == 0 || d->P != 64 || (d->N != 64 && d->N != 128) || (ptrs & 15) != 0 || (su * 2) % 16 != 0 ||
+    if (!env_on_unless_0(&mamba2_wgmma, "M2RNN_MAMBA2_WGMMA") || d->P != 64 || (d->N != 64 && d->N != 128) ||
+        (ptrs & 15) != 0 || (su * 2) % 16 != 0 ||
         (sv * 2) % 16 != 0 || !gpu_is_sm90()) {
         return false;
     }
@@ -998,8 +995,8 @@ static bool mamba2_chunk_scan_wg(floatX *y, const floatX *Sst, const floatX *x, 
                                  const float *dt, const float *A_log, const float *D, const Mamba2Dims *d,
                                  cudaStream_t stream) {
     const uintptr_t ptrs = (uintptr_t)y | (uintptr_t)Sst | (uintptr_t)x | (uintptr_t)Bm | (uintptr_t)Cm;
-    if (mamba2_wgmma == 0 || d->P != 64 || (d->N != 64 && d->N != 128) || (ptrs & 15) != 0 ||
-        (d->stride * 2) % 16 != 0 || !gpu_is_sm90()) {
+    if (!env_on_unless_0(&mamba2_wgmma, "M2RNN_MAMBA2_WGMMA") || d->P != 64 || (d->N != 64 && d->N != 128) ||
+        (ptrs & 15) != 0 || (d->stride * 2) % 16 != 0 || !gpu_is_sm90()) {
         return false;
     }
     const uint64_t ntok = (uint64_t)(d->cu_seqlens != NULL ? 1 : d->B) * d->T, NS = (uint64_t)mamba2_slots(d);
