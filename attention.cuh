@@ -8,8 +8,9 @@ loaded at run time; M2RNN_ATTENTION=ours opts out), else the flash kernels of at
 in place as the column blocks of the projection's (B,T,(NH+2·NKV)·HS) rows and write the (B,T,NH·HS) output the
 projection reads: no permute, no T×T matrix; the backward keeps the projection (after RoPE), the output and the
 log-sum-exp. RoPE
-rotates q and k in place (and un-rotates dq, dk in place: a rotation's adjoint is its inverse). The decode step
-appends the token's rotated k, v to the cache and runs the split-context decode kernel. Head dims 32, 64 or 128.
+rotates q and k in place (and un-rotates dq, dk in place: a rotation's adjoint is its inverse). The decode step is
+one launch after its projection (flash_attention_decode_step): RoPE of the token's q and k, its k and v appended to
+the cache, the split-context attention and the slices' merge. Head dims 32, 64 or 128.
 
 fp32 build (make PRECISION=FP32, the verification build held to the CPU reference at 1e-4): the same function by
 cuBLASLt and a materialized (B,NH,T,T) softmax, any head dim; k and v are expanded to the query heads for GQA and
@@ -35,9 +36,7 @@ __global__ void rope_table_kernel(float2 *tab, int T, int HS, float theta) {
     const int half = HS / 2;
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)T * half) { return; }
-    const int t = (int)(i / half), j = (int)(i % half);
-    const double angle = t * pow((double)theta, -2.0 * j / HS);
-    tab[i] = make_float2((float)cos(angle), (float)sin(angle));
+    tab[i] = rope_cos_sin((int)(i / half), (int)(i % half), HS, theta);
 }
 
 // Rotates (inverse = 1: un-rotates) the q and k heads of `rows` token rows of W = (NH+2·NKV)·HS elements in place:
@@ -91,12 +90,12 @@ __global__ void attention_rope_kernel(floatX *qkv, int rows, int T, const float2
             if constexpr (TABLE) {
                 cs = angles[j];
             } else {
-                const double angle = t * pow((double)theta, -2.0 * j / HS);
-                cs = make_float2((float)cos(angle), (float)sin(angle));
+                cs = rope_cos_sin(t, j, HS, theta);
             }
-            const float sn = inverse ? -cs.y : cs.y, x1 = to_float(lo.v[k]), x2 = to_float(hi.v[k]);
-            lo.v[k] = (floatX)(x1 * cs.x - x2 * sn);
-            hi.v[k] = (floatX)(x1 * sn + x2 * cs.x);
+            float o1, o2;
+            rope_rotate(&o1, &o2, to_float(lo.v[k]), to_float(hi.v[k]), cs.x, inverse ? -cs.y : cs.y);
+            lo.v[k] = (floatX)o1;
+            hi.v[k] = (floatX)o2;
         }
         if (per == PACK) {
             *(Pack *)x = lo;
@@ -538,7 +537,7 @@ static void attention_mixer_backward(floatX *dinp, void *scratch, const floatX *
 }
 
 // a sequence's decode state: its KV cache, keys then values, (context, NKV·HS) floatX each; in the bf16 build then
-// the decode kernel's per-sequence workspace (the split's partial results)
+// the decode kernel's per-sequence workspace (the split's partial results and the merge's counters, zero at rest)
 static size_t attention_cache_elems(const ModelConfig *c, int context) { return attention_decode_state(c, context); }
 static size_t attention_mixer_state_bytes(const ModelConfig *c, int context) {
     attention_gpu_check(c);
@@ -559,14 +558,15 @@ static void attention_mixer_step(floatX *out, void *state, void *work, StepInput
     const long seq = (long)(attention_mixer_state_bytes(c, context) / sizeof(floatX)); // elements a sequence
     floatX *cache = (floatX *)state;
     step_product(a.qkv, W, in, w->qkv_w, B, C, W, rt);
-    attention_rope_append(a.qkv, cache, seq, pos, B, 1, c, context, rt->stream);
     const float scale = 1.0f / sqrtf((float)HS);
 #if !FLOATX_IS_FP32
-    // sequence b's split workspace follows its cache (seq elements, i.e. seq / 2 floats, apart)
-    flash_attention_decode(a.attn_y, inner, (float *)(cache + attention_cache_elems(c, context)), seq / 2, a.qkv, W,
-                           cache, cache + (size_t)context * NKV * HS, seq, pos, 1, B, NH, NKV, HS, context, scale,
-                           rt->stream);
+    // RoPE, the append and the attention in one launch; sequence b's split workspace follows its cache (seq elements,
+    // i.e. seq / 2 floats, apart)
+    flash_attention_decode_step(a.attn_y, inner, (float *)(cache + attention_cache_elems(c, context)), seq / 2, a.qkv,
+                                W, cache, cache + (size_t)context * NKV * HS, seq, pos, B, NH, NKV, HS, context, scale,
+                                c->attn.rope ? c->attn.rope_theta : 0.0f, rt->stream);
 #else
+    attention_rope_append(a.qkv, cache, seq, pos, B, 1, c, context, rt->stream);
     if (HS > DECODE_MAX_HS) {
         fail_with_hint("use a head dim of at most 256", "attention decode: head dim %d > %d", HS, DECODE_MAX_HS);
     }

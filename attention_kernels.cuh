@@ -27,8 +27,10 @@ Design (FlashAttention-2's decomposition on mma.sync m16n8k16 bf16 → fp32, the
 - decode: a batch of single-token queries against a KV cache, split along the context (flash-decoding): each CTA
   reduces a slice of positions to (max, sum, partial output) for the query heads of one kv head (up to 4: GQA reads
   a kv head's rows once); HS/8 lanes read a row, 16 bytes each, so a warp reads 32/(HS/8) positions at once and keeps
-  4 KB of loads in flight; a second kernel merges the slices in order. The slice length depends on the cache
-  capacity only, so a sequence's output does not depend on the batch it decodes in (test_attention_gpu checks).
+  4 KB of loads in flight; the last CTA of each (sequence, kv head, group) merges the slices in order (a counter in
+  the workspace). The slice length depends on the cache capacity only, so a sequence's output does not depend on the
+  batch it decodes in (test_attention_gpu checks). The model's step (flash_attention_decode_step) also rotates the
+  token's q and k (RoPE) and appends its k and v to the cache in the same launch.
 
 Layouts: tokens are rows with strides (elements between tokens; heads contiguous inside a row), so q, k, v can be
 the column blocks of one (B,T,(NH+2·NKV)·HS) projection output and o a (B,T,NH·HS) buffer: no permute. A sequence
@@ -644,28 +646,94 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_dq_kernel(AttnDims d, __
 // five-step warp reduction a position and ran issue-bound: the 410M models' heads of 64 read their caches at 2.0 TB/s
 // at batch 64, against 3.5 TB/s for heads of 128: NOTES.md, issue 14 round 11.)
 // The (max, sum, partial output) of each query head goes to part (sequence b's at b·part_seq floats: (NH, slices,
-// HS+2)). q (B, NH·HS) at q_row elements per sequence; kcache/vcache: sequence b's (context, NKV·HS) rows at
-// b·cache_seq elements; len_b = lens[b] + len_add. 16-byte aligned rows (flash_attention_decode checks).
+// HS+2), then a counter a CTA group); the last CTA of a (sequence, kv head, group) to store its partials (a counter
+// after them: __threadfence, atomicAdd) merges the group's slices into y in slice order, the same arithmetic whichever
+// CTA is last, and resets the counter (zero before the first launch: flash_decode_workspace_floats' note). q (B, NH·HS)
+// at q_row elements per sequence; kcache/vcache: sequence b's (context, NKV·HS) rows at b·cache_seq elements; len_b =
+// lens[b] + len_add. 16-byte aligned rows (flash_attention_decode checks).
+// STEP (the model's decode step, flash_attention_decode_step): q is the projection's row of each sequence (the NH q
+// heads, the NKV k heads, the NKV v heads, not rotated) and the token at t = len_b − 1 is the new one: its key and
+// value come from that row, not the cache; RoPE (theta > 0) rotates q and k here as attention_rope_kernel does (pairs
+// (j, j + HS/2) are lanes li, li ^ LPP/2; rounded to bf16 as it stores them: the same bits), and the group-0 CTA whose
+// slice holds t appends the key and value to the caches. The rows before t and the positions do not depend on the
+// kernel before this one (the in-projection), so the angles, the first round of row loads and, with small caches (pf),
+// the L2 prefetch of the slice's later rows go before its wait.
 template <int GH> __host__ __device__ constexpr int dec_rpl() { return GH == 4 ? 2 : 4; }
 __device__ __forceinline__ void unpack8_bf16(float (&x)[8], uint4 u) {
     x[0] = tiles::bf_lo(u.x); x[1] = tiles::bf_hi(u.x); x[2] = tiles::bf_lo(u.y); x[3] = tiles::bf_hi(u.y);
     x[4] = tiles::bf_lo(u.z); x[5] = tiles::bf_hi(u.z); x[6] = tiles::bf_lo(u.w); x[7] = tiles::bf_hi(u.w);
 }
-template <int HS, int GH>
-__global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long part_seq, const __nv_bfloat16 *q, long q_row,
-                                                            const __nv_bfloat16 *kcache, const __nv_bfloat16 *vcache,
-                                                            long cache_seq, const int *lens, int len_add, int NH,
-                                                            int NKV, int slice, int slices, float scale) {
-    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
-    pdl_trigger();
+// a lane's 8 elements of a head rotated (RoPE): lanes li < LPP/2 hold elements j of the first half, their partners
+// li + LPP/2 elements j + HS/2; cs the angles of j
+template <int LPP> __device__ __forceinline__ uint4 rope_lane8(uint4 u, const float2 (&cs)[8], int li) {
+    uint4 o;
+    o.x = __shfl_xor_sync(0xffffffffu, u.x, LPP / 2);
+    o.y = __shfl_xor_sync(0xffffffffu, u.y, LPP / 2);
+    o.z = __shfl_xor_sync(0xffffffffu, u.z, LPP / 2);
+    o.w = __shfl_xor_sync(0xffffffffu, u.w, LPP / 2);
+    float x[8], px[8];
+    unpack8_bf16(x, u);
+    unpack8_bf16(px, o);
+    const bool first = li < LPP / 2;
+    __nv_bfloat16 r[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float o1, o2;
+        rope_rotate(&o1, &o2, first ? x[e] : px[e], first ? px[e] : x[e], cs[e].x, cs[e].y);
+        r[e] = __float2bfloat16(first ? o1 : o2);
+    }
+    return *(const uint4 *)r;
+}
+template <int HS, int GH, bool STEP>
+__global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, long y_row, float *part, long part_seq,
+                                                            const __nv_bfloat16 *q, long q_row, __nv_bfloat16 *kcache,
+                                                            __nv_bfloat16 *vcache, long cache_seq, const int *lens,
+                                                            int len_add, int NH, int NKV, int slice, int slices,
+                                                            float scale, float theta, int pf) {
+    if constexpr (!STEP) { pdl_wait(); } // (a decode step launches it programmatically: cuda_common.h)
     constexpr int LPP = HS / 8, SG = 32 / LPP, RPL = dec_rpl<GH>(), WPOS = SG * RPL; // WPOS: a warp's positions a round
     __shared__ float pm[4][GH], pl[4][GH], pacc[4][GH][HS];
+    __shared__ int last;
     const int G = NH / NKV, groups = (G + GH - 1) / GH;
     const int kvh = blockIdx.x / groups, g0 = (blockIdx.x % groups) * GH, ng = min(GH, G - g0);
     const int b = blockIdx.y, s = blockIdx.z, h0 = kvh * G + g0; // query heads h0 .. h0+ng−1 read kv head kvh
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, inner = NKV * HS;
     const int sub = lane / LPP, li = lane % LPP; // this lane's position slot in a round, its elements 8·li .. 8·li+7
-    const int len = lens[b] + len_add, p0 = s * slice, p1 = min(len, p0 + slice);
+    const int len = lens[b] + len_add, p0 = s * slice, p1 = min(len, p0 + slice), t = len - 1;
+    const __nv_bfloat16 *kc = kcache + (long)b * cache_seq + (long)kvh * HS + li * 8;
+    const __nv_bfloat16 *vc = vcache + (long)b * cache_seq + (long)kvh * HS + li * 8;
+    uint4 kr[RPL], vr[RPL]; // a round's rows: load j of this lane is position pw + j·SG + sub
+    auto load_round = [&](int pw) {
+#pragma unroll
+        for (int j = 0; j < RPL; j++) {
+            const int p = pw + j * SG + sub;
+            kr[j] = vr[j] = make_uint4(0u, 0u, 0u, 0u);
+            if (p < p1 && (!STEP || p != t)) {
+                kr[j] = *(const uint4 *)(kc + (long)p * inner);
+                vr[j] = *(const uint4 *)(vc + (long)p * inner);
+            }
+        }
+    };
+    int pw = p0 + warp * WPOS;
+    load_round(pw);
+    float2 cs[8]; // STEP with RoPE: the angles of this lane's pairs
+    if constexpr (STEP) {
+        if (pf) { // (a small cache: the slice's later rounds into L2 too, so that after the wait they are L2 trips)
+            constexpr int LINES = HS >= 64 ? HS / 64 : 1; // 128-byte lines a row
+            const __nv_bfloat16 *kb = kcache + (long)b * cache_seq + (long)kvh * HS;
+            const __nv_bfloat16 *vb = vcache + (long)b * cache_seq + (long)kvh * HS;
+            for (int i = threadIdx.x; i < 2 * LINES * (p1 - p0); i += blockDim.x) {
+                const int p = p0 + i / (2 * LINES), r = i % (2 * LINES);
+                if (p != t) { prefetch_l2((r & 1 ? vb : kb) + (long)p * inner + (r >> 1) * 64); }
+            }
+        }
+        if (theta > 0.0f) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) { cs[e] = rope_cos_sin(t, (li % (LPP / 2)) * 8 + e, HS, theta); }
+        }
+        pdl_wait();
+    }
+    pdl_trigger();
     float qv[GH][8], m[GH], l[GH], acc[GH][8];
 #pragma unroll
     for (int g = 0; g < GH; g++) {
@@ -673,6 +741,9 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long par
         l[g] = 0.0f;
         uint4 u = make_uint4(0u, 0u, 0u, 0u);
         if (g < ng) { u = *(const uint4 *)(q + (long)b * q_row + (long)(h0 + g) * HS + li * 8); }
+        if constexpr (STEP) {
+            if (theta > 0.0f) { u = rope_lane8<LPP>(u, cs, li); }
+        }
         unpack8_bf16(qv[g], u);
 #pragma unroll
         for (int e = 0; e < 8; e++) {
@@ -680,17 +751,24 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long par
             acc[g][e] = 0.0f;
         }
     }
-    const __nv_bfloat16 *kc = kcache + (long)b * cache_seq + (long)kvh * HS + li * 8;
-    const __nv_bfloat16 *vc = vcache + (long)b * cache_seq + (long)kvh * HS + li * 8;
-    for (int pw = p0 + warp * WPOS; pw < p1; pw += 4 * WPOS) { // load j of this lane: position pw + j·SG + sub
-        uint4 kr[RPL], vr[RPL];
+    uint4 knew = make_uint4(0u, 0u, 0u, 0u), vnew = knew; // STEP: the new token's key and value, if t is in the slice
+    if constexpr (STEP) {
+        if (t >= p0 && t < p0 + slice) { // (the CTA's slice: uniform)
+            const __nv_bfloat16 *row = q + (long)b * q_row + (long)NH * HS + (long)kvh * HS + li * 8;
+            knew = *(const uint4 *)row;
+            vnew = *(const uint4 *)(row + inner);
+            if (theta > 0.0f) { knew = rope_lane8<LPP>(knew, cs, li); }
+            if (g0 == 0 && warp == 0 && sub == 0) { // the append, once a kv head
+                *(uint4 *)(kcache + (long)b * cache_seq + (long)t * inner + (long)kvh * HS + li * 8) = knew;
+                *(uint4 *)(vcache + (long)b * cache_seq + (long)t * inner + (long)kvh * HS + li * 8) = vnew;
+            }
+        }
+    }
+    for (; pw < p1; pw += 4 * WPOS) {
+        if constexpr (STEP) {
 #pragma unroll
-        for (int j = 0; j < RPL; j++) { // every load of the round first
-            const int p = pw + j * SG + sub;
-            kr[j] = vr[j] = make_uint4(0u, 0u, 0u, 0u);
-            if (p < p1) {
-                kr[j] = *(const uint4 *)(kc + (long)p * inner);
-                vr[j] = *(const uint4 *)(vc + (long)p * inner);
+            for (int j = 0; j < RPL; j++) {
+                if (pw + j * SG + sub == t) { kr[j] = knew; vr[j] = vnew; }
             }
         }
         if constexpr (GH == 4) { // 2 loads a lane in flight only: the next round's rows into L2 meanwhile, a lane a line
@@ -743,6 +821,7 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long par
             }
             m[g] = mn;
         }
+        if (pw + 4 * WPOS < p1) { load_round(pw + 4 * WPOS); }
     }
     // the warp's state: the sub-groups' states at their common max, summed over the sub-groups (xor butterflies: every
     // lane of an element slot ends with the same bits)
@@ -769,8 +848,9 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long par
     }
     __syncthreads();
     // each query head's partial result: [0, HS) the unnormalized output, [HS] the sum of weights, [HS+1] the max
+    float *pseq = part + (long)b * part_seq;
     for (int g = 0; g < ng; g++) {
-        float *out = part + (long)b * part_seq + ((long)(h0 + g) * slices + s) * (HS + 2);
+        float *out = pseq + ((long)(h0 + g) * slices + s) * (HS + 2);
         float M = -INFINITY;
         for (int w = 0; w < 4; w++) { M = fmaxf(M, pm[w][g]); }
         for (int i = threadIdx.x; i < HS + 2; i += blockDim.x) {
@@ -782,28 +862,32 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(float *part, long par
             out[i] = sum;
         }
     }
-}
-
-// y (B, NH·HS) from the slices' partial results, in slice order (deterministic)
-template <int HS>
-__global__ void flash_decode_merge_kernel(__nv_bfloat16 *y, long y_row, const float *part, long part_seq, int slices) {
-    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
-    pdl_trigger();
-    const int h = blockIdx.x, b = blockIdx.y;
-    const float *pb = part + (long)b * part_seq + (long)h * slices * (HS + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < slices; s++) { M = fmaxf(M, pb[s * (HS + 2) + HS + 1]); }
-    for (int i = threadIdx.x; i < HS; i += blockDim.x) {
-        float num = 0.0f, den = 0.0f;
-        for (int s = 0; s < slices; s++) {
-            const float ms = pb[s * (HS + 2) + HS + 1];
-            if (ms == -INFINITY) { continue; }
-            const float f = __expf(ms - M);
-            num += pb[s * (HS + 2) + i] * f;
-            den += pb[s * (HS + 2) + HS] * f;
+    // the last CTA of the group merges: y from the slices' partial results, in slice order (deterministic)
+    __threadfence();
+    __syncthreads();
+    int *count = (int *)(pseq + (long)NH * slices * (HS + 2)) + blockIdx.x;
+    if (threadIdx.x == 0) { last = atomicAdd(count, 1) == slices - 1; }
+    __syncthreads();
+    if (!last) { return; }
+    __threadfence();
+    for (int g = 0; g < ng; g++) {
+        const int h = h0 + g;
+        const float *pb = pseq + (long)h * slices * (HS + 2);
+        float M = -INFINITY;
+        for (int r = 0; r < slices; r++) { M = fmaxf(M, __ldcg(pb + r * (HS + 2) + HS + 1)); }
+        for (int i = threadIdx.x; i < HS; i += blockDim.x) {
+            float num = 0.0f, den = 0.0f;
+            for (int r = 0; r < slices; r++) {
+                const float ms = __ldcg(pb + r * (HS + 2) + HS + 1);
+                if (ms == -INFINITY) { continue; }
+                const float f = __expf(ms - M);
+                num += __ldcg(pb + r * (HS + 2) + i) * f;
+                den += __ldcg(pb + r * (HS + 2) + HS) * f;
+            }
+            y[(long)b * y_row + (long)h * HS + i] = __float2bfloat16(den > 0.0f ? num / den : 0.0f);
         }
-        y[(long)b * y_row + (long)h * HS + i] = __float2bfloat16(den > 0.0f ? num / den : 0.0f);
     }
+    if (threadIdx.x == 0) { *count = 0; } // (for the next launch)
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -901,18 +985,19 @@ static inline int flash_decode_slice(int context) {
     return slice;
 }
 static inline int flash_decode_slices(int context) { return CEIL_DIV(context, flash_decode_slice(context)); }
+// a sequence's partial results, (NH, slices, HS + 2) floats, then the merge's counters (a CTA group's: at most NH),
+// rounded up to 8 floats (the caches a decode state puts before it stay 16-byte aligned); the counters must be zero
+// before the first launch (each launch leaves them zero)
 static inline size_t flash_decode_workspace_floats(int B, int NH, int HS, int context) {
-    return (size_t)B * NH * flash_decode_slices(context) * (HS + 2);
+    return (size_t)B * (((size_t)NH * flash_decode_slices(context) * (HS + 2) + NH + 7) / 8 * 8);
 }
 
-// y (B rows of y_row elements, NH·HS used) = attention of one query per sequence (q: B rows of q_row elements) over
-// the first lens[b] + len_add positions of its cache (keys, values: (context, NKV·HS) rows at cache_seq elements a
-// sequence). workspace: sequence b's at b·ws_seq floats, flash_decode_workspace_floats(1, NH, HS, context) each.
-static void flash_attention_decode(__nv_bfloat16 *y, long y_row, float *workspace, long ws_seq,
-                                   const __nv_bfloat16 *q, long q_row,
-                                   const __nv_bfloat16 *kcache, const __nv_bfloat16 *vcache, long cache_seq,
-                                   const int *lens, int len_add, int B, int NH, int NKV, int HS, int context,
-                                   float scale, cudaStream_t stream) {
+static void flash_decode_launch(__nv_bfloat16 *y, long y_row, float *workspace, long ws_seq, const __nv_bfloat16 *q,
+                                long q_row, __nv_bfloat16 *kcache, __nv_bfloat16 *vcache, long cache_seq,
+                                const int *lens, int len_add, int B, int NH, int NKV, int HS, int context, float scale,
+                                bool step, float theta, cudaStream_t stream) {
+    static int pf_env = -1; // (experiment: M2RNN_ATTN_PF=0 off, 1 on, else by the cache's size)
+    env_int(&pf_env, "M2RNN_ATTN_PF", 2);
     if ((HS != 32 && HS != 64 && HS != 128) || NKV < 1 || NH % NKV != 0 || B < 1 || context < 1) {
         fail_with_hint("use head dim 32, 64 or 128 and kv heads dividing the heads",
                        "attention decode: HS=%d NH=%d NKV=%d B=%d context=%d", HS, NH, NKV, B, context);
@@ -929,16 +1014,44 @@ static void flash_attention_decode(__nv_bfloat16 *y, long y_row, float *workspac
     }
     // a CTA serves up to GH query heads of one kv head: all of them for G = NH/NKV ≤ 2, else groups of 4
     const int G = NH / NKV, GH = G <= 2 ? G : 4;
-    dim3 grid(NKV * CEIL_DIV(G, GH), B, slices), gm(NH, B);
+    dim3 grid(NKV * CEIL_DIV(G, GH), B, slices);
+    // pf: where the caches are small (a batch of one or two at a short context: 8 MB or less of keys and values, a
+    // sixth of the L2) the step brings its slices' later rounds into L2 before the wait too; larger caches stream
+    const int pf = step && (pf_env == 2 ? (double)B * context * NKV * HS * 4 <= 8e6 : pf_env == 1);
 #define FA_DECODE(HSV, GHV)                                                                                          \
-    launch_k(flash_decode_kernel<HSV, GHV>, grid, 128, 0, stream, workspace, ws_seq, q, q_row, kcache, vcache,       \
-             cache_seq, lens, len_add, NH, NKV, slice, slices, scale)
+    launch_k(step ? flash_decode_kernel<HSV, GHV, true> : flash_decode_kernel<HSV, GHV, false>, grid, 128, 0, stream, \
+             y, y_row, workspace, ws_seq, q, q_row, kcache, vcache, cache_seq, lens, len_add, NH, NKV, slice, slices, \
+             scale, theta, pf)
 #define FA_DECODE_HS(HSV)                                                                                            \
-    if (GH == 1) { FA_DECODE(HSV, 1); } else if (GH == 2) { FA_DECODE(HSV, 2); } else { FA_DECODE(HSV, 4); }      \
-    launch_k(flash_decode_merge_kernel<HSV>, gm, HSV, 0, stream, y, y_row, workspace, ws_seq, slices)
+    if (GH == 1) { FA_DECODE(HSV, 1); } else if (GH == 2) { FA_DECODE(HSV, 2); } else { FA_DECODE(HSV, 4); }
     if (HS == 32) { FA_DECODE_HS(32); } else if (HS == 64) { FA_DECODE_HS(64); } else { FA_DECODE_HS(128); }
 #undef FA_DECODE_HS
 #undef FA_DECODE
+}
+
+// y (B rows of y_row elements, NH·HS used) = attention of one query per sequence (q: B rows of q_row elements) over
+// the first lens[b] + len_add positions of its cache (keys, values: (context, NKV·HS) rows at cache_seq elements a
+// sequence). workspace: sequence b's at b·ws_seq floats, flash_decode_workspace_floats(1, NH, HS, context) each, its
+// counters zero before the first call.
+static void flash_attention_decode(__nv_bfloat16 *y, long y_row, float *workspace, long ws_seq,
+                                   const __nv_bfloat16 *q, long q_row,
+                                   const __nv_bfloat16 *kcache, const __nv_bfloat16 *vcache, long cache_seq,
+                                   const int *lens, int len_add, int B, int NH, int NKV, int HS, int context,
+                                   float scale, cudaStream_t stream) {
+    flash_decode_launch(y, y_row, workspace, ws_seq, q, q_row, (__nv_bfloat16 *)kcache, (__nv_bfloat16 *)vcache,
+                        cache_seq, lens, len_add, B, NH, NKV, HS, context, scale, false, 0.0f, stream);
+}
+
+// the model's decode step in one launch: qkv (B rows of q_row elements: the NH q heads, the NKV k heads, the NKV v
+// heads of each sequence's new token, not rotated) at positions pos[b]; RoPE when theta > 0 (q and k, as
+// attention_rope_kernel), the key and value appended to the caches at pos[b], and y the attention of q over positions
+// 0 .. pos[b] = attention_rope_append, then flash_attention_decode over lens = pos + 1, bit for bit (test_decode_gpu)
+static void flash_attention_decode_step(__nv_bfloat16 *y, long y_row, float *workspace, long ws_seq,
+                                        const __nv_bfloat16 *qkv, long q_row, __nv_bfloat16 *kcache,
+                                        __nv_bfloat16 *vcache, long cache_seq, const int *pos, int B, int NH, int NKV,
+                                        int HS, int context, float scale, float theta, cudaStream_t stream) {
+    flash_decode_launch(y, y_row, workspace, ws_seq, qkv, q_row, kcache, vcache, cache_seq, pos, 1, B, NH, NKV, HS,
+                        context, scale, true, theta, stream);
 }
 
 #endif // M2RNN_ATTENTION_KERNELS_CUH

@@ -246,8 +246,8 @@ static inline int matmul_oc_main(int OC) { return OC > 8 && OC % 8 != 0 ? OC / 8
 __host__ __device__ inline bool rmsnorm_row_packs_ok(int C) {
     return C % PACK == 0 && CEIL_DIV(C, WARP_SIZE * PACK) <= RMSNORM_FWD_PACKS;
 }
-// out = a' · rsqrt(mean(a'²) + 1e-5) · weight, a' = a + b (b not NULL; a' rounded to floatX, and written to
-// residual_out when not NULL) or a; *rstd = the factor (rstd not NULL). The row in registers; out may be shared memory.
+// out = a' · rsqrt(mean(a'²) + 1e-5) · weight, a' = a + b (b not NULL; a' rounded to floatX) or a, and a' written to
+// residual_out when not NULL; *rstd = the factor (rstd not NULL). The row in registers; out may be shared memory.
 // WPRE: the weight's packs are loaded with the row's, so a row costs one round trip to memory, not two (a decode
 // step's norms are a few rows each: their time is that latency); the decode products' prologue, where the weight is
 // read by every block and the registers are the product's, loads them after the reduction.
@@ -318,7 +318,7 @@ __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floa
         for (int q = 0; q < BATCH; q++) {
             const int p = p0 + q, i = (p * WARP_SIZE + lane) * PACK;
             if (i < C) {
-                if (residual_out != NULL && has_b) { *(Pack *)(residual_out + i) = xs[p]; } // what the norm read
+                if (residual_out != NULL) { *(Pack *)(residual_out + i) = xs[p]; } // what the norm read
                 Pack o;
                 for (int k = 0; k < PACK; k++) { o.v[k] = (floatX)(to_float(xs[p].v[k]) * s * to_float(ws[p].v[k])); }
                 *(Pack *)(out + i) = o;
@@ -346,7 +346,8 @@ __device__ __forceinline__ floatX output_gate_value(floatX *y, floatX x, floatX 
 // product of 2·OC rows followed by the pointwise kernel (swiglu.cuh), in one launch instead of two.
 // NORM: the input rows are RMSNorm(x + branch) · w of the residual stream, made in the prologue by warp m for row m
 // (rmsnorm_row_packs, rmsnorm_forward's arithmetic) into shared memory in every block, block 0 also writing x + branch
-// and the 1/rms: the same bits as rmsnorm_forward and then the product, one launch instead of two.
+// and the 1/rms: the same bits as rmsnorm_forward and then the product, one launch instead of two. (The first layer's
+// x may be the embedding of the step's tokens, GemvNorm.tokens: then the embedding's launch goes too.)
 // At most 4 rows: the GEMV's fp32 FMAs and input-row loads grow with M (a weight piece is used M times on the CUDA
 // cores), and above 4 rows the step on the tensor-core products (the skinny product or cuBLASLt, the norms and
 // pointwise ops as their own kernels) is faster; the 410M Hybrid M²RNN's step on an H200 at 5 / 6 / 8 sequences
@@ -374,6 +375,8 @@ typedef struct {
     float *rstd;          // (M)
     const floatX *gate_v, *gate_g, *gate_D; // GATE: v (M, IC) and g (M, IC) views, rows v_stride, g_stride apart; D (IC)
     int v_stride, g_stride;
+    const int *tokens;    // (M) or NULL: x is the embedding table and row m its row tokens[m] (the first layer's norm,
+                          // the embedding in the prologue; x_out then gets the rows)
 } GemvNorm;
 // rows (count, IC) in shared memory = the gated rows m0 .. m0 + count − 1 of n (output_gate_value), by the whole
 // block, GATE_U loads of each operand in flight a thread
@@ -482,12 +485,12 @@ __global__ void __launch_bounds__(256, 2)
         if constexpr (ST) { cp_async_wait<1>(); } else { cp_async_wait<0>(); } // (the norm's weight: its group)
         __syncthreads();
         if (warp < M) { // then normalized in place (rmsnorm_row_packs reads a lane's packs before it writes them)
-            const bool first = blockIdx.x == 0;
+            const bool first = blockIdx.x == 0, emb = !gate && nrm.tokens != NULL;
             const size_t r0 = (size_t)warp * IC;
+            const floatX *x = gate ? rows + r0 : emb ? nrm.x + (size_t)nrm.tokens[warp] * IC : nrm.x + r0;
             rmsnorm_row_packs<false>(rows + r0, first ? nrm.rstd + warp : NULL,
-                                     first && !gate && nrm.branch != NULL ? nrm.x_out + r0 : NULL,
-                                     gate ? rows + r0 : nrm.x + r0, !gate && nrm.branch != NULL ? nrm.branch + r0 : NULL,
-                                     nw, IC, lane);
+                                     first && !gate && (nrm.branch != NULL || emb) ? nrm.x_out + r0 : NULL, x,
+                                     !gate && nrm.branch != NULL ? nrm.branch + r0 : NULL, nw, IC, lane);
         }
         __syncthreads();
         inp = rows;
@@ -1581,10 +1584,10 @@ typedef struct {
 // x + branch (the residual stream after it) and rstd the 1/rms, with the same bits.
 typedef struct {
     floatX *inp;          // (B, C) where the rows are made (step_input_rows); with ready, the rows themselves
-    const floatX *x;      // (B, C) the residual stream
+    const floatX *x;      // (B, C) the residual stream (with tokens: the embedding table)
     const floatX *branch; // (B, C) added to it first, or NULL (the first layer's norm)
     const floatX *w;      // (C) the norm's weight
-    floatX *x_out;        // (B, C) x + branch (a buffer other than x; unused without branch)
+    floatX *x_out;        // (B, C) x + branch, or with tokens the embedded rows (a buffer other than x; else unused)
     float *rstd;          // (B)
     int ready;            // 1: inp holds the rows (no norm to make)
     // partial sums (up to STEP_MAX_PARTS × B × C floats; NULL: none): the branch as nparts fp32 partial sums there
@@ -1593,10 +1596,17 @@ typedef struct {
     float *parts;
     int nparts;
     int out_nparts;
+    const int *tokens; // (B) or NULL: the first layer's rows are the embedding of these tokens, made by the first
+                       // product's prologue (GemvNorm.tokens) or here, into x_out (the step's first kernel fewer)
 } StepInput;
 
 // the rows in in->inp, made now if they are not there yet
 static const floatX *step_input_rows(StepInput *in, int B, int C, cudaStream_t stream) {
+    if (!in->ready && in->tokens != NULL) { // (tokens checked on the host or drawn below V: rows of the table)
+        embedding_forward(in->x_out, in->tokens, in->x, B, C, 0, INT_MAX, stream);
+        rmsnorm_forward(in->inp, in->rstd, NULL, in->x_out, NULL, in->w, B, C, stream);
+        in->ready = 1;
+    }
     if (!in->ready && in->nparts > 0) {
         rmsnorm_forward_parts(in->inp, in->rstd, in->x_out, in->x, in->parts, in->nparts, in->w, B, C, stream);
         in->ready = 1;
@@ -1609,7 +1619,8 @@ static const floatX *step_input_rows(StepInput *in, int B, int C, cudaStream_t s
     return in->inp;
 }
 static inline GemvNorm step_gemv_norm(const StepInput *in) {
-    const GemvNorm n = {in->x, in->branch, in->w, in->x_out, in->rstd};
+    GemvNorm n = {in->x, in->branch, in->w, in->x_out, in->rstd};
+    n.tokens = in->tokens;
     return n;
 }
 // out (B, OC), rows out_stride apart, = rows @ weightᵀ: in a decode step of up to GEMV_MAX_M sequences with the norm
@@ -1619,6 +1630,7 @@ template <class Epi = GemvNoEpilogue>
 static bool step_product(floatX *out, int out_stride, StepInput *in, const floatX *weight, int B, int C, int OC,
                          const Runtime *rt, const Epi *epi = NULL) {
     // (not for the LM head: its thousands of blocks would each make the rows again, B·C·4 bytes of L2 reads a block)
+    // (measured at one row: the 410M hybrid's step 0.516 -> 0.537 ms on an H200 with the LM head's norm in its blocks)
     if (!in->ready && in->nparts == 0 && rt->decode_step && OC <= 16384) {
         const GemvNorm n = step_gemv_norm(in);
         if (matmul_gemv_launch<false, Epi>(out, out_stride, NULL, weight, B, C, OC, &n, rt->stream, epi)) {

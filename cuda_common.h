@@ -168,4 +168,17 @@ __device__ __forceinline__ float warp_reduce_max(float val) {
     return val;
 }
 
+// RoPE ("rotate half": the pair (j, j + HS/2) of a head) at position t: the angle t·θ^(−2j/HS) and its cos, sin in
+// double as ref/attention.h computes them, and the rotation of a pair (x1, x2) by (c, s) with its products and sums in
+// a fixed form (each product rounded, then added): the rotation kernel (attention.cuh) and the fused decode step
+// (attention_kernels.cuh) give the same bits
+__device__ __forceinline__ float2 rope_cos_sin(int t, int j, int HS, float theta) {
+    const double angle = t * pow((double)theta, -2.0 * j / HS);
+    return make_float2((float)cos(angle), (float)sin(angle));
+}
+__device__ __forceinline__ void rope_rotate(float *o1, float *o2, float x1, float x2, float c, float s) {
+    *o1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    *o2 = __fadd_rn(__fmul_rn(x1, s), __fmul_rn(x2, c));
+}
+
 #endif // M2RNN_CUDA_COMMON_H

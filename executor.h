@@ -59,9 +59,11 @@ static void model_logits_row(Model *model, int b, int t, float *out);
 // tokens and empties it. advance feeds sequences b0 .. b0+nb−1 T tokens each (tokens (nb, T), host), starting at
 // positions pos (nb, host; each the sequence's current length, pos + T ≤ context): a prompt's prefill (in chunks,
 // through the training forward's ops from the state) or, with T = 1, one step; it leaves each sequence's next-token
-// logits, read by model_decode_logits (Vp floats). step advances all B sequences by one token. A prefill in chunks
-// equals one whole prefill (on the CPU bit for bit). The state of one sequence moves to and from host memory
-// (model_decode_state_size bytes; the same context) to save a prompt's state and resume from it later.
+// logits, read by model_decode_logits (Vp floats). step advances all B sequences by one token; it may return before
+// the executor has run the step (tokens and pos are copied first), and what reads its results (the logits, the
+// state's io, the next advance) comes after it. A prefill in chunks equals one whole prefill (on the CPU bit for bit).
+// The state of one sequence moves to and from host memory (model_decode_state_size bytes; the same context) to save a
+// prompt's state and resume from it later.
 static void model_decode_begin(Model *model, int B, int context);
 static void model_decode_advance(Model *model, int b0, int nb, const int *tokens, int T, const int *pos);
 static void model_decode_step(Model *model, const int *tokens, const int *pos);

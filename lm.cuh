@@ -129,13 +129,22 @@ struct Model {
     cudaEvent_t dec_ev[MAX_LAYERS][2], dec_fork, dec_join;
     int dec_two_lanes;
     cudaGraphExec_t dec_graph;     // the step of all B sequences, captured (NULL: not yet, or not possible)
-    cudaGraphExec_t dec_gen_graph; // the generation loop's: the draw (dec_gen_sampling's), then the step
+    cudaGraphExec_t dec_gen_graph[2]; // the generation loop's, one a slot: the draw (dec_gen_sampling's), the tokens'
+                                   // copy into the slot forked beside the step, then the step
     GenSampling dec_gen_sampling;
+    // a step of all B sequences (model_decode_step) is not waited for: its positions and tokens go through a pinned
+    // slot, (pos (B4), tokens (B)) in lane 0's layout, in one copy; a slot is rewritten once its last copy has run
+    int *step_host;                // pinned: 2 slots of B4 + B ints (B4 = B rounded up to 4)
+    int step_host_B;               // (its B)
+    cudaEvent_t step_ev[2];        // after each slot's last copy
+    long step_n;                   // steps staged
     // the generation loop (model_decode_gen_*): up to two iterations queued, each with its pinned slot for the draws
-    // (B doubles) and the tokens (B ints), and an event after its tokens' copy
+    // (B doubles) and the tokens (B ints), and an event after its iteration
     void *gen_host;                // pinned: u[2][B], then tok[2][B]
     int gen_host_B;                // (its B)
     cudaEvent_t gen_ev[2];
+    cudaStream_t gen_side;         // the tokens' copy, beside the step (captured into the graph)
+    cudaEvent_t gen_fork, gen_join;
     long gen_queued, gen_waited;   // iterations launched, and waited for
     GenSampling gen;               // the loop's sampling
     int dec_steps;                 // eager steps since begin (the second is captured: the first sets kernel attributes)
@@ -636,11 +645,21 @@ static void model_free(Model *model) {
     if (model->acts_memory != NULL) { cudaCheck(cudaFree(model->acts_memory)); }
     if (model->dec_memory != NULL) { cudaCheck(cudaFree(model->dec_memory)); }
     if (model->dec_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_graph)); }
-    if (model->dec_gen_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_gen_graph)); }
+    for (int i = 0; i < 2; i++) {
+        if (model->dec_gen_graph[i] != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_gen_graph[i])); }
+    }
     if (model->gen_host != NULL) {
         cudaCheck(cudaFreeHost(model->gen_host));
         cudaCheck(cudaEventDestroy(model->gen_ev[0]));
         cudaCheck(cudaEventDestroy(model->gen_ev[1]));
+        cudaCheck(cudaEventDestroy(model->gen_fork));
+        cudaCheck(cudaEventDestroy(model->gen_join));
+        cudaCheck(cudaStreamDestroy(model->gen_side));
+    }
+    if (model->step_host != NULL) {
+        cudaCheck(cudaFreeHost(model->step_host));
+        cudaCheck(cudaEventDestroy(model->step_ev[0]));
+        cudaCheck(cudaEventDestroy(model->step_ev[1]));
     }
     if (model->dec_rt2.stream != NULL) {
         for (int l = 0; l < model->config.n_layer; l++) {
@@ -1299,6 +1318,16 @@ static void decode_sample_topk(SampleOut out, void *cand, void *scratch, float *
 
 #define DECODE_ROWS 2048 // tokens (sequences × chunk) a prefill chunk runs through the forward's kernels at once
 
+// B rounded up to 4: lane tokens start this many ints after its positions (16-byte aligned)
+static inline size_t decode_b4(int B) { return ((size_t)B + 3) & ~(size_t)3; }
+
+static void decode_gen_graphs_free(Model *model) {
+    for (int i = 0; i < 2; i++) {
+        if (model->dec_gen_graph[i] != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_gen_graph[i])); }
+        model->dec_gen_graph[i] = NULL;
+    }
+}
+
 static void model_decode_begin(Model *model, int B, int context) {
     const ModelConfig *c = &model->config;
     const Runtime *rt = &model->rt;
@@ -1310,8 +1339,9 @@ static void model_decode_begin(Model *model, int B, int context) {
     if (B < 1 || context < 1) { fail_with_hint("decode at least one sequence of one token", "model_decode_begin(B=%d, context=%d)", B, context); }
     if (model->dec_memory != NULL) { cudaCheck(cudaFree(model->dec_memory)); }
     if (model->dec_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_graph)); model->dec_graph = NULL; }
-    if (model->dec_gen_graph != NULL) { cudaCheck(cudaGraphExecDestroy(model->dec_gen_graph)); model->dec_gen_graph = NULL; }
+    decode_gen_graphs_free(model);
     model->dec_steps = 0;
+    model->step_n = 0;
     model->gen_queued = model->gen_waited = 0;
     const char *no_graph = getenv("M2RNN_NO_GRAPH");
     model->dec_graph_off = no_graph != NULL && strcmp(no_graph, "1") == 0;
@@ -1358,8 +1388,9 @@ static void model_decode_begin(Model *model, int B, int context) {
             L->branch = TAKE_X(&a, on ? rows * C : 0);
             L->x2 = TAKE_X(&a, lane == 0 ? (size_t)B * C : 0);
             L->rstd = TAKE_F(&a, on ? rows : 0);
-            L->tokens = (int *)take(&a, on ? (size_t)rows * sizeof(int) : 0);
-            L->pos = (int *)take(&a, on ? (size_t)B * sizeof(int) : 0);
+            // (pos, then tokens decode_b4(B) ints after it: a step's staging is one copy, decode_step_stage)
+            L->pos = (int *)take(&a, on ? (decode_b4(B) + (size_t)rows) * sizeof(int) : 0);
+            L->tokens = L->pos == NULL ? NULL : L->pos + decode_b4(B);
             L->work = take(&a, on ? work : 0);
         }
         model->dec_parts = TAKE_F(&a, (size_t)STEP_MAX_PARTS * B * C);
@@ -1389,6 +1420,18 @@ static void model_decode_begin(Model *model, int B, int context) {
         }
         cudaCheck(cudaEventCreateWithFlags(&model->dec_fork, cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&model->dec_join, cudaEventDisableTiming));
+    }
+    if (model->step_host == NULL || model->step_host_B != B) { // a step's pinned staging (its copies have run: the
+        if (model->step_host == NULL) {                        // cudaFree above waited for the device)
+            cudaCheck(cudaEventCreateWithFlags(&model->step_ev[0], cudaEventDisableTiming));
+            cudaCheck(cudaEventCreateWithFlags(&model->step_ev[1], cudaEventDisableTiming));
+        } else {
+            cudaCheck(cudaFreeHost(model->step_host));
+        }
+        const size_t n = 2 * (decode_b4(B) + (size_t)B);
+        cudaCheck(cudaMallocHost(&model->step_host, n * sizeof(int)));
+        memset(model->step_host, 0, n * sizeof(int));
+        model->step_host_B = B;
     }
     model->dec_B = B;
     model->dec_rows = rows;
@@ -1429,12 +1472,13 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
     rt->plain_recurrence = model->rt.plain_recurrence;
     rt->decode_step = T == 1;
     launch_pdl = T == 1 && !model->dec_pdl_off; // the step's own kernels start while the one before finishes
-    embedding_forward(L->x, L->tokens, model->params.wte, n, C, 0, c->padded_vocab_size, stream);
     if (T == 1) { // a step: each RMSNorm made by the next kind's first product where it can (StepInput)
         floatX *xs[2] = {L->x, L->x2};
         int cur = 0; // the residual stream is xs[cur]
-        // (a kind's branch may come as partial sums in dec_parts, which the next norm adds: step_branch_product)
-        StepInput in = {L->norm, xs[0], NULL, model->params.layers[0].ln1_w, NULL, L->rstd, 0, model->dec_parts, 0, 0};
+        // (a kind's branch may come as partial sums in dec_parts, which the next norm adds: step_branch_product; the
+        // first norm embeds the tokens into xs[0] itself)
+        StepInput in = {L->norm, model->params.wte, NULL, model->params.layers[0].ln1_w, xs[0], L->rstd, 0,
+                        model->dec_parts, 0, 0, L->tokens};
         for (int l = 0; l < c->n_layer; l++) {
             const DecodeLayer d = decode_layer(model, l, b0);
             d.mx->step(L->branch, d.state, L->work, &in, &d.tm, c, nb, L->pos, model->dec_context, rt);
@@ -1452,6 +1496,7 @@ static void decode_run(Model *model, int lane, int b0, int nb, int T, int logits
         launch_pdl = 0;
         return;
     }
+    embedding_forward(L->x, L->tokens, model->params.wte, n, C, 0, c->padded_vocab_size, stream);
     rmsnorm_forward(L->norm, L->rstd, NULL, L->x, NULL, model->params.layers[0].ln1_w, n, C, stream);
     for (int l = 0; l < c->n_layer; l++) {
         const DecodeLayer d = decode_layer(model, l, b0);
@@ -1493,24 +1538,43 @@ static void decode_gen_sample(Model *model) {
     launch_pdl = 0;
 }
 
+// the generation loop's tokens of this iteration (lane 0's, drawn) into its pinned slot: forked onto gen_side beside
+// the step and joined at its end (fork) or after what stream has queued
+static void decode_gen_copy(Model *model, int slot, int fork) {
+    cudaStream_t stream = model->rt.stream, s = fork ? model->gen_side : stream;
+    int *htok = (int *)((double *)model->gen_host + 2 * (size_t)model->dec_B) + (size_t)slot * model->dec_B;
+    if (fork) {
+        cudaCheck(cudaEventRecord(model->gen_fork, stream));
+        cudaCheck(cudaStreamWaitEvent(s, model->gen_fork, 0));
+    }
+    cudaCheck(cudaMemcpyAsync(htok, model->dec_lane[0].tokens, (size_t)model->dec_B * sizeof(int),
+                              cudaMemcpyDeviceToHost, s));
+    if (fork) { cudaCheck(cudaEventRecord(model->gen_join, s)); }
+}
+
 // the step of all B sequences (tokens and positions already in lane 0's buffers; gen: the generation loop's draw of
-// them first) as one CUDA graph: captured on the second step (the first runs eagerly and sets the kernels'
-// attributes), replayed after that, so a step costs one launch instead of a few hundred. Eager when M2RNN_NO_GRAPH=1,
-// or (with a warning) when the capture fails.
-static void decode_step_graph(Model *model, int gen) {
+// them first, and their copy into the loop's slot) as one CUDA graph: captured on the second step (the first runs
+// eagerly and sets the kernels' attributes), replayed after that, so a step costs one launch instead of a few
+// hundred; the loop has a graph a slot (the copy's address is the graph's). The copy goes beside the step: between
+// two graphs it held the next one back by a copy's latency. Eager when M2RNN_NO_GRAPH=1, or (with a warning) when the
+// capture fails.
+static void decode_step_graph(Model *model, int gen, int slot) {
     cudaStream_t stream = model->rt.stream;
-    cudaGraphExec_t *exec = gen ? &model->dec_gen_graph : &model->dec_graph;
-    if (gen && *exec != NULL && memcmp(&model->dec_gen_sampling, &model->gen, sizeof(GenSampling)) != 0) {
-        // (other settings: another sampler)
-        cudaCheck(cudaGraphExecDestroy(*exec));
-        *exec = NULL;
+    cudaGraphExec_t *exec = gen ? &model->dec_gen_graph[slot] : &model->dec_graph;
+    if (gen && memcmp(&model->dec_gen_sampling, &model->gen, sizeof(GenSampling)) != 0) {
+        decode_gen_graphs_free(model); // (other settings: another sampler)
+        model->dec_gen_sampling = model->gen;
     }
     if (*exec == NULL && !model->dec_graph_off && model->dec_steps >= 1) {
         cudaGraph_t graph = NULL;
         cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
         if (err == cudaSuccess) {
-            if (gen) { decode_gen_sample(model); }
+            if (gen) {
+                decode_gen_sample(model);
+                decode_gen_copy(model, slot, 1);
+            }
             decode_run(model, 0, 0, model->dec_B, 1, 1);
+            if (gen) { cudaCheck(cudaStreamWaitEvent(stream, model->gen_join, 0)); }
             err = cudaStreamEndCapture(stream, &graph);
         }
         if (err == cudaSuccess) { err = cudaGraphInstantiate(exec, graph, 0); }
@@ -1522,21 +1586,43 @@ static void decode_step_graph(Model *model, int gen) {
             *exec = NULL;
             model->dec_graph_off = 1;
         }
-        model->dec_gen_sampling = model->gen;
     }
     if (*exec != NULL) {
         cudaCheck(cudaGraphLaunch(*exec, stream));
     } else {
         if (gen) { decode_gen_sample(model); }
         decode_run(model, 0, 0, model->dec_B, 1, 1);
+        if (gen) { decode_gen_copy(model, slot, 0); }
         model->dec_steps++;
     }
+}
+
+// a step of all B sequences (model_decode_step): their positions and tokens into a pinned slot once its last copy
+// has run, one copy to the device, the step queued; nothing waited for, so the host queues the next step while this
+// one runs (a wait for each step left the GPU idle for the host's turn: the wake-up, the staging, the launches)
+static void decode_step_stage(Model *model, const int *tokens, const int *pos) {
+    const int B = model->dec_B;
+    const size_t B4 = decode_b4(B);
+    const int slot = (int)(model->step_n % 2);
+    int *h = model->step_host + (size_t)slot * (B4 + B);
+    if (model->step_n >= 2) { cudaCheck(cudaEventSynchronize(model->step_ev[slot])); }
+    memcpy(h, pos, (size_t)B * sizeof(int));
+    memcpy(h + B4, tokens, (size_t)B * sizeof(int));
+    cudaStream_t stream = model->rt.stream;
+    cudaCheck(cudaMemcpyAsync(model->dec_lane[0].pos, h, (B4 + B) * sizeof(int), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaEventRecord(model->step_ev[slot], stream));
+    model->step_n++;
+    decode_step_graph(model, 0, 0);
 }
 
 static void model_decode_advance(Model *model, int b0, int nb, const int *tokens, int T, const int *pos) {
     const ModelConfig *c = &model->config;
     decode_check_advance(model->dec_B, model->dec_context, b0, nb, T, pos);
     model_check_tokens(tokens, (size_t)nb * T, c->vocab_size, "decode");
+    if (T == 1 && b0 == 0 && nb == model->dec_B) { // a step of every sequence: queued, not waited for
+        decode_step_stage(model, tokens, pos);
+        return;
+    }
     const int rows = model->dec_chunk_rows;
     const int CH = T == 1 ? 1 : (rows / nb > 0 ? rows / nb : 1); // tokens a chunk, every sequence
     const int two = T > CH && model->dec_two_lanes;              // chunks alternate between the lanes
@@ -1568,7 +1654,7 @@ static void model_decode_advance(Model *model, int b0, int nb, const int *tokens
         cudaCheck(cudaMemcpyAsync(L->tokens, tok[lane], (size_t)nb * Tc * sizeof(int), cudaMemcpyHostToDevice, stream));
         cudaCheck(cudaMemcpyAsync(L->pos, cpos[lane], (size_t)nb * sizeof(int), cudaMemcpyHostToDevice, stream));
         if (Tc == 1 && b0 == 0 && nb == model->dec_B) {
-            decode_step_graph(model, 0);
+            decode_step_graph(model, 0, 0);
         } else {
             decode_run(model, lane, b0, nb, Tc, s0 + Tc == T);
         }
@@ -1723,13 +1809,18 @@ static int model_decode_gen_begin(Model *model, const int *pos, float temperatur
     const int topk = temperature != 0.0f && top_k > 0 && top_k < V; // (else greedy, or the whole vocabulary)
     if ((topk && top_k > SAMPLE_TOPK_MAX) || (temperature != 0.0f && !topk && top_p < 1.0f)) { return 0; }
     if (model->gen_host != NULL && model->gen_host_B < B) {
+        cudaCheck(cudaStreamSynchronize(model->rt.stream));
         cudaCheck(cudaFreeHost(model->gen_host));
         model->gen_host = NULL;
+        decode_gen_graphs_free(model); // (their copies' addresses)
     }
     if (model->gen_host == NULL) {
         if (model->gen_ev[0] == NULL) {
             cudaCheck(cudaEventCreateWithFlags(&model->gen_ev[0], cudaEventDisableTiming));
             cudaCheck(cudaEventCreateWithFlags(&model->gen_ev[1], cudaEventDisableTiming));
+            cudaCheck(cudaEventCreateWithFlags(&model->gen_fork, cudaEventDisableTiming));
+            cudaCheck(cudaEventCreateWithFlags(&model->gen_join, cudaEventDisableTiming));
+            cudaCheck(cudaStreamCreateWithFlags(&model->gen_side, cudaStreamNonBlocking));
         }
         cudaCheck(cudaMallocHost(&model->gen_host, (size_t)2 * B * (sizeof(double) + sizeof(int))));
         model->gen_host_B = B;
@@ -1764,18 +1855,16 @@ static void model_decode_gen_launch(Model *model, const double *u, int step) {
     cudaStream_t stream = model->rt.stream;
     const int slot = (int)(model->gen_queued % 2);
     double *hu = (double *)model->gen_host + (size_t)slot * B;
-    int *htok = (int *)((double *)model->gen_host + 2 * (size_t)B) + (size_t)slot * B;
     if (model->gen.temp != 0.0f) { // (the slot's last copy ran before its iteration's event, waited for)
         memcpy(hu, u, (size_t)B * sizeof(double));
         cudaCheck(cudaMemcpyAsync(model->dec_sample_u, hu, (size_t)B * sizeof(double), cudaMemcpyHostToDevice, stream));
     }
-    if (step) {
-        decode_step_graph(model, 1);
+    if (step) { // (the tokens' copy inside)
+        decode_step_graph(model, 1, slot);
     } else {
         decode_gen_sample(model);
+        decode_gen_copy(model, slot, 0);
     }
-    cudaCheck(cudaMemcpyAsync(htok, model->dec_lane[0].tokens, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost,
-                              stream));
     cudaCheck(cudaEventRecord(model->gen_ev[slot], stream));
     model->gen_queued++;
 }

@@ -267,6 +267,7 @@ static void run_decode(int HS, int NH, int NKV, const std::vector<int> &lens, in
     float *ws = nullptr;
     cudaCheck(cudaMalloc(&dy, (size_t)B * NH * HS * sizeof(bf16)));
     cudaCheck(cudaMalloc(&ws, flash_decode_workspace_floats(B, NH, HS, context) * sizeof(float)));
+    cudaCheck(cudaMemset(ws, 0, flash_decode_workspace_floats(B, NH, HS, context) * sizeof(float))); // (the merge's counters)
     flash_attention_decode(dy, (long)NH * HS, ws, (long)flash_decode_workspace_floats(1, NH, HS, context), dq, (long)NH * HS, dk, dv, (long)context * KW, dl, 0, B, NH, NKV, HS,
                            context, (float)scale, 0);
     std::vector<bf16> got = to_host(dy, (size_t)B * NH * HS);

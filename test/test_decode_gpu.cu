@@ -339,17 +339,24 @@ static void run_conv_epi_case(Runtime *rt, int B, int C, int CD, int N, int G, i
 }
 
 // a product of the rows RMSNorm(x + branch) . w with the norm in the GEMV's prologue (step_product, a decode step) =
-// rmsnorm_forward then the GEMV: the output, x + branch and the 1/rms, bit for bit; and the SwiGLU form likewise
+// rmsnorm_forward then the GEMV: the output, x + branch and the 1/rms, bit for bit; and the SwiGLU form likewise.
+// with_branch 2: no branch, x the embedding of M tokens (StepInput.tokens: the prologue reads the table's rows and
+// stores them) = embedding_forward then rmsnorm_forward then the GEMV, the stored rows too
 static void run_norm_case(Runtime *rt, int M, int C, int OC, int with_branch) {
     char name[96];
     uint64_t seed = 0x4e0e ^ ((uint64_t)M << 24) ^ ((uint64_t)C << 8) ^ (uint64_t)OC;
-    const size_t nx = (size_t)M * C, nw = (size_t)2 * OC * C;
-    floatX *hx = (floatX *)mallocCheck(nx * sizeof(floatX)), *hb = (floatX *)mallocCheck(nx * sizeof(floatX));
+    const int emb = with_branch == 2, V = M + 5; // (emb: a table of V rows)
+    const size_t nx = (size_t)M * C, nw = (size_t)2 * OC * C, nt = emb ? (size_t)V * C : nx;
+    floatX *hx = (floatX *)mallocCheck(nt * sizeof(floatX)), *hb = (floatX *)mallocCheck(nt * sizeof(floatX));
     floatX *hw = (floatX *)mallocCheck(nw * sizeof(floatX)), *hn = (floatX *)mallocCheck((size_t)C * sizeof(floatX));
-    for (size_t i = 0; i < nx; i++) { hx[i] = (floatX)(2.0f * frand(&seed)); hb[i] = (floatX)frand(&seed); }
+    for (size_t i = 0; i < nt; i++) { hx[i] = (floatX)(2.0f * frand(&seed)); hb[i] = (floatX)frand(&seed); }
     for (size_t i = 0; i < nw; i++) { hw[i] = (floatX)(frand(&seed) / sqrtf((float)C)); }
     for (int i = 0; i < C; i++) { hn[i] = (floatX)(1.0f + 0.5f * frand(&seed)); }
-    floatX *dx = upload(hx, nx), *db = upload(hb, nx), *dw = upload(hw, nw), *dn = upload(hn, (size_t)C);
+    floatX *dx = upload(hx, nt), *db = upload(hb, nt), *dw = upload(hw, nw), *dn = upload(hn, (size_t)C);
+    const int htok[4] = {V - 1, 2, 0, V - 3};
+    int *dtok = NULL;
+    cudaCheck(cudaMalloc(&dtok, sizeof(htok)));
+    cudaCheck(cudaMemcpy(dtok, htok, sizeof(htok), cudaMemcpyHostToDevice));
     floatX *out[2][2], *xo[2], *rows;
     float *rs[2];
     cudaCheck(cudaMalloc(&rows, nx * sizeof(floatX)));
@@ -361,7 +368,8 @@ static void run_norm_case(Runtime *rt, int M, int C, int OC, int with_branch) {
     }
     rt->decode_step = 1;
     for (int fused = 0; fused < 2; fused++) { // fused = 0: the rows made first (ready), then the plain kernels
-        StepInput in = {rows, dx, with_branch ? db : NULL, dn, xo[fused], rs[fused], 0};
+        StepInput in = {rows, dx, with_branch == 1 ? db : NULL, dn, xo[fused], rs[fused], 0};
+        in.tokens = emb ? dtok : NULL;
         if (!fused) { step_input_rows(&in, M, C, rt->stream); }
         step_product(out[fused][0], OC, &in, dw, M, C, OC, rt);
         StepInput in2 = in;
@@ -372,13 +380,20 @@ static void run_norm_case(Runtime *rt, int M, int C, int OC, int with_branch) {
     const size_t so = (size_t)M * OC * sizeof(floatX);
     const void *const pairs[4][2] = {{out[0][0], out[1][0]}, {out[0][1], out[1][1]}, {xo[0], xo[1]}, {rs[0], rs[1]}};
     const size_t sizes[4] = {so, so, with_branch ? nx * sizeof(floatX) : 0, (size_t)M * sizeof(float)};
-    const bool same = same_device_bytes(pairs, sizes, 4);
-    snprintf(name, sizeof(name), "norm in the product M=%d C=%d OC=%d%s", M, C, OC, with_branch ? " +branch" : "");
+    bool same = same_device_bytes(pairs, sizes, 4);
+    if (emb) { // the stored rows are the table's
+        floatX *got = (floatX *)mallocCheck(nx * sizeof(floatX));
+        download(got, xo[1], nx);
+        for (int m = 0; m < M; m++) { same &= memcmp(got + (size_t)m * C, hx + (size_t)htok[m] * C, C * sizeof(floatX)) == 0; }
+        free(got);
+    }
+    snprintf(name, sizeof(name), "norm in the product M=%d C=%d OC=%d%s", M, C, OC,
+             emb ? " embedding" : with_branch ? " +branch" : "");
     test_result(same, name, "= RMSNorm kernel + GEMV (and SwiGLU form), x + branch, 1/rms: %s",
                 same ? "bit for bit" : "DIFFER");
     free(hx); free(hb); free(hw); free(hn);
     cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(db)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dn));
-    cudaCheck(cudaFree(rows));
+    cudaCheck(cudaFree(rows)); cudaCheck(cudaFree(dtok));
     for (int i = 0; i < 2; i++) {
         for (int k = 0; k < 2; k++) { cudaCheck(cudaFree(out[i][k])); }
         cudaCheck(cudaFree(xo[i])); cudaCheck(cudaFree(rs[i]));
@@ -557,19 +572,25 @@ static void run_gate_norm_case(Runtime *rt, int M, int NV, int OC, int vs, int g
     cudaCheck(cudaFree(rs[0])); cudaCheck(cudaFree(rs[1]));
 }
 
+// an attention layer's config for the decode cases: NH heads of HS, NKV kv heads, RoPE (θ = 10000) or none
+static ModelConfig attn_case_config(int NH, int NKV, int HS, int rope) {
+    ModelConfig c;
+    memset(&c, 0, sizeof(c));
+    c.attn.heads = NH;
+    c.attn.kv_heads = NKV;
+    c.attn.head_dim = HS;
+    c.attn.rope = rope;
+    c.attn.rope_theta = 10000.0f;
+    return c;
+}
+
 // RoPE and the cache append in one kernel (attention_rope_append) = the rotation kernel then attention_append_kernel:
 // the rotated qkv rows and both caches bit for bit (B sequences of T new tokens at distinct positions; HS = 64 takes
 // the 16-byte pieces, HS = 12 the element path)
 static void run_rope_append_case(Runtime *rt, int B, int T, int NH, int NKV, int HS, int context, int room) {
     char name[96];
     uint64_t seed = 0x40be ^ ((uint64_t)B << 32) ^ ((uint64_t)NH << 16) ^ ((uint64_t)HS << 4) ^ (uint64_t)T;
-    ModelConfig c;
-    memset(&c, 0, sizeof(c));
-    c.attn.heads = NH;
-    c.attn.kv_heads = NKV;
-    c.attn.head_dim = HS;
-    c.attn.rope = 1;
-    c.attn.rope_theta = 10000.0f;
+    ModelConfig c = attn_case_config(NH, NKV, HS, 1);
     const int W = (NH + 2 * NKV) * HS, kv = NKV * HS;
     const long seq = 2L * context * kv + room; // keys, values, room (as a decode state has; 4: slots not 16-byte aligned)
     const size_t nq = (size_t)B * T * W, nc = (size_t)B * seq;
@@ -600,6 +621,61 @@ static void run_rope_append_case(Runtime *rt, int B, int T, int NH, int NKV, int
     for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(q[i])); cudaCheck(cudaFree(cache[i])); }
     cudaCheck(cudaFree(dp));
 }
+
+#if !FLOATX_IS_FP32
+// the attention decode step in one launch (flash_attention_decode_step: RoPE, the append and the attention, the
+// slices merged by the last CTA) = attention_rope_append then flash_attention_decode: y and the whole state (both
+// caches, the partial results, the counters back at zero) bit for bit, over two steps (the counters' reset), at
+// positions on and beside slice boundaries
+static void run_attn_step_case(Runtime *rt, int B, int NH, int NKV, int HS, int context, int rope) {
+    char name[128];
+    uint64_t seed = 0xa77e ^ ((uint64_t)B << 32) ^ ((uint64_t)NH << 16) ^ ((uint64_t)HS << 4) ^ (uint64_t)rope;
+    ModelConfig c = attn_case_config(NH, NKV, HS, rope);
+    const int W = (NH + 2 * NKV) * HS, kv = NKV * HS, inner = NH * HS;
+    const size_t wsf = flash_decode_workspace_floats(1, NH, HS, context);
+    const long seq = 2L * context * kv + 2L * (long)wsf; // a decode state's: keys, values, the workspace
+    const size_t nq = (size_t)B * W, nc = (size_t)B * seq, ny = (size_t)B * inner;
+    floatX *hq = (floatX *)mallocCheck(nq * sizeof(floatX)), *hc = (floatX *)mallocCheck(nc * sizeof(floatX));
+    for (size_t i = 0; i < nc; i++) { hc[i] = (floatX)frand(&seed); }
+    for (int b = 0; b < B; b++) { // (the workspace zeroed, as a decode state begins)
+        memset(hc + (size_t)b * seq + 2L * context * kv, 0, wsf * sizeof(float));
+    }
+    const int slice = flash_decode_slice(context);
+    int hp[8];
+    for (int b = 0; b < B; b++) { hp[b] = b == 0 ? slice - 1 : b == 1 ? 0 : b == 2 ? context - 2 : (b * 97 + 13) % (context - 1); }
+    int *dp;
+    cudaCheck(cudaMalloc(&dp, B * sizeof(int)));
+    floatX *cache[2] = {upload(hc, nc), upload(hc, nc)}, *q[2] = {NULL, NULL}, *y[2];
+    for (int i = 0; i < 2; i++) { cudaCheck(cudaMalloc(&y[i], ny * sizeof(floatX))); }
+    const float scale = 1.0f / sqrtf((float)HS);
+    for (int step = 0; step < 2; step++) { // the second step one position on
+        for (size_t i = 0; i < nq; i++) { hq[i] = (floatX)(2.0f * frand(&seed)); }
+        for (int i = 0; i < 2; i++) {
+            if (q[i] != NULL) { cudaCheck(cudaFree(q[i])); }
+            q[i] = upload(hq, nq);
+        }
+        cudaCheck(cudaMemcpy(dp, hp, B * sizeof(int), cudaMemcpyHostToDevice));
+        attention_rope_append(q[0], cache[0], seq, dp, B, 1, &c, context, rt->stream);
+        flash_attention_decode(y[0], inner, (float *)(cache[0] + 2L * context * kv), seq / 2, q[0], W, cache[0],
+                               cache[0] + (size_t)context * kv, seq, dp, 1, B, NH, NKV, HS, context, scale, rt->stream);
+        flash_attention_decode_step(y[1], inner, (float *)(cache[1] + 2L * context * kv), seq / 2, q[1], W, cache[1],
+                                    cache[1] + (size_t)context * kv, seq, dp, B, NH, NKV, HS, context, scale,
+                                    rope ? c.attn.rope_theta : 0.0f, rt->stream);
+        cudaCheck(cudaStreamSynchronize(rt->stream));
+        for (int b = 0; b < B; b++) { hp[b]++; }
+    }
+    const void *const bufs[2][2] = {{y[0], y[1]}, {cache[0], cache[1]}};
+    const size_t sizes[2] = {ny * sizeof(floatX), nc * sizeof(floatX)};
+    const bool same = same_device_bytes(bufs, sizes, 2);
+    snprintf(name, sizeof(name), "attention decode step in one launch B=%d NH=%d NKV=%d HS=%d context %d%s", B, NH, NKV,
+             HS, context, rope ? " RoPE" : "");
+    test_result(same, name, "= RoPE + append, then the split decode (y, caches, partials, counters; 2 steps): %s",
+                same ? "bit for bit" : "DIFFER");
+    free(hq); free(hc);
+    for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(q[i])); cudaCheck(cudaFree(cache[i])); cudaCheck(cudaFree(y[i])); }
+    cudaCheck(cudaFree(dp));
+}
+#endif
 
 // the GDN step's conv + q/k L2 norms + gates in one kernel (gdn_step_prep) = the four kernels (gdn_step_prep_unfused):
 // the conv outputs, the windows, qn, kn, their 1/norms and both gates bit for bit
@@ -698,6 +774,8 @@ int main(void) {
     run_norm_case(&rt, 1, 1024, 3076, 1);
     run_norm_case(&rt, 4, 1024, 1000, 1);
     run_norm_case(&rt, 3, 1344, 77, 0);
+    run_norm_case(&rt, 1, 1024, 3076, 2); // the first layer's norm with the embedding in the prologue
+    run_norm_case(&rt, 4, 1024, 1000, 2);
     run_prep_case(&rt, 1, 1472, 84, 4);
     run_prep_case(&rt, 5, 200, 7, 2);
     run_conv_epi_case(&rt, 1, 1024, 1472, 84, 1344, 4); // the 410M Hybrid M²RNN's in-projection
@@ -716,6 +794,13 @@ int main(void) {
     run_rope_append_case(&rt, 5, 1, 8, 2, 64, 300, 4);    // GQA, sequences' slots not 16-byte aligned
     run_rope_append_case(&rt, 2, 7, 4, 4, 64, 100, 8);    // a prefill chunk
     run_rope_append_case(&rt, 3, 2, 6, 3, 12, 50, 8);     // the element path
+#if !FLOATX_IS_FP32
+    run_attn_step_case(&rt, 1, 16, 16, 64, 1100, 1); // the 410M Transformer++'s layer (5 slices, the last partial)
+    run_attn_step_case(&rt, 4, 16, 16, 64, 600, 0);  // the hybrids' (NoPE), positions at slice edges
+    run_attn_step_case(&rt, 3, 16, 2, 64, 700, 1);   // GQA of 8: two CTA groups a kv head (only group 0 appends)
+    run_attn_step_case(&rt, 2, 8, 4, 32, 300, 1);    // heads of 32
+    run_attn_step_case(&rt, 2, 4, 4, 128, 9000, 1);  // heads of 128, a context of longer slices
+#endif
     runtime_free(&rt);
     return test_summary(SUITE);
 }

@@ -132,6 +132,28 @@ static void decode_case(const char *label, Model *model, const Reference *r) {
     snprintf(name, sizeof(name), "%s: decode = forward at every position", label);
     test_result(worst < tol, name, "worst rel err %.2e at t=%d (tol %.0e), %d positions x %d sequences", worst, worst_t,
                 tol, T, B);
+    // the same steps queued back to back (model_decode_step does not wait; each step's tokens and positions go through
+    // two pinned slots, one host array rewritten between calls) = the steps above, each waited for: the last logits
+    // bit for bit
+    {
+        float *last = (float *)mallocCheck((size_t)B * Vp * sizeof(float)), *queued = (float *)mallocCheck((size_t)Vp * sizeof(float));
+        for (int b = 0; b < B; b++) { model_decode_logits(model, b, last + (size_t)b * Vp); }
+        model_decode_begin(model, B, T);
+        int tok[64], pos[64];
+        for (int t = 0; t < T; t++) {
+            for (int b = 0; b < B; b++) { tok[b] = r->tokens[b * T + t]; pos[b] = t; }
+            model_decode_step(model, tok, pos);
+        }
+        int same = 1;
+        for (int b = 0; b < B; b++) {
+            model_decode_logits(model, b, queued);
+            same &= memcmp(queued, last + (size_t)b * Vp, (size_t)Vp * sizeof(float)) == 0;
+        }
+        snprintf(name, sizeof(name), "%s: decode steps queued unwaited = waited", label);
+        test_result(same, name, "the last logits of %d steps, %d sequences, bit for bit", T, B);
+        free(last);
+        free(queued);
+    }
     // more sequences than the GEMV takes (the step's products on the tensor cores: the skinny product, cuBLASLt, the
     // norms and pointwise ops as their own kernels): 6 and 12 sequences, sequence b the reference's b % B, against the
     // forward at every position

@@ -166,6 +166,7 @@ static void bench_decode(int B, int NH, int NKV, int HS, int context, int repeat
     cudaCheck(cudaMalloc(&kc, cache * sizeof(bf16)));
     cudaCheck(cudaMalloc(&vc, cache * sizeof(bf16)));
     cudaCheck(cudaMalloc(&ws, flash_decode_workspace_floats(B, NH, HS, context) * sizeof(float)));
+    cudaCheck(cudaMemset(ws, 0, flash_decode_workspace_floats(B, NH, HS, context) * sizeof(float))); // (the merge's counters)
     cudaCheck(cudaMalloc(&lens, B * sizeof(int)));
     std::vector<int> hl(B, context);
     cudaCheck(cudaMemcpy(lens, hl.data(), B * sizeof(int), cudaMemcpyHostToDevice));
