@@ -657,15 +657,19 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_dq_kernel(AttnDims d, __
 // (j, j + HS/2) are lanes li, li ^ LPP/2; rounded to bf16 as it stores them: the same bits), and the group-0 CTA whose
 // slice holds t appends the key and value to the caches. The rows before t and the positions do not depend on the
 // kernel before this one (the in-projection), so the angles, the first round of row loads and, with small caches (pf),
-// the L2 prefetch of the slice's later rows go before its wait.
+// the L2 prefetch of the slice's later rows go before its wait. The angles (HS/2, one a thread) and the new key and
+// value (warp 0 makes them) pass through shared memory, each behind a barrier only where it is used (RoPE; the CTA
+// whose slice holds t): held in registers across the position loop they took 94 registers where the plain kernel
+// takes 72 (5 CTAs an SM, not 7: the hybrid at batch 64 +0.01 ms; Transformer++ at batch 1 0.698 -> 0.595 ms a step
+// without them: NOTES.md, inference round 16).
 template <int GH> __host__ __device__ constexpr int dec_rpl() { return GH == 4 ? 2 : 4; }
 __device__ __forceinline__ void unpack8_bf16(float (&x)[8], uint4 u) {
     x[0] = tiles::bf_lo(u.x); x[1] = tiles::bf_hi(u.x); x[2] = tiles::bf_lo(u.y); x[3] = tiles::bf_hi(u.y);
     x[4] = tiles::bf_lo(u.z); x[5] = tiles::bf_hi(u.z); x[6] = tiles::bf_lo(u.w); x[7] = tiles::bf_hi(u.w);
 }
 // a lane's 8 elements of a head rotated (RoPE): lanes li < LPP/2 hold elements j of the first half, their partners
-// li + LPP/2 elements j + HS/2; cs the angles of j
-template <int LPP> __device__ __forceinline__ uint4 rope_lane8(uint4 u, const float2 (&cs)[8], int li) {
+// li + LPP/2 elements j + HS/2; cs (HS/2) the angles of every j
+template <int LPP> __device__ __forceinline__ uint4 rope_lane8(uint4 u, const float2 *cs, int li) {
     uint4 o;
     o.x = __shfl_xor_sync(0xffffffffu, u.x, LPP / 2);
     o.y = __shfl_xor_sync(0xffffffffu, u.y, LPP / 2);
@@ -679,7 +683,8 @@ template <int LPP> __device__ __forceinline__ uint4 rope_lane8(uint4 u, const fl
 #pragma unroll
     for (int e = 0; e < 8; e++) {
         float o1, o2;
-        rope_rotate(&o1, &o2, first ? x[e] : px[e], first ? px[e] : x[e], cs[e].x, cs[e].y);
+        const float2 c = cs[(li % (LPP / 2)) * 8 + e];
+        rope_rotate(&o1, &o2, first ? x[e] : px[e], first ? px[e] : x[e], c.x, c.y);
         r[e] = __float2bfloat16(first ? o1 : o2);
     }
     return *(const uint4 *)r;
@@ -693,6 +698,8 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
     if constexpr (!STEP) { pdl_wait(); } // (a decode step launches it programmatically: cuda_common.h)
     constexpr int LPP = HS / 8, SG = 32 / LPP, RPL = dec_rpl<GH>(), WPOS = SG * RPL; // WPOS: a warp's positions a round
     __shared__ float pm[4][GH], pl[4][GH], pacc[4][GH][HS];
+    __shared__ float2 cs[HS / 2];          // STEP with RoPE: the angles of the token's pairs
+    __shared__ uint4 knew[HS / 8], vnew[HS / 8]; // STEP: the new token's key (rotated) and value, if t is in the slice
     __shared__ int last;
     const int G = NH / NKV, groups = (G + GH - 1) / GH;
     const int kvh = blockIdx.x / groups, g0 = (blockIdx.x % groups) * GH, ng = min(GH, G - g0);
@@ -716,7 +723,6 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
     };
     int pw = p0 + warp * WPOS;
     load_round(pw);
-    float2 cs[8]; // STEP with RoPE: the angles of this lane's pairs
     if constexpr (STEP) {
         if (pf) { // (a small cache: the slice's later rounds into L2 too, so that after the wait they are L2 trips)
             constexpr int LINES = HS >= 64 ? HS / 64 : 1; // 128-byte lines a row
@@ -727,11 +733,9 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
                 if (p != t) { prefetch_l2((r & 1 ? vb : kb) + (long)p * inner + (r >> 1) * 64); }
             }
         }
-        if (theta > 0.0f) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) { cs[e] = rope_cos_sin(t, (li % (LPP / 2)) * 8 + e, HS, theta); }
-        }
+        if (theta > 0.0f && threadIdx.x < HS / 2) { cs[threadIdx.x] = rope_cos_sin(t, threadIdx.x, HS, theta); }
         pdl_wait();
+        if (theta > 0.0f) { __syncthreads(); } // (cs; uniform)
     }
     pdl_trigger();
     float qv[GH][8], m[GH], l[GH], acc[GH][8];
@@ -751,24 +755,30 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
             acc[g][e] = 0.0f;
         }
     }
-    uint4 knew = make_uint4(0u, 0u, 0u, 0u), vnew = knew; // STEP: the new token's key and value, if t is in the slice
     if constexpr (STEP) {
         if (t >= p0 && t < p0 + slice) { // (the CTA's slice: uniform)
-            const __nv_bfloat16 *row = q + (long)b * q_row + (long)NH * HS + (long)kvh * HS + li * 8;
-            knew = *(const uint4 *)row;
-            vnew = *(const uint4 *)(row + inner);
-            if (theta > 0.0f) { knew = rope_lane8<LPP>(knew, cs, li); }
-            if (g0 == 0 && warp == 0 && sub == 0) { // the append, once a kv head
-                *(uint4 *)(kcache + (long)b * cache_seq + (long)t * inner + (long)kvh * HS + li * 8) = knew;
-                *(uint4 *)(vcache + (long)b * cache_seq + (long)t * inner + (long)kvh * HS + li * 8) = vnew;
+            if (warp == 0) {
+                const __nv_bfloat16 *row = q + (long)b * q_row + (long)NH * HS + (long)kvh * HS + li * 8;
+                uint4 k = *(const uint4 *)row;
+                const uint4 v = *(const uint4 *)(row + inner);
+                if (theta > 0.0f) { k = rope_lane8<LPP>(k, cs, li); }
+                if (sub == 0) {
+                    knew[li] = k;
+                    vnew[li] = v;
+                    if (g0 == 0) { // the append, once a kv head
+                        *(uint4 *)(kcache + (long)b * cache_seq + (long)t * inner + (long)kvh * HS + li * 8) = k;
+                        *(uint4 *)(vcache + (long)b * cache_seq + (long)t * inner + (long)kvh * HS + li * 8) = v;
+                    }
+                }
             }
+            __syncthreads(); // (knew, vnew)
         }
     }
     for (; pw < p1; pw += 4 * WPOS) {
         if constexpr (STEP) {
 #pragma unroll
             for (int j = 0; j < RPL; j++) {
-                if (pw + j * SG + sub == t) { kr[j] = knew; vr[j] = vnew; }
+                if (pw + j * SG + sub == t) { kr[j] = knew[li]; vr[j] = vnew[li]; }
             }
         }
         if constexpr (GH == 4) { // 2 loads a lane in flight only: the next round's rows into L2 meanwhile, a lane a line

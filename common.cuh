@@ -610,6 +610,112 @@ static void gemv_go(floatX *out, int out_stride, const floatX *inp, const floatX
         go(matmul_gemv_kernel<MM, GLU, false, 2, ST>, no_epi);
     }
 }
+// The GEMV for very many outputs at up to GEMV_MAX_M rows (the LM head: 100,352 rows of 1,024): a grid of one wave (two
+// blocks an SM), each block looping over 16-row groups gridDim.x apart, each warp copying its two rows of the next
+// GEMV_STREAM_STAGES − 1 groups into its own shared-memory stages (cp.async; a lane reads back only what it copied, so
+// its own wait suffices and the loop has no barrier). The plain GEMV's 6,272 blocks each prefetched 32 KB into L2 and
+// read it back after their wait: the LM head alone 54–56 µs, 3.7–3.8 TB/s of an H200's 4.8 (NOTES.md, inference round
+// 15). The same sums in the same order as matmul_gemv_kernel (each row one warp, lane-ordered k, the same reduction),
+// so the same bits; the input rows are copied into shared memory once, after the wait.
+#define GEMV_STREAM_STAGES 3
+static int gemv_stream = -1; // 0: off (M2RNN_GEMV_STREAM=0, for A/B runs)
+static long gemv_stream_launches = 0; // (tests check the path they meant to take)
+static inline bool gemv_stream_on(void) { return env_on_unless_0(&gemv_stream, "M2RNN_GEMV_STREAM"); }
+static inline size_t gemv_stream_bytes(int M, int IC) {
+    return (size_t)M * IC * sizeof(floatX) + (size_t)8 * GEMV_STREAM_STAGES * 2 * IC * sizeof(floatX);
+}
+template <int M>
+__global__ void __launch_bounds__(256, 2)
+    matmul_gemv_stream_kernel(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC) {
+    extern __shared__ __align__(16) unsigned char gemv_rows[]; // (M, IC) the input rows, then (warps, stages, 2, IC)
+    using namespace tiles;
+    constexpr int R = 2, S = GEMV_STREAM_STAGES;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, groups = CEIL_DIV(OC, 8 * R);
+    floatX *rows = (floatX *)gemv_rows;
+    floatX *wsm = rows + (size_t)M * IC + (size_t)warp * S * R * IC;
+    // stage s ← this warp's rows of group g (a commit group even past the last group, so the counts stay aligned)
+    auto issue = [&](int g, int s) {
+        if (g < groups) {
+            const int o0 = (g * 8 + warp) * R;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const floatX *src = weight + (size_t)min(o0 + r, OC - 1) * IC;
+                floatX *dst = wsm + (size_t)(s * R + r) * IC;
+                for (int k = lane * PACK; k < IC; k += WARP_SIZE * PACK) { cp_async16(smem_addr(dst + k), src + k); }
+            }
+        }
+        cp_async_commit();
+    };
+    int g = blockIdx.x;
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) { issue(g + s * (int)gridDim.x, s); } // (the weights do not depend on the wait)
+    pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
+    pdl_trigger();
+    for (int k = threadIdx.x * PACK; k < M * IC; k += blockDim.x * PACK) { *(Pack *)(rows + k) = *(const Pack *)(inp + k); }
+    __syncthreads();
+    for (int it = 0; g < groups; it++, g += gridDim.x) {
+        // the stage the last iteration read (this lane's own pieces, read before this copy is issued)
+        issue(g + (S - 1) * (int)gridDim.x, (it + S - 1) % S);
+        cp_async_wait<S - 1>(); // group g's pieces of this lane have landed
+        const int o0 = (g * 8 + warp) * R;
+        const floatX *ws = wsm + (size_t)(it % S) * R * IC;
+        float acc[R][M];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int m = 0; m < M; m++) { acc[r][m] = 0.0f; }
+        }
+#pragma unroll 2
+        for (int k = lane * PACK; k < IC; k += WARP_SIZE * PACK) {
+            Pack w[R], x[M];
+#pragma unroll
+            for (int r = 0; r < R; r++) { w[r] = *(const Pack *)(ws + (size_t)r * IC + k); }
+#pragma unroll
+            for (int m = 0; m < M; m++) { x[m] = *(const Pack *)(rows + (size_t)m * IC + k); }
+#pragma unroll
+            for (int e = 0; e < PACK; e++) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+#pragma unroll
+                    for (int m = 0; m < M; m++) { acc[r][m] = fmaf(to_float(w[r].v[e]), to_float(x[m].v[e]), acc[r][m]); }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                const floatX y = (floatX)warp_reduce_sum(acc[r][m]);
+                if (lane == 0 && o0 + r < OC) { out[(size_t)m * out_stride + o0 + r] = y; }
+            }
+        }
+    }
+    tiles::cp_async_wait<0>(); // (the empty groups past the end)
+}
+template <int M>
+static void gemv_stream_go(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC,
+                           cudaStream_t stream) {
+    const size_t smem = gemv_stream_bytes(M, IC);
+    const int groups = CEIL_DIV(OC, 16), grid = groups < 2 * device_num_sms() ? groups : 2 * device_num_sms();
+    cudaCheck(cudaFuncSetAttribute(matmul_gemv_stream_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    launch_k(matmul_gemv_stream_kernel<M>, grid, 256, smem, stream, out, out_stride, inp, weight, IC, OC);
+}
+// the streamed GEMV where it takes the shape (more than 16,384 outputs, its stages in 110 KB); false otherwise
+static bool matmul_gemv_stream(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC,
+                               int OC, cudaStream_t stream) {
+    if (!gemv_stream_on() || OC <= 16384 || M < 1 || M > GEMV_MAX_M || gemv_stream_bytes(M, IC) > 110 * 1024) {
+        return false;
+    }
+    static_assert(GEMV_MAX_M == 4, "matmul_gemv_stream: one case a row count up to GEMV_MAX_M");
+    switch (M) {
+    case 1: gemv_stream_go<1>(out, out_stride, inp, weight, IC, OC, stream); break;
+    case 2: gemv_stream_go<2>(out, out_stride, inp, weight, IC, OC, stream); break;
+    case 3: gemv_stream_go<3>(out, out_stride, inp, weight, IC, OC, stream); break;
+    case 4: gemv_stream_go<4>(out, out_stride, inp, weight, IC, OC, stream); break;
+    }
+    gemv_stream_launches++;
+    return true;
+}
 // nrm NULL: the input rows are inp; else made from nrm (inp unused). epi (not NULL): an epilogue, with nrm only
 template <bool GLU, class Epi = GemvNoEpilogue>
 static bool matmul_gemv_launch(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int M, int IC,
@@ -617,6 +723,9 @@ static bool matmul_gemv_launch(floatX *out, int out_stride, const floatX *inp, c
     if (M < 1 || M > gemv_max_rows() || IC % PACK != 0 || (uintptr_t)weight % 16 != 0) { return false; }
     if (epi != NULL && (nrm == NULL || GLU)) { return false; }
     if (nrm == NULL && (uintptr_t)inp % 16 != 0) { return false; }
+    if (nrm == NULL && !GLU && epi == NULL && matmul_gemv_stream(out, out_stride, inp, weight, M, IC, OC, stream)) {
+        return true;
+    }
     if (nrm != NULL && (!rmsnorm_row_packs_ok(IC) || (size_t)M * IC * sizeof(floatX) > 48 * 1024 ||
                         ((uintptr_t)nrm->x | (uintptr_t)nrm->branch | (uintptr_t)nrm->x_out | (uintptr_t)nrm->w) % 16 != 0)) {
         return false;

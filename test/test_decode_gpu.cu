@@ -211,6 +211,47 @@ static void run_stage_case(Runtime *rt, int M, int IC, int OC, int kind) {
     for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(out[i])); cudaCheck(cudaFree(xo[i])); cudaCheck(cudaFree(rs[i])); }
 }
 
+// The streamed GEMV of very many outputs (the LM head: matmul_gemv_stream) = the plain GEMV (gemv_stream 0), bit for
+// bit, at a ragged output count (the last 16-row group partial), its rows out_stride apart; and it took the path
+static void run_stream_case(Runtime *rt, int M, int IC, int OC) {
+    char name[96];
+    snprintf(name, sizeof(name), "gemv streamed = plain, M=%d IC=%d OC=%d", M, IC, OC);
+    if (gemv_stream_bytes(M, IC) > 110 * 1024) {
+        test_skip(name, "its stages do not fit in 110 KB at this precision");
+        return;
+    }
+    uint64_t seed = 0x57ea ^ ((uint64_t)M << 40) ^ ((uint64_t)IC << 20) ^ (uint64_t)OC;
+    const size_t nw = (size_t)OC * IC, nx = (size_t)M * IC, S = (size_t)OC + 8;
+    floatX *hw = (floatX *)mallocCheck(nw * sizeof(floatX)), *hx = (floatX *)mallocCheck(nx * sizeof(floatX));
+    for (size_t i = 0; i < nw; i++) { hw[i] = (floatX)(frand(&seed) / sqrtf((float)IC)); }
+    for (size_t i = 0; i < nx; i++) { hx[i] = (floatX)frand(&seed); }
+    floatX *dw = upload(hw, nw), *dx = upload(hx, nx), *out[2];
+    long took[2] = {0, 0};
+    bool ok = true;
+    for (int st = 0; st < 2; st++) {
+        cudaCheck(cudaMalloc(&out[st], (size_t)M * S * sizeof(floatX)));
+        cudaCheck(cudaMemset(out[st], 0, (size_t)M * S * sizeof(floatX)));
+        gemv_stream = st;
+        const long before = gemv_stream_launches;
+        ok = ok && matmul_gemv(out[st], (int)S, dx, dw, M, IC, OC, rt->stream);
+        took[st] = gemv_stream_launches - before;
+    }
+    gemv_stream = -1; // (the environment's choice again)
+    cudaCheck(cudaStreamSynchronize(rt->stream));
+    const void *const bufs[1][2] = {{out[0], out[1]}};
+    const size_t sizes[1] = {(size_t)M * S * sizeof(floatX)};
+    const bool same = ok && same_device_bytes(bufs, sizes, 1), path = took[0] == 0 && took[1] == 1;
+    floatX *hy = (floatX *)mallocCheck((size_t)M * S * sizeof(floatX));
+    download(hy, out[1], (size_t)M * S);
+    bool finite = true;
+    const double err = product_err(hy, (int)S, hx, hw, M, IC, OC, &finite);
+    test_result(same && path && finite && err < TOL, name, "%s, rel err %.2e against float64 (tol %.0e)%s",
+                !ok ? "REFUSED" : same ? "bit for bit" : "DIFFER", err, TOL, path ? "" : " WRONG PATH");
+    free(hw); free(hx); free(hy);
+    cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dx));
+    for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(out[i])); }
+}
+
 // h = SiLU(x W_gateᵀ) ⊙ (x W_upᵀ) in one kernel = the product of all 2F rows then swiglu_pointwise_forward
 static void run_glu_case(Runtime *rt, int M, int IC, int F) {
     char name[96];
@@ -756,6 +797,9 @@ int main(void) {
     for (size_t i = 0; i < sizeof(stage) / sizeof(stage[0]); i++) {
         run_stage_case(&rt, stage[i][0], stage[i][1], stage[i][2], stage[i][3]);
     }
+    run_stream_case(&rt, 1, 1024, 100352); // the LM head at one and four sequences; ragged groups
+    run_stream_case(&rt, 4, 1024, 40003);
+    run_stream_case(&rt, 2, 256, 16400);
     const int glu[][3] = {{1, 1024, 2816}, {3, 64, 77}, {4, 256, 1000}};
     for (size_t i = 0; i < sizeof(glu) / sizeof(glu[0]); i++) { run_glu_case(&rt, glu[i][0], glu[i][1], glu[i][2]); }
 #if !FLOATX_IS_FP32
