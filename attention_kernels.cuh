@@ -661,7 +661,9 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_dq_kernel(AttnDims d, __
 // value (warp 0 makes them) pass through shared memory, each behind a barrier only where it is used (RoPE; the CTA
 // whose slice holds t): held in registers across the position loop they took 94 registers where the plain kernel
 // takes 72 (5 CTAs an SM, not 7: the hybrid at batch 64 +0.01 ms; Transformer++ at batch 1 0.698 -> 0.595 ms a step
-// without them: NOTES.md, inference round 16).
+// without them: NOTES.md, inference round 16). STAGE (a step with a small cache: flash_decode_stages) copies the
+// slice's rows into shared memory (dynamic, (slice, HS) keys then values) before the wait instead of the first round's
+// loads and the L2 prefetch, and its rounds read them from there after it.
 template <int GH> __host__ __device__ constexpr int dec_rpl() { return GH == 4 ? 2 : 4; }
 __device__ __forceinline__ void unpack8_bf16(float (&x)[8], uint4 u) {
     x[0] = tiles::bf_lo(u.x); x[1] = tiles::bf_hi(u.x); x[2] = tiles::bf_lo(u.y); x[3] = tiles::bf_hi(u.y);
@@ -689,7 +691,7 @@ template <int LPP> __device__ __forceinline__ uint4 rope_lane8(uint4 u, const fl
     }
     return *(const uint4 *)r;
 }
-template <int HS, int GH, bool STEP>
+template <int HS, int GH, bool STEP, bool STAGE = false>
 __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, long y_row, float *part, long part_seq,
                                                             const __nv_bfloat16 *q, long q_row, __nv_bfloat16 *kcache,
                                                             __nv_bfloat16 *vcache, long cache_seq, const int *lens,
@@ -701,6 +703,7 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
     __shared__ float2 cs[HS / 2];          // STEP with RoPE: the angles of the token's pairs
     __shared__ uint4 knew[HS / 8], vnew[HS / 8]; // STEP: the new token's key (rotated) and value, if t is in the slice
     __shared__ int last;
+    extern __shared__ __align__(16) uint4 dec_rows[]; // STAGE: the slice's (slice, HS/8) key pieces, then its values
     const int G = NH / NKV, groups = (G + GH - 1) / GH;
     const int kvh = blockIdx.x / groups, g0 = (blockIdx.x % groups) * GH, ng = min(GH, G - g0);
     const int b = blockIdx.y, s = blockIdx.z, h0 = kvh * G + g0; // query heads h0 .. h0+ng−1 read kv head kvh
@@ -710,21 +713,40 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
     const __nv_bfloat16 *kc = kcache + (long)b * cache_seq + (long)kvh * HS + li * 8;
     const __nv_bfloat16 *vc = vcache + (long)b * cache_seq + (long)kvh * HS + li * 8;
     uint4 kr[RPL], vr[RPL]; // a round's rows: load j of this lane is position pw + j·SG + sub
+    const uint4 *ks = dec_rows, *vs = dec_rows + (size_t)slice * (HS / 8);
     auto load_round = [&](int pw) {
 #pragma unroll
         for (int j = 0; j < RPL; j++) {
             const int p = pw + j * SG + sub;
             kr[j] = vr[j] = make_uint4(0u, 0u, 0u, 0u);
             if (p < p1 && (!STEP || p != t)) {
-                kr[j] = *(const uint4 *)(kc + (long)p * inner);
-                vr[j] = *(const uint4 *)(vc + (long)p * inner);
+                if constexpr (STAGE) {
+                    kr[j] = ks[(p - p0) * (HS / 8) + li];
+                    vr[j] = vs[(p - p0) * (HS / 8) + li];
+                } else {
+                    kr[j] = *(const uint4 *)(kc + (long)p * inner);
+                    vr[j] = *(const uint4 *)(vc + (long)p * inner);
+                }
             }
         }
     };
     int pw = p0 + warp * WPOS;
-    load_round(pw);
+    if constexpr (STAGE) { // the slice's rows into shared memory, all before the wait (they do not depend on it)
+        const __nv_bfloat16 *kb = kcache + (long)b * cache_seq + (long)kvh * HS;
+        const __nv_bfloat16 *vb = vcache + (long)b * cache_seq + (long)kvh * HS;
+        for (int i = threadIdx.x; i < (p1 - p0) * (HS / 8); i += blockDim.x) {
+            const int p = p0 + i / (HS / 8), c = i % (HS / 8);
+            if (p != t) {
+                tiles::cp_async16(tiles::smem_addr(dec_rows + i), kb + (long)p * inner + c * 8);
+                tiles::cp_async16(tiles::smem_addr(dec_rows + (size_t)slice * (HS / 8) + i), vb + (long)p * inner + c * 8);
+            }
+        }
+        tiles::cp_async_commit();
+    } else {
+        load_round(pw);
+    }
     if constexpr (STEP) {
-        if (pf) { // (a small cache: the slice's later rounds into L2 too, so that after the wait they are L2 trips)
+        if (pf && !STAGE) { // (a small cache: the slice's later rounds into L2 too, so that after the wait they are L2 trips)
             constexpr int LINES = HS >= 64 ? HS / 64 : 1; // 128-byte lines a row
             const __nv_bfloat16 *kb = kcache + (long)b * cache_seq + (long)kvh * HS;
             const __nv_bfloat16 *vb = vcache + (long)b * cache_seq + (long)kvh * HS;
@@ -735,7 +757,13 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
         }
         if (theta > 0.0f && threadIdx.x < HS / 2) { cs[threadIdx.x] = rope_cos_sin(t, threadIdx.x, HS, theta); }
         pdl_wait();
-        if (theta > 0.0f) { __syncthreads(); } // (cs; uniform)
+        if constexpr (STAGE) {
+            tiles::cp_async_wait<0>();
+            __syncthreads(); // (the rows; cs)
+            load_round(pw);
+        } else if (theta > 0.0f) {
+            __syncthreads(); // (cs; uniform)
+        }
     }
     pdl_trigger();
     float qv[GH][8], m[GH], l[GH], acc[GH][8];
@@ -1002,12 +1030,32 @@ static inline size_t flash_decode_workspace_floats(int B, int NH, int HS, int co
     return (size_t)B * (((size_t)NH * flash_decode_slices(context) * (HS + 2) + NH + 7) / 8 * 8);
 }
 
+// pf: where the caches are small (a batch of one or two at a short context: 8 MB or less of keys and values, a sixth
+// of the L2) the step brings its slices' later rounds into L2 before the wait too; larger caches stream
+// (M2RNN_ATTN_PF=0 off, 1 on, else by the cache's size)
+static int flash_decode_pf_env = -1;
+static inline bool flash_decode_pf(int B, int NKV, int HS, int context) {
+    const int e = env_int(&flash_decode_pf_env, "M2RNN_ATTN_PF", 2);
+    return e == 2 ? (double)B * context * NKV * HS * 4 <= 8e6 : e == 1;
+}
+// and there, where a slice's keys and values fit in 100 KB, the step stages them in shared memory before the wait
+// (STAGE): after the wait its rounds read them from there instead of making a trip to L2 each, the same values in the
+// same sums, so the same bits (the 410M hybrid at batch 1 0.508 -> 0.503 ms on an H200: NOTES.md, inference round
+// 16). M2RNN_ATTN_STAGE=0 reads them from L2 (A/B runs; the tests take both paths).
+static int flash_decode_stage = -1;
+static long flash_decode_staged_launches = 0; // (the tests check the path they meant to take)
+static inline size_t flash_decode_stage_bytes(int HS, int context) {
+    return (size_t)flash_decode_slice(context) * HS * 2 * sizeof(__nv_bfloat16);
+}
+static inline bool flash_decode_stages(int B, int NKV, int HS, int context) {
+    return flash_decode_pf(B, NKV, HS, context) && env_on_unless_0(&flash_decode_stage, "M2RNN_ATTN_STAGE") &&
+           flash_decode_stage_bytes(HS, context) <= 100 * 1024;
+}
+
 static void flash_decode_launch(__nv_bfloat16 *y, long y_row, float *workspace, long ws_seq, const __nv_bfloat16 *q,
                                 long q_row, __nv_bfloat16 *kcache, __nv_bfloat16 *vcache, long cache_seq,
                                 const int *lens, int len_add, int B, int NH, int NKV, int HS, int context, float scale,
                                 bool step, float theta, cudaStream_t stream) {
-    static int pf_env = -1; // (experiment: M2RNN_ATTN_PF=0 off, 1 on, else by the cache's size)
-    env_int(&pf_env, "M2RNN_ATTN_PF", 2);
     if ((HS != 32 && HS != 64 && HS != 128) || NKV < 1 || NH % NKV != 0 || B < 1 || context < 1) {
         fail_with_hint("use head dim 32, 64 or 128 and kv heads dividing the heads",
                        "attention decode: HS=%d NH=%d NKV=%d B=%d context=%d", HS, NH, NKV, B, context);
@@ -1025,13 +1073,18 @@ static void flash_decode_launch(__nv_bfloat16 *y, long y_row, float *workspace, 
     // a CTA serves up to GH query heads of one kv head: all of them for G = NH/NKV ≤ 2, else groups of 4
     const int G = NH / NKV, GH = G <= 2 ? G : 4;
     dim3 grid(NKV * CEIL_DIV(G, GH), B, slices);
-    // pf: where the caches are small (a batch of one or two at a short context: 8 MB or less of keys and values, a
-    // sixth of the L2) the step brings its slices' later rounds into L2 before the wait too; larger caches stream
-    const int pf = step && (pf_env == 2 ? (double)B * context * NKV * HS * 4 <= 8e6 : pf_env == 1);
+    const int pf = step && flash_decode_pf(B, NKV, HS, context);
+    const bool stage = step && flash_decode_stages(B, NKV, HS, context);
+    const size_t stage_bytes = flash_decode_stage_bytes(HS, context);
+    flash_decode_staged_launches += stage;
+    auto go = [&](auto kernel, size_t smem) {
+        if (smem > 48 * 1024) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); }
+        launch_k(kernel, grid, 128, smem, stream, y, y_row, workspace, ws_seq, q, q_row, kcache, vcache, cache_seq, lens,
+                 len_add, NH, NKV, slice, slices, scale, theta, pf);
+    };
 #define FA_DECODE(HSV, GHV)                                                                                          \
-    launch_k(step ? flash_decode_kernel<HSV, GHV, true> : flash_decode_kernel<HSV, GHV, false>, grid, 128, 0, stream, \
-             y, y_row, workspace, ws_seq, q, q_row, kcache, vcache, cache_seq, lens, len_add, NH, NKV, slice, slices, \
-             scale, theta, pf)
+    if (stage) { go(flash_decode_kernel<HSV, GHV, true, true>, stage_bytes); }                                      \
+    else if (step) { go(flash_decode_kernel<HSV, GHV, true>, 0); } else { go(flash_decode_kernel<HSV, GHV, false>, 0); }
 #define FA_DECODE_HS(HSV)                                                                                            \
     if (GH == 1) { FA_DECODE(HSV, 1); } else if (GH == 2) { FA_DECODE(HSV, 2); } else { FA_DECODE(HSV, 4); }
     if (HS == 32) { FA_DECODE_HS(32); } else if (HS == 64) { FA_DECODE_HS(64); } else { FA_DECODE_HS(128); }

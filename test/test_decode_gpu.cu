@@ -667,9 +667,10 @@ static void run_rope_append_case(Runtime *rt, int B, int T, int NH, int NKV, int
 // the attention decode step in one launch (flash_attention_decode_step: RoPE, the append and the attention, the
 // slices merged by the last CTA) = attention_rope_append then flash_attention_decode: y and the whole state (both
 // caches, the partial results, the counters back at zero) bit for bit, over two steps (the counters' reset), at
-// positions on and beside slice boundaries
-static void run_attn_step_case(Runtime *rt, int B, int NH, int NKV, int HS, int context, int rope) {
-    char name[128];
+// positions on and beside slice boundaries; stage 0: the step reads its rows after the wait, 1: as
+// flash_decode_stages says (staged in shared memory before it where the cache is small)
+static void run_attn_step_case(Runtime *rt, int B, int NH, int NKV, int HS, int context, int rope, int stage) {
+    char name[160];
     uint64_t seed = 0xa77e ^ ((uint64_t)B << 32) ^ ((uint64_t)NH << 16) ^ ((uint64_t)HS << 4) ^ (uint64_t)rope;
     ModelConfig c = attn_case_config(NH, NKV, HS, rope);
     const int W = (NH + 2 * NKV) * HS, kv = NKV * HS, inner = NH * HS;
@@ -689,6 +690,9 @@ static void run_attn_step_case(Runtime *rt, int B, int NH, int NKV, int HS, int 
     floatX *cache[2] = {upload(hc, nc), upload(hc, nc)}, *q[2] = {NULL, NULL}, *y[2];
     for (int i = 0; i < 2; i++) { cudaCheck(cudaMalloc(&y[i], ny * sizeof(floatX))); }
     const float scale = 1.0f / sqrtf((float)HS);
+    flash_decode_stage = stage;
+    const bool want = stage && flash_decode_stages(B, NKV, HS, context);
+    const long staged0 = flash_decode_staged_launches;
     for (int step = 0; step < 2; step++) { // the second step one position on
         for (size_t i = 0; i < nq; i++) { hq[i] = (floatX)(2.0f * frand(&seed)); }
         for (int i = 0; i < 2; i++) {
@@ -708,10 +712,12 @@ static void run_attn_step_case(Runtime *rt, int B, int NH, int NKV, int HS, int 
     const void *const bufs[2][2] = {{y[0], y[1]}, {cache[0], cache[1]}};
     const size_t sizes[2] = {ny * sizeof(floatX), nc * sizeof(floatX)};
     const bool same = same_device_bytes(bufs, sizes, 2);
-    snprintf(name, sizeof(name), "attention decode step in one launch B=%d NH=%d NKV=%d HS=%d context %d%s", B, NH, NKV,
-             HS, context, rope ? " RoPE" : "");
-    test_result(same, name, "= RoPE + append, then the split decode (y, caches, partials, counters; 2 steps): %s",
-                same ? "bit for bit" : "DIFFER");
+    const bool path = flash_decode_staged_launches - staged0 == (want ? 2 : 0);
+    flash_decode_stage = -1; // (the environment's choice again)
+    snprintf(name, sizeof(name), "attention decode step in one launch B=%d NH=%d NKV=%d HS=%d context %d%s, %s", B, NH,
+             NKV, HS, context, rope ? " RoPE" : "", want ? "rows staged" : "rows from L2");
+    test_result(same && path, name, "= RoPE + append, then the split decode (y, caches, partials, counters; 2 steps): %s%s",
+                same ? "bit for bit" : "DIFFER", path ? "" : " WRONG PATH");
     free(hq); free(hc);
     for (int i = 0; i < 2; i++) { cudaCheck(cudaFree(q[i])); cudaCheck(cudaFree(cache[i])); cudaCheck(cudaFree(y[i])); }
     cudaCheck(cudaFree(dp));
@@ -839,11 +845,15 @@ int main(void) {
     run_rope_append_case(&rt, 2, 7, 4, 4, 64, 100, 8);    // a prefill chunk
     run_rope_append_case(&rt, 3, 2, 6, 3, 12, 50, 8);     // the element path
 #if !FLOATX_IS_FP32
-    run_attn_step_case(&rt, 1, 16, 16, 64, 1100, 1); // the 410M Transformer++'s layer (5 slices, the last partial)
-    run_attn_step_case(&rt, 4, 16, 16, 64, 600, 0);  // the hybrids' (NoPE), positions at slice edges
-    run_attn_step_case(&rt, 3, 16, 2, 64, 700, 1);   // GQA of 8: two CTA groups a kv head (only group 0 appends)
-    run_attn_step_case(&rt, 2, 8, 4, 32, 300, 1);    // heads of 32
-    run_attn_step_case(&rt, 2, 4, 4, 128, 9000, 1);  // heads of 128, a context of longer slices
+    for (int stage = 0; stage < 2; stage++) { // each shape with its rows from L2, then staged where it stages
+        run_attn_step_case(&rt, 1, 16, 16, 64, 1100, 1, stage); // the 410M Transformer++'s layer (5 slices, the last partial)
+        run_attn_step_case(&rt, 1, 16, 16, 64, 1100, 0, stage); // the hybrids' (NoPE) at batch 1
+        run_attn_step_case(&rt, 4, 16, 16, 64, 600, 0, stage);  // the hybrids' at batch 4, positions at slice edges
+        run_attn_step_case(&rt, 3, 16, 2, 64, 700, 1, stage);   // GQA of 8: two CTA groups a kv head (only group 0 appends)
+        run_attn_step_case(&rt, 2, 8, 4, 32, 300, 1, stage);    // heads of 32
+        run_attn_step_case(&rt, 2, 4, 4, 128, 1000, 1, stage);  // heads of 128 (128 KB of rows a slice: not staged)
+        run_attn_step_case(&rt, 2, 4, 4, 128, 9000, 1, stage);  // a context of longer slices (256 KB: not staged)
+    }
 #endif
     runtime_free(&rt);
     return test_summary(SUITE);
