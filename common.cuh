@@ -420,6 +420,45 @@ __host__ __device__ inline size_t gemv_rows_bytes(int M, int IC, bool norm, bool
     return (size_t)(norm ? M + 1 : st ? M : 0) * IC * sizeof(floatX);
 }
 
+// acc[s][r][m] = Σ_k w(s, r)[k] · x[m·IC + k] over this lane's k (8 elements a 16-byte pack, packs WARP_SIZE apart,
+// unrolled by 2): a GEMV lane's sums, before the warp's reduction. One function for every GEMV (the plain and staged
+// matmul_gemv_kernel, matmul_gemv_stream_kernel), so that their "same sums in the same order" is one piece of code.
+template <int NS, int R, int M, class WRow>
+__device__ __forceinline__ void gemv_lane_sums(float (&acc)[NS][R][M], WRow w_row, const floatX *x, int IC, int lane) {
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int m = 0; m < M; m++) { acc[s][r][m] = 0.0f; }
+        }
+    }
+#pragma unroll 2
+    for (int k = lane * PACK; k < IC; k += WARP_SIZE * PACK) {
+        Pack w[NS][R], xv[M];
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+#pragma unroll
+            for (int r = 0; r < R; r++) { w[s][r] = *(const Pack *)(w_row(s, r) + k); }
+        }
+#pragma unroll
+        for (int m = 0; m < M; m++) { xv[m] = *(const Pack *)(x + (size_t)m * IC + k); }
+#pragma unroll
+        for (int e = 0; e < PACK; e++) {
+#pragma unroll
+            for (int s = 0; s < NS; s++) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        acc[s][r][m] = fmaf(to_float(w[s][r].v[e]), to_float(xv[m].v[e]), acc[s][r][m]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 // ST: each warp's weight rows are copied into shared memory (cp.async, after the NORM rows) before the dependency
 // wait, so that after it the product reads them from there instead of making its round trips to L2 then; else they
 // are prefetched into L2 before the wait and streamed from there in the k loop. The same sums either way.
@@ -518,42 +557,9 @@ __global__ void __launch_bounds__(256, 2)
     }
     if (o0 >= OC) { return; }
     float acc[NS][R][M];
-#pragma unroll
-    for (int s = 0; s < NS; s++) {
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-#pragma unroll
-            for (int m = 0; m < M; m++) { acc[s][r][m] = 0.0f; }
-        }
-    }
     // ST: a lane reads back only the pieces it copied itself, so its own wait suffices
     if constexpr (ST) { cp_async_wait<0>(); }
-#pragma unroll 2
-    for (int k = lane * PACK; k < IC; k += WARP_SIZE * PACK) {
-        Pack w[NS][R], x[M];
-#pragma unroll
-        for (int s = 0; s < NS; s++) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                w[s][r] = *(const Pack *)((ST ? wsm + (size_t)(s * R + r) * IC : wrow[s][r]) + k);
-            }
-        }
-#pragma unroll
-        for (int m = 0; m < M; m++) { x[m] = *(const Pack *)(inp + (size_t)m * IC + k); }
-#pragma unroll
-        for (int e = 0; e < PACK; e++) {
-#pragma unroll
-            for (int s = 0; s < NS; s++) {
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-#pragma unroll
-                    for (int m = 0; m < M; m++) {
-                        acc[s][r][m] = fmaf(to_float(w[s][r].v[e]), to_float(x[m].v[e]), acc[s][r][m]);
-                    }
-                }
-            }
-        }
-    }
+    gemv_lane_sums(acc, [&](int s, int r) { return ST ? wsm + (size_t)(s * R + r) * IC : wrow[s][r]; }, inp, IC, lane);
 #pragma unroll
     for (int r = 0; r < R; r++) {
 #pragma unroll
@@ -659,33 +665,13 @@ __global__ void __launch_bounds__(256, 2)
         cp_async_wait<S - 1>(); // group g's pieces of this lane have landed
         const int o0 = (g * 8 + warp) * R;
         const floatX *ws = wsm + (size_t)(it % S) * R * IC;
-        float acc[R][M];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-#pragma unroll
-            for (int m = 0; m < M; m++) { acc[r][m] = 0.0f; }
-        }
-#pragma unroll 2
-        for (int k = lane * PACK; k < IC; k += WARP_SIZE * PACK) {
-            Pack w[R], x[M];
-#pragma unroll
-            for (int r = 0; r < R; r++) { w[r] = *(const Pack *)(ws + (size_t)r * IC + k); }
-#pragma unroll
-            for (int m = 0; m < M; m++) { x[m] = *(const Pack *)(rows + (size_t)m * IC + k); }
-#pragma unroll
-            for (int e = 0; e < PACK; e++) {
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-#pragma unroll
-                    for (int m = 0; m < M; m++) { acc[r][m] = fmaf(to_float(w[r].v[e]), to_float(x[m].v[e]), acc[r][m]); }
-                }
-            }
-        }
+        float acc[1][R][M];
+        gemv_lane_sums(acc, [&](int, int r) { return ws + (size_t)r * IC; }, rows, IC, lane);
 #pragma unroll
         for (int r = 0; r < R; r++) {
 #pragma unroll
             for (int m = 0; m < M; m++) {
-                const floatX y = (floatX)warp_reduce_sum(acc[r][m]);
+                const floatX y = (floatX)warp_reduce_sum(acc[0][r][m]);
                 if (lane == 0 && o0 + r < OC) { out[(size_t)m * out_stride + o0 + r] = y; }
             }
         }
