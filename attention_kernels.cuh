@@ -710,8 +710,10 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, inner = NKV * HS;
     const int sub = lane / LPP, li = lane % LPP; // this lane's position slot in a round, its elements 8·li .. 8·li+7
     const int len = lens[b] + len_add, p0 = s * slice, p1 = min(len, p0 + slice), t = len - 1;
-    const __nv_bfloat16 *kc = kcache + (long)b * cache_seq + (long)kvh * HS + li * 8;
-    const __nv_bfloat16 *vc = vcache + (long)b * cache_seq + (long)kvh * HS + li * 8;
+    // the caches' rows of this sequence and kv head (position p at + p · inner), and this lane's 8 elements of them
+    __nv_bfloat16 *const kb = kcache + (long)b * cache_seq + (long)kvh * HS;
+    __nv_bfloat16 *const vb = vcache + (long)b * cache_seq + (long)kvh * HS;
+    __nv_bfloat16 *const kc = kb + li * 8, *const vc = vb + li * 8;
     uint4 kr[RPL], vr[RPL]; // a round's rows: load j of this lane is position pw + j·SG + sub
     const uint4 *ks = dec_rows, *vs = dec_rows + (size_t)slice * (HS / 8);
     auto load_round = [&](int pw) {
@@ -732,8 +734,6 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
     };
     int pw = p0 + warp * WPOS;
     if constexpr (STAGE) { // the slice's rows into shared memory, all before the wait (they do not depend on it)
-        const __nv_bfloat16 *kb = kcache + (long)b * cache_seq + (long)kvh * HS;
-        const __nv_bfloat16 *vb = vcache + (long)b * cache_seq + (long)kvh * HS;
         for (int i = threadIdx.x; i < (p1 - p0) * (HS / 8); i += blockDim.x) {
             const int p = p0 + i / (HS / 8), c = i % (HS / 8);
             if (p != t) {
@@ -748,8 +748,6 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
     if constexpr (STEP) {
         if (pf && !STAGE) { // (a small cache: the slice's later rounds into L2 too, so that after the wait they are L2 trips)
             constexpr int LINES = HS >= 64 ? HS / 64 : 1; // 128-byte lines a row
-            const __nv_bfloat16 *kb = kcache + (long)b * cache_seq + (long)kvh * HS;
-            const __nv_bfloat16 *vb = vcache + (long)b * cache_seq + (long)kvh * HS;
             for (int i = threadIdx.x; i < 2 * LINES * (p1 - p0); i += blockDim.x) {
                 const int p = p0 + i / (2 * LINES), r = i % (2 * LINES);
                 if (p != t) { prefetch_l2((r & 1 ? vb : kb) + (long)p * inner + (r >> 1) * 64); }
@@ -794,8 +792,8 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(__nv_bfloat16 *y, lon
                     knew[li] = k;
                     vnew[li] = v;
                     if (g0 == 0) { // the append, once a kv head
-                        *(uint4 *)(kcache + (long)b * cache_seq + (long)t * inner + (long)kvh * HS + li * 8) = k;
-                        *(uint4 *)(vcache + (long)b * cache_seq + (long)t * inner + (long)kvh * HS + li * 8) = v;
+                        *(uint4 *)(kc + (long)t * inner) = k;
+                        *(uint4 *)(vc + (long)t * inner) = v;
                     }
                 }
             }
@@ -939,10 +937,6 @@ static void attn_validate(const AttnDims *d) {
     }
 }
 
-template <typename Kernel> static void fa_set_smem(Kernel kernel, size_t bytes) {
-    if (bytes > 48 * 1024) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)); }
-}
-
 // the launch configurations (one numeric contract: MT and QS change which warp computes what, not the sums' order
 // within a warp's row, and the test holds every head dim to the same bound)
 static inline int fa_fwd_mt(int HS) { return 2; }
@@ -963,7 +957,7 @@ template <int HS> static void flash_forward_hs(__nv_bfloat16 *o, float *lse, con
                                                cudaStream_t stream) {
     constexpr int MT = 2, KN = HS == 128 ? 32 : 64; // fa_fwd_mt, fa_fwd_kn
     dim3 grid(CEIL_DIV(d->Lq, 64 * MT), d->NH, d->B);
-    fa_set_smem(flash_fwd_kernel<HS, MT, KN>, fa_fwd_smem(HS, MT));
+    kernel_smem_limit(flash_fwd_kernel<HS, MT, KN>, fa_fwd_smem(HS, MT));
     flash_fwd_kernel<HS, MT, KN><<<grid, FA_THREADS, fa_fwd_smem(HS, MT), stream>>>(*d, q, k, v, o, lse);
 }
 
@@ -988,8 +982,8 @@ template <int HS> static void flash_backward_hs(__nv_bfloat16 *dq, __nv_bfloat16
     flash_bwd_dot_kernel<HS><<<(unsigned)CEIL_DIV(warps * 32, 256L), 256, 0, stream>>>(D, *d, dout, o, q_tokens);
     cudaCheck(cudaGetLastError());
     dim3 gk(CEIL_DIV(d->Lk, 64 * MT), d->NKV, d->B), gq(CEIL_DIV(d->Lq, 64 * MT), d->NH, d->B);
-    fa_set_smem(flash_bwd_dkdv_kernel<HS, MT, MT>, fa_dkdv_smem(HS, MT, MT));
-    fa_set_smem(flash_bwd_dq_kernel<HS, MT>, fa_dq_smem(HS, MT));
+    kernel_smem_limit(flash_bwd_dkdv_kernel<HS, MT, MT>, fa_dkdv_smem(HS, MT, MT));
+    kernel_smem_limit(flash_bwd_dq_kernel<HS, MT>, fa_dq_smem(HS, MT));
     flash_bwd_dkdv_kernel<HS, MT, MT><<<gk, FA_THREADS * MT, fa_dkdv_smem(HS, MT, MT), stream>>>(*d, dk, dv, q, k, v, dout,
                                                                                              lse, D);
     cudaCheck(cudaGetLastError());
@@ -1078,7 +1072,7 @@ static void flash_decode_launch(__nv_bfloat16 *y, long y_row, float *workspace, 
     const size_t stage_bytes = flash_decode_stage_bytes(HS, context);
     flash_decode_staged_launches += stage;
     auto go = [&](auto kernel, size_t smem) {
-        if (smem > 48 * 1024) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); }
+        kernel_smem_limit(kernel, smem);
         launch_k(kernel, grid, 128, smem, stream, y, y_row, workspace, ws_seq, q, q_row, kcache, vcache, cache_seq, lens,
                  len_add, NH, NKV, slice, slices, scale, theta, pf);
     };

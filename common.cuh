@@ -357,11 +357,8 @@ __device__ __forceinline__ floatX output_gate_value(floatX *y, floatX x, floatX 
 // benchmarks: 0 puts every product on the tensor-core path)
 static int gemv_rows_limit = -1;
 static inline int gemv_max_rows(void) {
-    if (gemv_rows_limit < 0) {
-        const char *e = getenv("M2RNN_GEMV_MAX_M");
-        gemv_rows_limit = e != NULL ? atoi(e) : GEMV_MAX_M;
-        if (gemv_rows_limit < 0 || gemv_rows_limit > GEMV_MAX_M) { gemv_rows_limit = GEMV_MAX_M; }
-    }
+    const int m = env_int(&gemv_rows_limit, "M2RNN_GEMV_MAX_M", GEMV_MAX_M);
+    if (m < 0 || m > GEMV_MAX_M) { gemv_rows_limit = GEMV_MAX_M; }
     return gemv_rows_limit;
 }
 // GATE (gate_g not NULL): the rows are RMSNorm(gated) · w, gated = (x + v ⊙ D) ⊙ SiLU(g) by output_gate_value
@@ -603,7 +600,7 @@ static void gemv_go(floatX *out, int out_stride, const floatX *inp, const floatX
                     const Epi *epi) {
     const GemvNoEpilogue no_epi;
     auto go = [&](auto kernel, auto e) {
-        if (smem > 48 * 1024) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); }
+        kernel_smem_limit(kernel, smem);
         launch_k(kernel, grid, 256, smem, stream, out, out_stride, inp, weight, IC, OC, n, e);
     };
     if (epi != NULL) {
@@ -683,7 +680,7 @@ static void gemv_stream_go(floatX *out, int out_stride, const floatX *inp, const
                            cudaStream_t stream) {
     const size_t smem = gemv_stream_bytes(M, IC);
     const int groups = CEIL_DIV(OC, 16), grid = groups < 2 * device_num_sms() ? groups : 2 * device_num_sms();
-    cudaCheck(cudaFuncSetAttribute(matmul_gemv_stream_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel_smem_limit(matmul_gemv_stream_kernel<M>, smem);
     launch_k(matmul_gemv_stream_kernel<M>, grid, 256, smem, stream, out, out_stride, inp, weight, IC, OC);
 }
 // the streamed GEMV where it takes the shape (more than 16,384 outputs, its stages in 110 KB); false otherwise
@@ -939,14 +936,7 @@ static bool skinny_product(floatX *y, int y_stride, const floatX *x, const float
     const int xs_ld = per * SK_KB + (per % 2 == 0 ? 32 : 0); // 64·per (+ 64) bytes: ≡ 64 mod 128
     const size_t xs_bytes = (size_t)8 * MT * xs_ld * sizeof(floatX), red_bytes = (size_t)8 * MT * SK_RED_LD * 4;
     const size_t smem = xs_bytes > red_bytes ? xs_bytes : red_bytes;
-    static bool smem_set = false;
-    if (!smem_set) { // the MT = 8 instance's 12 k blocks: 53 KB
-        const int most = 8 * 8 * (SK_NKB * SK_KB + 32) * (int)sizeof(floatX);
-        for (int mt = 2; mt <= 8; mt *= 2) {
-            cudaCheck(cudaFuncSetAttribute(skinny_instance(mt), cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-        }
-        smem_set = true;
-    }
+    kernel_smem_limit(skinny_instance(MT), smem);
     const dim3 grid(CEIL_DIV(OC, SK_ROWS), S), cluster(1, S, 1);
     if (!skinny_cluster_fits(MT, S, smem)) { return false; }
     launch_k_cluster(skinny_instance(MT), grid, 128, smem, stream, cluster, y, y_stride, x, w, M, IC, OC, per, xs_ld);
@@ -1264,9 +1254,7 @@ static void rmsnorm_backward(floatX *dinp, float *dweight, float *scratch, const
                              const floatX *weight, const float *rstd, int M, int C, int accumulate, cudaStream_t stream) {
     const int block = 256, blocks = CEIL_DIV(M, RMSNORM_BWD_ROWS);
     const size_t smem = (size_t)(block / WARP_SIZE) * C * sizeof(float);
-    if (smem > 48 * 1024) {
-        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    }
+    kernel_smem_limit(rmsnorm_backward_kernel, smem);
     rmsnorm_backward_kernel<<<blocks, block, smem, stream>>>(dinp, scratch, dout, inp, weight, rstd, M, C, accumulate);
     cudaCheck(cudaGetLastError());
     reduce_partials(dweight, scratch, blocks, C, stream);

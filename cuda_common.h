@@ -5,7 +5,8 @@ cuda_common.h: the small GPU foundation every CUDA program and kernel header of 
 - floatX = __nv_bfloat16: the activation/parameter storage type of the trainer (bf16 in, fp32 accumulation inside).
 - CEIL_DIV, WARP_SIZE and the warp reductions (sum, max) the kernels share; the current device's SM count (cached).
 - Programmatic dependent launch for a decode step's chain of small kernels (launch_k, pdl_wait, pdl_trigger).
-- Environment switches read once into a cache (env_on_unless_0, env_off_unless_1, env_int).
+- Environment switches read once into a cache (env_on_unless_0, env_off_unless_1, env_int), or each call (env_is_1).
+- A kernel's dynamic shared-memory limit raised once per kernel, device and size (kernel_smem_limit).
 Kept deliberately small and general: op-specific helpers live beside their op (e.g. m2rnn_kernels.cuh).
 */
 #ifndef M2RNN_CUDA_COMMON_H
@@ -61,12 +62,14 @@ static inline bool env_on_unless_0(int *cache, const char *name) {
     }
     return *cache != 0;
 }
+// the variable is "1" (read now, not cached: switches read once per call, e.g. at a model's decode begin)
+static inline bool env_is_1(const char *name) {
+    const char *e = getenv(name);
+    return e != NULL && strcmp(e, "1") == 0;
+}
 // off unless the variable is "1"
 static inline bool env_off_unless_1(int *cache, const char *name) {
-    if (*cache < 0) {
-        const char *e = getenv(name);
-        *cache = e != NULL && strcmp(e, "1") == 0;
-    }
+    if (*cache < 0) { *cache = env_is_1(name); }
     return *cache == 1;
 }
 // an integer: the variable's value, or fallback where it is unset (a negative value is read again each time)
@@ -88,6 +91,29 @@ static inline int device_num_sms(void) {
     cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     if (dev < 64) { sms[dev] = n; }
     return n;
+}
+
+// A kernel's dynamic shared-memory limit raised to at least smem where that is over the 48 KB default, once per
+// kernel, device and size: cudaFuncSetAttribute is a host call that eager launches (prefill, training) would
+// otherwise repeat at every launch. Every launcher of a kernel over 48 KB goes through here.
+static void kernel_smem_limit(const void *kernel, size_t smem) {
+    if (smem <= 48 * 1024) { return; }
+    static struct { const void *kernel; int dev, bytes; } set[512];
+    static int nset = 0;
+    int dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    int i = 0;
+    while (i < nset && !(set[i].kernel == kernel && set[i].dev == dev)) { i++; }
+    if (i < nset && set[i].bytes >= (int)smem) { return; }
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (i < nset) {
+        set[i].bytes = (int)smem;
+    } else if (nset < 512) {
+        set[nset++] = {kernel, dev, (int)smem};
+    }
+}
+template <typename... KArgs> static void kernel_smem_limit(void (*kernel)(KArgs...), size_t smem) {
+    kernel_smem_limit((const void *)kernel, smem);
 }
 
 // ----------------------------------------------------------------------------------------------------------------

@@ -1979,12 +1979,6 @@ static void gdn_chunk_grads_take(GDNChunkGrads *g, DeviceArena *ar, int B, int T
     g->dgam_part = TAKE_F(ar, BTH * (gdn_kp(K) / GDN_T));
 }
 
-static void gdn_set_smem(const void *kernel, size_t bytes) {
-    if (bytes > 48 * 1024) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    }
-}
-
 static void gdn_check_dims(int K, int V) {
     if (K < 1 || K > GDN_MAX_K || V < 1) {
         fail_with_hint("use a GDN key dim K of at most 256 (gkNN)", "the GPU GDN kernels take K ≤ %d (got K=%d V=%d)",
@@ -2060,7 +2054,7 @@ static bool gdn_chunk_state_wg(GDNChunkBufs *f, float *S_final, long sf_stride, 
     if (!m.ok) { return false; }
     auto state = K == 128 ? gdn_chunk_state_wg_kernel<1> : gdn_chunk_state_wg_kernel<2>;
     const size_t smem = gdn_state_wg_smem(K);
-    gdn_set_smem((const void *)state, smem);
+    kernel_smem_limit((const void *)state, smem);
     state<<<dim3(CEIL_DIV(V, GDN_T), H, B), 256, smem, stream>>>(f->vn, S_final, sf_stride, S0, s0_stride, tmW, tmK,
                                                                   tmU, tmH, tmV, f->Gc, cu_seqlens, T, H, V);
     cudaCheck(cudaGetLastError());
@@ -2079,7 +2073,7 @@ static void gdn_chunk_state(GDNChunkBufs *f, float *S_final, long sf_stride, con
     auto state = gdn_state_mr(K) == 1 ? (bulk ? gdn_chunk_state_kernel<1, true> : gdn_chunk_state_kernel<1, false>)
                                       : (bulk ? gdn_chunk_state_kernel<2, true> : gdn_chunk_state_kernel<2, false>);
     const size_t smem = gdn_state_smem(K);
-    gdn_set_smem((const void *)state, smem);
+    kernel_smem_limit((const void *)state, smem);
     state<<<dim3(CEIL_DIV(V, GDN_T), H, B), 256, smem, stream>>>(f->hst, f->vn, S_final, sf_stride, S0, s0_stride,
                                                                   f->W, f->U, k, f->Gc, cu_seqlens, T, H, K, V);
     cudaCheck(cudaGetLastError());
@@ -2101,7 +2095,7 @@ static bool gdn_chunk_output_wg(floatX *o, const GDNChunkBufs *f, const floatX *
     if (!m.ok) { return false; }
     auto out = K == 128 ? gdn_chunk_output_wg_kernel<1> : gdn_chunk_output_wg_kernel<2>;
     const size_t smem = gdn_output_wg_smem(K);
-    gdn_set_smem((const void *)out, smem);
+    kernel_smem_limit((const void *)out, smem);
     out<<<(unsigned)(m.ns * H * CEIL_DIV(V, GDN_T)), 128, smem, stream>>>(o, tmQ, tmH, tmP, tmVn, tmO, f->Gc,
                                                                         1.0f / sqrtf((float)K), cu_seqlens, B, T, H, V);
     cudaCheck(cudaGetLastError());
@@ -2117,7 +2111,7 @@ static void gdn_chunk_output(floatX *o, const GDNChunkBufs *f, const floatX *q, 
 #endif
     const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
     const size_t smem = gdn_output_smem(K);
-    gdn_set_smem((const void *)gdn_chunk_output_kernel, smem);
+    kernel_smem_limit((const void *)gdn_chunk_output_kernel, smem);
     gdn_chunk_output_kernel<<<(unsigned)(NS * H * CEIL_DIV(V, GDN_T)), 128, smem, stream>>>(
         o, q, f->hst, f->Pm, f->vn, f->Gc, 1.0f / sqrtf((float)K), cu_seqlens, B, T, H, K, V);
     cudaCheck(cudaGetLastError());
@@ -2136,7 +2130,7 @@ static void gdn_chunk_forward(floatX *o, GDNChunkBufs *f, float *S_final, long s
     gdn_check_dims(K, V);
     const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
     const size_t s1 = gdn_prep_smem(K);
-    gdn_set_smem((const void *)gdn_chunk_prep_kernel, s1);
+    kernel_smem_limit((const void *)gdn_chunk_prep_kernel, s1);
     const GDNQKNorm none = {0, NULL, NULL, NULL, NULL};
     gdn_chunk_prep_kernel<<<(unsigned)(NS * H), 256, s1, stream>>>(f->W, f->U, f->Pm, f->Tm, f->Gc, nm ? *nm : none,
                                                                    q, k, v, v_stride, beta, g, false, cu_seqlens, B, T,
@@ -2156,7 +2150,7 @@ static void gdn_chunk_recompute(GDNChunkBufs *f, const float *S0, long s0_stride
     gdn_check_dims(K, V);
     const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
     const size_t s1 = gdn_prep_smem(K);
-    gdn_set_smem((const void *)gdn_chunk_prep_kernel, s1);
+    kernel_smem_limit((const void *)gdn_chunk_prep_kernel, s1);
     const GDNQKNorm none = {0, NULL, NULL, NULL, NULL};
     gdn_chunk_prep_kernel<<<(unsigned)(NS * H), 256, s1, stream>>>(f->W, f->U, f->Pm, f->Tm, f->Gc, none, q, k, v,
                                                                    v_stride, beta, NULL, true, cu_seqlens, B, T, H, K,
@@ -2185,7 +2179,7 @@ static bool gdn_chunk_dstate_wg(GDNChunkGrads *gr, float *dS0, long d0_stride, c
     if (!m.ok) { return false; }
     auto dstate = K == 128 ? gdn_chunk_dstate_wg_kernel<1> : gdn_chunk_dstate_wg_kernel<2>;
     const size_t smem = gdn_dstate_wg_smem(K);
-    gdn_set_smem((const void *)dstate, smem);
+    kernel_smem_limit((const void *)dstate, smem);
     dstate<<<dim3(CEIL_DIV(V, GDN_T), H, B), 256, smem, stream>>>(gr->dvn, dS0, d0_stride, dS_final, df_stride, tmQ,
                                                                    tmK, tmW, tmP, tmDo, tmDh, tmDv, f->Gc,
                                                                    1.0f / sqrtf((float)K), cu_seqlens, T, H, V);
@@ -2209,7 +2203,7 @@ static void gdn_chunk_dstate(GDNChunkGrads *gr, float *dS0, long d0_stride, cons
                                               (uintptr_t)dout | (uintptr_t)gr->dhst);
     auto dstate = gdn_state_mr(K) == 1 ? (bulk ? gdn_chunk_dstate_kernel<1, true> : gdn_chunk_dstate_kernel<1, false>)
                                        : (bulk ? gdn_chunk_dstate_kernel<2, true> : gdn_chunk_dstate_kernel<2, false>);
-    gdn_set_smem((const void *)dstate, smem);
+    kernel_smem_limit((const void *)dstate, smem);
     dstate<<<dim3(CEIL_DIV(V, GDN_T), H, B), 256, smem, stream>>>(gr->dhst, gr->dvn, dS0, d0_stride, dS_final,
                                                                    df_stride, q, k, f->W, f->Pm, dout, f->Gc,
                                                                    1.0f / sqrtf((float)K), cu_seqlens, T, H, K, V);
@@ -2237,7 +2231,7 @@ static bool gdn_chunk_dqk_wg(GDNChunkGrads *gr, const floatX *dout, const GDNChu
     gdn_map_rows(&m, &tmDh, gr->dhst, V, K, 64, 64, GDN_SW128);
     if (!m.ok) { return false; }
     const size_t smem = gdn_dqk_wg_smem();
-    gdn_set_smem((const void *)gdn_chunk_dqk_wg_kernel, smem);
+    kernel_smem_limit((const void *)gdn_chunk_dqk_wg_kernel, smem);
     gdn_chunk_dqk_wg_kernel<<<(unsigned)(m.ns * H * (K / GDN_T)), 256, smem, stream>>>(
         gr->dk_part, gr->dgam_part, tmDo, tmVn, tmDvn, tmH, tmDh, tmQ, tmK, tmDq, tmDW, gr->dq, gr->dW, f->Gc,
         1.0f / sqrtf((float)K), cu_seqlens, B, T, H, K, V);
@@ -2255,7 +2249,7 @@ static void gdn_chunk_dqk(GDNChunkGrads *gr, const floatX *dout, const GDNChunkB
 #endif
     const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
     const size_t smem = gdn_dqk_smem();
-    gdn_set_smem((const void *)gdn_chunk_dqk_kernel, smem);
+    kernel_smem_limit((const void *)gdn_chunk_dqk_kernel, smem);
     gdn_chunk_dqk_kernel<<<(unsigned)(NS * H * (gdn_kp(K) / GDN_T)), 256, smem, stream>>>(
         gr->dq, gr->dk_part, gr->dW, gr->dgam_part, q, k, f->vn, gr->dvn, dout, f->hst, gr->dhst, f->Gc,
         1.0f / sqrtf((float)K), cu_seqlens, B, T, H, K, V);
@@ -2271,7 +2265,7 @@ static void gdn_chunk_backward(floatX *dk, floatX *dv, int dv_stride, float *dbe
                                cudaStream_t stream) {
     const long NS = chunk_slots<GDN_L>(cu_seqlens != NULL, B, T);
     const size_t s3 = gdn_wy_smem(K);
-    gdn_set_smem((const void *)gdn_chunk_wy_kernel, s3);
+    kernel_smem_limit((const void *)gdn_chunk_wy_kernel, s3);
     gdn_chunk_dstate(gr, dS0, d0_stride, dS_final, df_stride, dout, f, q, k, cu_seqlens, B, T, H, K, V, stream);
     gdn_chunk_dqk(gr, dout, f, q, k, cu_seqlens, B, T, H, K, V, stream);
     gdn_chunk_wy_kernel<<<(unsigned)(NS * H), GDN_WY_THREADS, s3, stream>>>(

@@ -1343,18 +1343,16 @@ static void model_decode_begin(Model *model, int B, int context) {
     model->dec_steps = 0;
     model->step_n = 0;
     model->gen_queued = model->gen_waited = 0;
-    const char *no_graph = getenv("M2RNN_NO_GRAPH");
-    model->dec_graph_off = no_graph != NULL && strcmp(no_graph, "1") == 0;
-    const char *no_pdl = getenv("M2RNN_NO_PDL"); // (benchmarks: the step without programmatic launches)
-    model->dec_pdl_off = no_pdl != NULL && strcmp(no_pdl, "1") == 0;
-    const char *one_lane = getenv("M2RNN_ONE_LANE"), *chunk_rows = getenv("M2RNN_PREFILL_ROWS");
+    model->dec_graph_off = env_is_1("M2RNN_NO_GRAPH");
+    model->dec_pdl_off = env_is_1("M2RNN_NO_PDL"); // (benchmarks: the step without programmatic launches)
+    const char *chunk_rows = getenv("M2RNN_PREFILL_ROWS");
     model->dec_chunk_rows = chunk_rows != NULL ? atoi(chunk_rows) : DECODE_ROWS;
     if (model->dec_chunk_rows < 1 || model->dec_chunk_rows > DECODE_ROWS) { model->dec_chunk_rows = DECODE_ROWS; }
     // the second lane (its buffers, stream and cuBLASLt workspace) only where a prefill can need more than one chunk
     // (chunks are at least dec_chunk_rows / B tokens a sequence): not for the trainer's samples, one sequence stepping
     // through a context shorter than a chunk
     const int min_chunk = model->dec_chunk_rows / B > 0 ? model->dec_chunk_rows / B : 1;
-    model->dec_two_lanes = !(one_lane != NULL && strcmp(one_lane, "1") == 0) && context > min_chunk;
+    model->dec_two_lanes = !env_is_1("M2RNN_ONE_LANE") && context > min_chunk;
     for (int l = 0; l < c->n_layer; l++) { // MoE groups its tokens on the host (moe.cuh): a step it runs cannot be captured
         if (model->ffn_ops[l]->letter == 'e') { model->dec_graph_off = 1; model->dec_two_lanes = 0; }
     }
@@ -1745,7 +1743,7 @@ static void model_set_parallel(Model *model, const Comm *comm) {
     model->comm = comm;
     model->dp = comm->dp;
     model->dp_rank = comm->dp_rank;
-    model->overlap = !(getenv("M2RNN_NO_OVERLAP") != NULL && strcmp(getenv("M2RNN_NO_OVERLAP"), "1") == 0);
+    model->overlap = !env_is_1("M2RNN_NO_OVERLAP");
     model->n_pad = CEIL_DIV(n, align) * align;
     // where each layer's tensors begin, and the head's (the final norm, then the LM head)
     size_t layer_begin[MAX_LAYERS + 1];
@@ -1808,8 +1806,10 @@ static int model_decode_gen_begin(Model *model, const int *pos, float temperatur
     if (!(temperature >= 0.0f) || isinf(temperature) || !(top_p > 0.0f) || !(rep_penalty > 0.0f)) { return 0; }
     const int topk = temperature != 0.0f && top_k > 0 && top_k < V; // (else greedy, or the whole vocabulary)
     if ((topk && top_k > SAMPLE_TOPK_MAX) || (temperature != 0.0f && !topk && top_p < 1.0f)) { return 0; }
+    cudaStream_t stream = model->rt.stream;
+    // (the iterations of an earlier loop have finished with the pinned slots, which may be freed here, and the graphs)
+    cudaCheck(cudaStreamSynchronize(stream));
     if (model->gen_host != NULL && model->gen_host_B < B) {
-        cudaCheck(cudaStreamSynchronize(model->rt.stream));
         cudaCheck(cudaFreeHost(model->gen_host));
         model->gen_host = NULL;
         decode_gen_graphs_free(model); // (their copies' addresses)
@@ -1825,8 +1825,6 @@ static int model_decode_gen_begin(Model *model, const int *pos, float temperatur
         cudaCheck(cudaMallocHost(&model->gen_host, (size_t)2 * B * (sizeof(double) + sizeof(int))));
         model->gen_host_B = B;
     }
-    cudaStream_t stream = model->rt.stream;
-    cudaCheck(cudaStreamSynchronize(stream)); // (the iterations of an earlier loop have finished with the slots)
     cudaCheck(cudaMemcpy(model->dec_lane[0].pos, pos, (size_t)B * sizeof(int), cudaMemcpyHostToDevice));
     if (rep_penalty != 1.0f) { // the ids each sequence has seen (sample_token's: every valid token of it once)
         uint32_t *bits = (uint32_t *)callocCheck((size_t)B * W, sizeof(uint32_t));

@@ -1268,7 +1268,7 @@ static void m2rnn_forward_launch(floatX *y, float *hT, float *ckpt, const floatX
                                  cudaStream_t stream) {
     const size_t smem = m2rnn_forward_smem(d, HPC);
     auto kernel = m2rnn_forward_kernel<V, HPC, BIG>;
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel_smem_limit(kernel, smem);
     dim3 grid(d->N / HPC, d->B);
     kernel<<<grid, HPC * (d->K / 16) * 32, smem, stream>>>(y, hT, ckpt, q, k, v, f, W, h0, d->cu_seqlens, d->T,
                                                            d->N, d->Nq, d->K, d->sq, d->sk, d->sv);
@@ -1278,16 +1278,18 @@ static void m2rnn_forward_launch(floatX *y, float *hT, float *ckpt, const floatX
 // CTAs of this kernel one SM holds at this block size and shared memory (sets the kernel's shared-memory limit first,
 // as its launch needs)
 template <typename Kernel> static inline int m2rnn_ctas_per_sm(Kernel kernel, int threads, size_t smem) {
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel_smem_limit(kernel, smem);
     int n = 0;
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
     return n;
 }
 
 // The backward comes in two builds for V=16 (see m2rnn_backward_kernel): plain (3 CTAs/SM, 80 registers) and Z stash
-// (2 CTAs/SM, 128 registers, 10-20% faster per wave on the H200). The stash loses only where the plain kernel holds
-// the whole grid in one wave and the stash would need a second: B=8, N=84 on 132 SMs is 336 CTAs = 2.55 per SM
-// (H200: plain 6.25 ms, stash 6.34 with its tail wave). dev/bench/NOTES.md has the measurements.
+// (2 CTAs/SM, 128 registers, 10-20% faster per wave on the H200). The plain build is taken where it holds the whole
+// grid in one wave and the stash would need a second: B=8, N=84 on 132 SMs is 336 CTAs = 2.55 per SM. There the two
+// are about even by default (H200, 2026-11-28: plain 6.25–6.30 ms, stash 6.21–6.26), but in deterministic mode each
+// wave pays the turns on its whole chain, so the stash's two waves pay them twice (plain 6.82–6.92, stash 7.31–7.33).
+// dev/bench/NOTES.md has the measurements.
 template <int V, int HPC, bool BIG>
 static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, int *turn, floatX *dv, float *df, float *dW_part,
                                   float *dh0,
@@ -1297,7 +1299,7 @@ static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, int *turn, float
     const int threads = HPC * (d->K / 16) * 32;
     const dim3 grid(d->N / HPC, d->B);
     auto launch = [&](auto kernel, size_t smem) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kernel_smem_limit(kernel, smem);
         kernel<<<grid, threads, smem, stream>>>(dq_acc, dk_acc, turn, dv, df, dW_part, dh0, dy, dhT, ckpt, q, k, v, f, W,
                                                 d->cu_seqlens, d->T, d->N, d->Nq, d->K, d->sq, d->sk, d->sv, clip);
         cudaCheck(cudaGetLastError());

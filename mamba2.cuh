@@ -929,25 +929,28 @@ __global__ void __launch_bounds__(MAMBA2_BWD_WARPS * 32)
 // ----------------------------------------------------------------------------------------------------------------
 // launchers
 
-static void mamba2_set_smem(const void *kernel, size_t smem) {
-    if (smem > 48 * 1024) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); }
+#if !FLOATX_IS_FP32
+// where the sm_90a forms apply (the state pass and the chunk scan): P = 64, N = 64 or 128, the views' pointers (their
+// OR, ptrs) and row strides (row_elems, their OR, in elements) 16-byte aligned, a compute capability 9.0 device,
+// M2RNN_MAMBA2_WGMMA not 0, and the tensor maps' 32-bit box coordinates; ntok and NS (the tokens and the state slots,
+// the maps' extents) out
+static int mamba2_wgmma = -1;
+static bool mamba2_wg_applies(const Mamba2Dims *d, uintptr_t ptrs, long row_elems, uint64_t *ntok, uint64_t *NS) {
+    if (!env_on_unless_0(&mamba2_wgmma, "M2RNN_MAMBA2_WGMMA") || d->P != 64 || (d->N != 64 && d->N != 128) ||
+        (ptrs & 15) != 0 || (row_elems * (long)sizeof(floatX)) % 16 != 0 || !gpu_is_sm90()) {
+        return false;
+    }
+    *ntok = (uint64_t)(d->cu_seqlens != NULL ? 1 : d->B) * d->T;
+    *NS = (uint64_t)mamba2_slots(d);
+    return *ntok < (1ull << 31) && *NS * d->H * d->P < (1ull << 31);
 }
 
-#if !FLOATX_IS_FP32
-// the sm_90a state pass where it applies (P = 64, N = 64 or 128, the views' rows and pointers 16-byte aligned, a
-// compute capability 9.0 device, M2RNN_MAMBA2_WGMMA not 0, the driver's tensor maps): true if launched
-static int mamba2_wgmma = -1;
+// the sm_90a state pass where it applies (mamba2_wg_applies, and the driver's tensor maps): true if launched
 static bool mamba2_state_pass_wg(floatX *Sst, float *fin, const float *init, long state_stride, const floatX *U,
                                  long su, const floatX *V, long sv, const float *dt, const float *A_log,
                                  const Mamba2Dims *d, int reverse, cudaStream_t stream) {
-    const uintptr_t ptrs = (uintptr_t)Sst | (uintptr_t)U | (uintptr_t)V;
-    if (!env_on_unless_0(&mamba2_wgmma, "M2RNN_MAMBA2_WGMMA") || d->P != 64 || (d->N != 64 && d->N != 128) ||
-        (ptrs & 15) != 0 || (su * 2) % 16 != 0 ||
-        (sv * 2) % 16 != 0 || !gpu_is_sm90()) {
-        return false;
-    }
-    const uint64_t ntok = (uint64_t)(d->cu_seqlens != NULL ? 1 : d->B) * d->T, NS = (uint64_t)mamba2_slots(d);
-    if (ntok >= (1ull << 31) || NS * d->H * d->P >= (1ull << 31)) { return false; } // (32-bit box coordinates)
+    uint64_t ntok = 0, NS = 0;
+    if (!mamba2_wg_applies(d, (uintptr_t)Sst | (uintptr_t)U | (uintptr_t)V, su | sv, &ntok, &NS)) { return false; }
     const uint64_t du[2] = {(uint64_t)d->H * d->P, ntok}, dv[2] = {(uint64_t)d->G * d->N, ntok};
     const uint64_t ds[2] = {(uint64_t)d->N, NS * d->H * d->P};
     const uint64_t su_b[1] = {(uint64_t)su * sizeof(floatX)}, sv_b[1] = {(uint64_t)sv * sizeof(floatX)};
@@ -961,7 +964,7 @@ static bool mamba2_state_pass_wg(floatX *Sst, float *fin, const float *init, lon
     }
     auto pass = d->N == 128 ? mamba2_state_pass_wg_kernel<2> : mamba2_state_pass_wg_kernel<1>;
     const size_t smem = mamba2_pass_wg_smem(d->N);
-    mamba2_set_smem((const void *)pass, smem);
+    kernel_smem_limit((const void *)pass, smem);
     pass<<<dim3(d->H, d->B), 128, smem, stream>>>(fin, init, state_stride, tmU, tmV, tmS, dt, A_log, d->cu_seqlens,
                                                    d->T, d->H, d->G, reverse);
     cudaCheck(cudaGetLastError());
@@ -980,7 +983,7 @@ static void mamba2_state_pass(floatX *Sst, float *fin, const float *init, long s
     const dim3 grid(CEIL_DIV(d->P, MAMBA2_PS), d->H, d->B);
     const int tpw = CEIL_DIV(2 * mamba2_pad(d->N) / 32, 4); // the state's 16×32 tiles per warp
 #define MAMBA2_PASS_LAUNCH(K)                                                                                          \
-    mamba2_set_smem((const void *)mamba2_state_pass_kernel<K>, smem);                                                  \
+    kernel_smem_limit((const void *)mamba2_state_pass_kernel<K>, smem);                                                \
     mamba2_state_pass_kernel<K><<<grid, 128, smem, stream>>>(Sst, fin, init, state_stride, U, su, V, sv, dt, A_log,    \
                                                              d->cu_seqlens, d->T, d->H, d->P, d->N, d->G, reverse)
     if (tpw <= 1) { MAMBA2_PASS_LAUNCH(1); } else if (tpw == 2) { MAMBA2_PASS_LAUNCH(2); }
@@ -994,13 +997,9 @@ static void mamba2_state_pass(floatX *Sst, float *fin, const float *init, long s
 static bool mamba2_chunk_scan_wg(floatX *y, const floatX *Sst, const floatX *x, const floatX *Bm, const floatX *Cm,
                                  const float *dt, const float *A_log, const float *D, const Mamba2Dims *d,
                                  cudaStream_t stream) {
+    uint64_t ntok = 0, NS = 0;
     const uintptr_t ptrs = (uintptr_t)y | (uintptr_t)Sst | (uintptr_t)x | (uintptr_t)Bm | (uintptr_t)Cm;
-    if (!env_on_unless_0(&mamba2_wgmma, "M2RNN_MAMBA2_WGMMA") || d->P != 64 || (d->N != 64 && d->N != 128) ||
-        (ptrs & 15) != 0 || (d->stride * 2) % 16 != 0 || !gpu_is_sm90()) {
-        return false;
-    }
-    const uint64_t ntok = (uint64_t)(d->cu_seqlens != NULL ? 1 : d->B) * d->T, NS = (uint64_t)mamba2_slots(d);
-    if (ntok >= (1ull << 31) || NS * d->H * d->P >= (1ull << 31)) { return false; } // (32-bit box coordinates)
+    if (!mamba2_wg_applies(d, ptrs, d->stride, &ntok, &NS)) { return false; }
     const uint64_t dx[2] = {(uint64_t)d->H * d->P, ntok}, dbc[2] = {(uint64_t)d->G * d->N, ntok};
     const uint64_t ds[2] = {(uint64_t)d->N, NS * d->H * d->P};
     const uint64_t sx[1] = {(uint64_t)d->stride * sizeof(floatX)}, sy[1] = {(uint64_t)d->H * d->P * sizeof(floatX)};
@@ -1015,7 +1014,7 @@ static bool mamba2_chunk_scan_wg(floatX *y, const floatX *Sst, const floatX *x, 
     }
     auto scan = d->N == 128 ? mamba2_chunk_scan_wg_kernel<2> : mamba2_chunk_scan_wg_kernel<1>;
     const size_t smem = mamba2_scan_wg_smem(d->N);
-    mamba2_set_smem((const void *)scan, smem);
+    kernel_smem_limit((const void *)scan, smem);
     scan<<<(unsigned)(NS * d->G * CEIL_DIV(d->H / d->G, MAMBA2_SCAN_HB)), 128, smem, stream>>>(
         y, tmX, tmB, tmC, tmS, tmY, dt, A_log, D, d->cu_seqlens, d->B, d->T, d->H, d->G);
     cudaCheck(cudaGetLastError());
@@ -1035,7 +1034,7 @@ static void mamba2_forward(floatX *y, float *h_final, const floatX *x, const flo
     if (mamba2_chunk_scan_wg(y, Sst, x, Bm, Cm, dt, A_log, D, d, stream)) { return; }
 #endif
     const size_t smem = mamba2_scan_smem(d->P, d->N);
-    mamba2_set_smem((const void *)mamba2_chunk_scan_kernel, smem);
+    kernel_smem_limit((const void *)mamba2_chunk_scan_kernel, smem);
     mamba2_chunk_scan_kernel<<<(unsigned)(mamba2_slots(d) * d->G * CEIL_DIV(d->H / d->G, MAMBA2_SCAN_HB)), 128, smem,
                                stream>>>(
         y, Sst, x, Bm, Cm, d->stride, dt, A_log, D, d->cu_seqlens, d->B, d->T, d->H, d->P, d->N, d->G);
@@ -1060,7 +1059,7 @@ static void mamba2_backward(floatX *dx, floatX *dB, floatX *dC, float *ddt, floa
     const unsigned grid = (unsigned)(NS * d->G); // x = slot·G + group
     const int tpw = CEIL_DIV(4 * mamba2_pad(d->N) / 32, MAMBA2_BWD_WARPS);
 #define MAMBA2_BWD_LAUNCH(K)                                                                                           \
-    mamba2_set_smem((const void *)mamba2_chunk_bwd_kernel<K>, smem);                                                   \
+    kernel_smem_limit((const void *)mamba2_chunk_bwd_kernel<K>, smem);                                                 \
     mamba2_chunk_bwd_kernel<K><<<grid, MAMBA2_BWD_WARPS * 32, smem, stream>>>(                                         \
         dx, dB, dC, ddt, part, dy, Sst, dSst, x, Bm, Cm, d->stride, dt, A_log, D, d->cu_seqlens, d->B, d->T, d->H,     \
         d->P, d->N, d->G)

@@ -380,10 +380,7 @@ static void moe_gemm(int site, const int *off, int E, int trans_a, int trans_b, 
         cudaCheck(cudaMalloc(&moe_ptrs_dev, (size_t)MOE_GEMM_SITES * 3 * MOE_MAX_EXPERTS * sizeof(void *)));
     }
     cublasCheck(cublasSetStream(moe_cublas, rt->stream));
-    if (moe_grouped_ok[d_fp32] < 0) {
-        const char *env = getenv("M2RNN_MOE_LOOP");
-        moe_grouped_ok[d_fp32] = !(env != NULL && strcmp(env, "1") == 0);
-    }
+    if (moe_grouped_ok[d_fp32] < 0) { moe_grouped_ok[d_fp32] = !env_is_1("M2RNN_MOE_LOOP"); }
     int dims[3] = {m, n, k};
     if (moe_grouped_ok[d_fp32]) {
         static int gm[MOE_MAX_EXPERTS], gn[MOE_MAX_EXPERTS], gk[MOE_MAX_EXPERTS], glda[MOE_MAX_EXPERTS];

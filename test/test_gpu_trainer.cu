@@ -117,8 +117,8 @@ static void decode_case(const char *label, Model *model, const Reference *r) {
     model_decode_begin(model, B, T);
     double worst = 0;
     int worst_t = 0;
+    int *tok = (int *)mallocCheck((size_t)B * sizeof(int)), *pos = (int *)mallocCheck((size_t)B * sizeof(int));
     for (int t = 0; t < T; t++) {
-        int tok[64], pos[64];
         for (int b = 0; b < B; b++) { tok[b] = r->tokens[b * T + t]; pos[b] = t; }
         model_decode_step(model, tok, pos);
         for (int b = 0; b < B; b++) {
@@ -139,7 +139,6 @@ static void decode_case(const char *label, Model *model, const Reference *r) {
         float *last = (float *)mallocCheck((size_t)B * Vp * sizeof(float)), *queued = (float *)mallocCheck((size_t)Vp * sizeof(float));
         for (int b = 0; b < B; b++) { model_decode_logits(model, b, last + (size_t)b * Vp); }
         model_decode_begin(model, B, T);
-        int tok[64], pos[64];
         for (int t = 0; t < T; t++) {
             for (int b = 0; b < B; b++) { tok[b] = r->tokens[b * T + t]; pos[b] = t; }
             model_decode_step(model, tok, pos);
@@ -162,9 +161,9 @@ static void decode_case(const char *label, Model *model, const Reference *r) {
         const int NB = i == 0 ? 6 : 12;
         model_decode_begin(model, NB, T);
         for (int t = 0; t < T; t++) {
-            int tok[12], pos[12];
-            for (int b = 0; b < NB; b++) { tok[b] = r->tokens[(b % B) * T + t]; pos[b] = t; }
-            model_decode_step(model, tok, pos);
+            int tk[12], ps[12];
+            for (int b = 0; b < NB; b++) { tk[b] = r->tokens[(b % B) * T + t]; ps[b] = t; }
+            model_decode_step(model, tk, ps);
             for (int b = 0; b < NB; b++) {
                 model_decode_logits(model, b, got);
                 many[i] = fmax(many[i], rel_err(got, ref + ((size_t)(b % B) * T + t) * Vp, (size_t)Vp));
@@ -262,7 +261,7 @@ static void decode_case(const char *label, Model *model, const Reference *r) {
                 lanes_same ? "logits and states bit for bit" : "DIFFER", lanes_err);
     free(lg[0]); free(lg[1]); free(st[0]); free(st[1]);
     free(lg1[0]); free(lg1[1]); free(st1[0]); free(st1[1]);
-    free(ref); free(got); free(saved); free(two);
+    free(ref); free(got); free(saved); free(two); free(tok); free(pos);
 }
 
 static void run_case(const char *label, const char *dir, const Reference *r, int plain, double tol_grad) {

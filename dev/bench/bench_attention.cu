@@ -111,7 +111,7 @@ static void bench_train(int B, int H, int HS, int T, int repeats) {
     if (HS == 128) { // the forward at 64 queries a CTA and 64-key tiles (no spills) beside the launcher's 128 / 32
         dim3 g(CEIL_DIV(T, 64), H, B);
         const size_t sm = (size_t)(64 + 4 * 64) * HS * 2;
-        fa_set_smem(flash_fwd_kernel<128, 1, 64>, sm);
+        kernel_smem_limit(flash_fwd_kernel<128, 1, 64>, sm);
         const float f1 = time_median([&] { flash_fwd_kernel<128, 1, 64><<<g, FA_THREADS, sm>>>(d, q, k, v, o, lse); }, repeats);
         printf("       (forward at MT=1, 64-key tiles: %.3f ms)\n", f1);
     }
@@ -192,7 +192,7 @@ static void bench_variants(int B, int H, int T, int repeats) {
     flash_attention_backward(dq, dk, dv, D, dout, q, k, v, o, lse, (long)B * T, &d, 0);
 #define VAR(label, kernel, rows, threads, smem, ...)                                                                   \
     {                                                                                                                \
-        fa_set_smem(kernel, smem);                                                                                   \
+        kernel_smem_limit(kernel, smem);                                                                             \
         dim3 g(CEIL_DIV(T, rows), H, B);                                                                             \
         printf("variant %-28s %8.3f ms\n", label, time_median([&] { kernel<<<g, threads, smem>>>(__VA_ARGS__); }, repeats)); \
     }

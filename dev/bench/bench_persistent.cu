@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
     cudaCheck(cudaMemset(done, 0, ops.size() * sizeof(int)));
     for (const void *kf : {(const void *)persistent_chain_kernel<0>, (const void *)persistent_chain_kernel<1>,
                            (const void *)persistent_chain_kernel<2>}) {
-        cudaCheck(cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kernel_smem_limit(kf, smem);
     }
     int per_sm = 0;
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_chain_kernel<0>, 256, smem));
