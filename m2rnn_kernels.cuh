@@ -26,8 +26,8 @@ Design (numbers behind it in dev/bench/NOTES.md):
   masked to the lanes that hold token i), so a step stores only df's lane-quad sums. Cross-warp/cross-head sums go
   through shared memory and are flushed once per sub-chunk. dq/dk are summed over the CTA's heads in shared memory
   first, so the global fp32 atomics see N/HPC adders per address, not N; with m2rnn_deterministic
-  (M2RNN_DETERMINISTIC=1) the CTAs that share a q/k head add in turn, in CTA order, instead, and the backward repeats
-  bit for bit like every other gradient.
+  (M2RNN_DETERMINISTIC=1) the CTAs that share a q/k head make those adds in turn, in CTA order, and the backward
+  repeats bit for bit like every other gradient.
 - Backward without the authors' full recompute and without a B*T*N*K*V buffer: the training forward writes H every
   16 tokens (fp32; before tokens 0 and 16 of each 32-token chunk) into the workspace. The backward walks the chunks
   right to left and each chunk's 8-token sub-chunks right to left: a sub-chunk starts from a checkpoint (sub-chunks 0
@@ -1038,10 +1038,12 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
             }
             __syncthreads();
             // flush the sub-chunk's sums: dq/dk into the fp32 accumulators, dv, df. The Gq/HPC CTAs of one q/k head
-            // add to the same dq/dk rows: with fp32 atomics, or deterministically (DET, m2rnn_deterministic):
-            // they take turns in CTA order (turn[stok, qh] counts the CTAs that have added), so every element is
-            // summed in one fixed order, with plain loads and stores. A CTA waits only for CTAs of lower index,
-            // which the hardware dispatches first (the forward progress CUB's single-pass scans rely on).
+            // add to the same dq/dk rows with fp32 reductions; deterministically (DET, m2rnn_deterministic) they take
+            // turns in CTA order (turn[stok, qh] counts the CTAs whose reductions are performed: a CTA starts its
+            // own after the one before has fenced and released), so every element is summed in one fixed order.
+            // The reductions need no load of the running sums: a turn costs the fence and the flag's trip, not a
+            // round trip to L2 as well. A CTA waits only for CTAs of lower index, which the hardware dispatches first
+            // (the forward progress CUB's single-pass scans rely on).
             const long stok = ctok + s0;
             const int kq4 = K / 4;
             int *const my_turn = DET ? turn + stok * Nq + m.qh : nullptr;
@@ -1062,18 +1064,8 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     sk4.x += b.x; sk4.y += b.y; sk4.z += b.z; sk4.w += b.w;
                 }
                 const size_t off = (size_t)(stok + i) * Nq * K + (size_t)m.qh * K + r;
-                if constexpr (DET) { // in turn (L2, not L1: another CTA of this SM may have read these rows before)
-                    if (rank > 0) {
-                        const float4 a = __ldcg((const float4 *)(dq_acc + off)), b = __ldcg((const float4 *)(dk_acc + off));
-                        sq4.x += a.x; sq4.y += a.y; sq4.z += a.z; sq4.w += a.w;
-                        sk4.x += b.x; sk4.y += b.y; sk4.z += b.z; sk4.w += b.w;
-                    }
-                    __stcg((float4 *)(dq_acc + off), sq4);
-                    __stcg((float4 *)(dk_acc + off), sk4);
-                } else { // fp32 atomics: the order of the adds varies from run to run
-                    red_add_v4(dq_acc + off, sq4);
-                    red_add_v4(dk_acc + off, sk4);
-                }
+                red_add_v4(dq_acc + off, sq4); // (without DET the order of the CTAs' adds varies from run to run)
+                red_add_v4(dk_acc + off, sk4);
             }
             if constexpr (DET) {
                 __threadfence();
