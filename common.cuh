@@ -456,6 +456,26 @@ __device__ __forceinline__ void gemv_lane_sums(float (&acc)[NS][R][M], WRow w_ro
     }
 }
 
+// rows[0, total) = inp[0, total) (shared memory), by the whole block, its loads straight-line (one trip to L2), then a
+// block barrier; total a multiple of PACK, inp 16-byte aligned
+__device__ __forceinline__ void gemv_rows_to_smem(floatX *rows, const floatX *inp, int total) {
+    constexpr int U = 4;
+    for (int k0 = threadIdx.x * PACK; k0 < total; k0 += U * blockDim.x * PACK) {
+        Pack v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + u * blockDim.x * PACK;
+            if (k < total) { v[u] = *(const Pack *)(inp + k); }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + u * blockDim.x * PACK;
+            if (k < total) { *(Pack *)(rows + k) = v[u]; }
+        }
+    }
+    __syncthreads();
+}
+
 // ST: each warp's weight rows are copied into shared memory (cp.async, after the NORM rows) before the dependency
 // wait, so that after it the product reads them from there instead of making its round trips to L2 then; else they
 // are prefetched into L2 before the wait and streamed from there in the k loop. The same sums either way.
@@ -531,26 +551,10 @@ __global__ void __launch_bounds__(256, 2)
         __syncthreads();
         inp = rows;
     } else if constexpr (ST) {
-        // the input rows into shared memory by the whole block, its loads straight-line (one trip to L2): read in
-        // the k loop they were ⌈IC / 512⌉ dependent trips (6 for a down-projection's 2752), now the weights are not
-        constexpr int U = 4;
-        floatX *rows = (floatX *)gemv_rows;
-        const int total = M * IC;
-        for (int k0 = threadIdx.x * PACK; k0 < total; k0 += U * blockDim.x * PACK) {
-            Pack v[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int k = k0 + u * blockDim.x * PACK;
-                if (k < total) { v[u] = *(const Pack *)(inp + k); }
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int k = k0 + u * blockDim.x * PACK;
-                if (k < total) { *(Pack *)(rows + k) = v[u]; }
-            }
-        }
-        __syncthreads();
-        inp = rows;
+        // the input rows into shared memory: read in the k loop they were ⌈IC / 512⌉ dependent trips (6 for a
+        // down-projection's 2752), now the weights are not
+        gemv_rows_to_smem((floatX *)gemv_rows, inp, M * IC);
+        inp = (floatX *)gemv_rows;
     }
     if (o0 >= OC) { return; }
     float acc[NS][R][M];
@@ -654,8 +658,7 @@ __global__ void __launch_bounds__(256, 2)
     for (int s = 0; s < S - 1; s++) { issue(g + s * (int)gridDim.x, s); } // (the weights do not depend on the wait)
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
     pdl_trigger();
-    for (int k = threadIdx.x * PACK; k < M * IC; k += blockDim.x * PACK) { *(Pack *)(rows + k) = *(const Pack *)(inp + k); }
-    __syncthreads();
+    gemv_rows_to_smem(rows, inp, M * IC);
     for (int it = 0; g < groups; it++, g += gridDim.x) {
         // the stage the last iteration read (this lane's own pieces, read before this copy is issued)
         issue(g + (S - 1) * (int)gridDim.x, (it + S - 1) % S);
