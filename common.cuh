@@ -619,54 +619,62 @@ static void gemv_go(floatX *out, int out_stride, const floatX *inp, const floatX
 }
 // The GEMV for very many outputs at up to GEMV_MAX_M rows (the LM head: 100,352 rows of 1,024): a grid of one wave (two
 // blocks an SM), each block looping over 16-row groups gridDim.x apart, each warp copying its two rows of the next
-// GEMV_STREAM_STAGES − 1 groups into its own shared-memory stages (cp.async; a lane reads back only what it copied, so
-// its own wait suffices and the loop has no barrier). The plain GEMV's 6,272 blocks each prefetched 32 KB into L2 and
-// read it back after their wait: the LM head alone 54–56 µs, 3.7–3.8 TB/s of an H200's 4.8 (NOTES.md, inference round
-// 15). The same sums in the same order as matmul_gemv_kernel (each row one warp, lane-ordered k, the same reduction),
-// so the same bits; the input rows are copied into shared memory once, after the wait.
+// GEMV_STREAM_STAGES groups into its own shared-memory stages: one bulk copy a group (the two rows are contiguous),
+// issued by lane 0 and counted on the stage's mbarrier, a stage refilled as soon as its group's products have read it,
+// so the loop has no block barrier. The plain GEMV's 6,272 blocks each prefetched 32 KB into L2 and read it back after
+// their wait: the LM head alone 54–56 µs, 3.7–3.8 TB/s of an H200's 4.8; this kernel with cp.async (a lane its
+// 16-byte pieces) 50.2–50.9 µs; with bulk copies 49.8, against a plain read of the same bytes at 47.2–47.9
+// (dev/bench/bench_decode_matmul.cu; NOTES.md, inference rounds 15 and 18).
+// The same sums in the same order as matmul_gemv_kernel (each row one warp, lane-ordered k, the same reduction), so the
+// same bits; the input rows are copied into shared memory once, after the wait.
 #define GEMV_STREAM_STAGES 3
 static int gemv_stream = -1; // 0: off (M2RNN_GEMV_STREAM=0, for A/B runs)
 static long gemv_stream_launches = 0; // (tests check the path they meant to take)
 static inline bool gemv_stream_on(void) { return env_on_unless_0(&gemv_stream, "M2RNN_GEMV_STREAM"); }
 static inline size_t gemv_stream_bytes(int M, int IC) {
-    return (size_t)M * IC * sizeof(floatX) + (size_t)8 * GEMV_STREAM_STAGES * 2 * IC * sizeof(floatX);
+    return (size_t)M * IC * sizeof(floatX) + (size_t)8 * GEMV_STREAM_STAGES * (2 * IC * sizeof(floatX) + sizeof(uint64_t));
 }
 template <int M>
 __global__ void __launch_bounds__(256, 2)
     matmul_gemv_stream_kernel(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC) {
     extern __shared__ __align__(16) unsigned char gemv_rows[]; // (M, IC) the input rows, then (warps, stages, 2, IC)
+                                                                // the weight rows, then (warps, stages) mbarriers
     using namespace tiles;
     constexpr int R = 2, S = GEMV_STREAM_STAGES;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, groups = CEIL_DIV(OC, 8 * R);
     floatX *rows = (floatX *)gemv_rows;
     floatX *wsm = rows + (size_t)M * IC + (size_t)warp * S * R * IC;
-    // stage s ← this warp's rows of group g (a commit group even past the last group, so the counts stay aligned)
-    auto issue = [&](int g, int s) {
-        if (g < groups) {
-            const int o0 = (g * 8 + warp) * R;
+    const uint32_t mb = smem_addr((uint64_t *)(rows + (size_t)M * IC + (size_t)8 * S * R * IC) + warp * S); // stage 0's
+    if (lane == 0) {
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                const floatX *src = weight + (size_t)min(o0 + r, OC - 1) * IC;
-                floatX *dst = wsm + (size_t)(s * R + r) * IC;
-                for (int k = lane * PACK; k < IC; k += WARP_SIZE * PACK) { cp_async16(smem_addr(dst + k), src + k); }
-            }
+        for (int s = 0; s < S; s++) { mbar_init(mb + 8 * s, 1); }
+        mbar_init_fence();
+    }
+    __syncwarp();
+    // stage s ← this warp's rows of group g (those below OC), by lane 0; nothing past the last group or row
+    auto issue = [&](int g, int s) {
+        const int o0 = (g * 8 + warp) * R;
+        if (g < groups && o0 < OC && lane == 0) {
+            const uint32_t bytes = (uint32_t)(min(R, OC - o0) * IC * sizeof(floatX));
+            mbar_arrive_tx(mb + 8 * s, bytes);
+            bulk_g2s(smem_addr(wsm + (size_t)s * R * IC), weight + (size_t)o0 * IC, bytes, mb + 8 * s);
         }
-        cp_async_commit();
     };
     int g = blockIdx.x;
 #pragma unroll
-    for (int s = 0; s < S - 1; s++) { issue(g + s * (int)gridDim.x, s); } // (the weights do not depend on the wait)
+    for (int s = 0; s < S; s++) { issue(g + s * (int)gridDim.x, s); } // (the weights do not depend on the wait)
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
     pdl_trigger();
     gemv_rows_to_smem(rows, inp, M * IC);
     for (int it = 0; g < groups; it++, g += gridDim.x) {
-        // the stage the last iteration read (this lane's own pieces, read before this copy is issued)
-        issue(g + (S - 1) * (int)gridDim.x, (it + S - 1) % S);
-        cp_async_wait<S - 1>(); // group g's pieces of this lane have landed
         const int o0 = (g * 8 + warp) * R;
-        const floatX *ws = wsm + (size_t)(it % S) * R * IC;
+        if (o0 >= OC) { continue; } // (a warp past the last row: nothing copied, nothing to store; so are its later groups)
+        mbar_wait(mb + 8 * (it % S), (uint32_t)(it / S) & 1); // (the stage's (it / S)-th fill)
+        const floatX *ws = wsm + (size_t)(it % S) * R * IC; // (a row past OC holds stale data; its sum is not stored)
         float acc[1][R][M];
         gemv_lane_sums(acc, [&](int, int r) { return ws + (size_t)r * IC; }, rows, IC, lane);
+        __syncwarp(); // (every lane has read the stage before lane 0 refills it, S groups ahead)
+        issue(g + S * (int)gridDim.x, it % S);
 #pragma unroll
         for (int r = 0; r < R; r++) {
 #pragma unroll
@@ -676,7 +684,6 @@ __global__ void __launch_bounds__(256, 2)
             }
         }
     }
-    tiles::cp_async_wait<0>(); // (the empty groups past the end)
 }
 template <int M>
 static void gemv_stream_go(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC,

@@ -4,8 +4,9 @@ under every algorithm cuBLASLt's heuristic offers, to see what its first pick co
 the split-K ones (a tile kernel plus a reduction kernel) pay at these sizes. Each product is timed as the decode step
 runs it: 20 launches back to back in a CUDA graph (each waits for the one before on the stream), medians of 15.
 For each candidate: its time, the split-K count, the tile id and stages from its config, and whether its output equals
-the first pick's bit for bit (the same row sums in the same order). First, the same timing for our GEMV (matmul_gemv,
-the decode step's products at 1-8 rows).
+the first pick's bit for bit (the same row sums in the same order). First, the same timing for a plain read of the LM
+head's weights (the floor of the largest product) and for our GEMV (matmul_gemv, the decode step's products at 1-8
+rows).
 
 usage: build/bench_decode_matmul [M ...]   (default 16 32 64; shapes: the 410M Hybrid M²RNN and GDN hybrid)
 */
@@ -33,6 +34,22 @@ static int algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigA
 // µs a launch of f: 20 launches in a graph, the median of 15 replays (bench_common.cuh's graph_median_ms)
 template <class F> static double graph_us(F f, cudaStream_t stream) { return graph_median_ms(f, 20, 15, stream) * 1e3; }
 
+// The read floor of a product's weights: every 16-byte piece of w read once (U loads in flight a thread, streaming
+// loads), 2 blocks of 256 an SM as the streamed GEMV; an xor of all of it kept from being optimized away
+template <int U>
+__global__ void read_floor_kernel(unsigned *sink, const uint4 *w, size_t n16) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    unsigned x = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n16; i += stride * U) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) { v[u] = i + u * stride < n16 ? __ldcs(w + i + u * stride) : make_uint4(0, 0, 0, 0); }
+#pragma unroll
+        for (int u = 0; u < U; u++) { x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w; }
+    }
+    if (x == 0x9e3779b9u) { *sink = x; }
+}
+
 int main(int argc, char **argv) {
     const std::vector<int> Ms = bench_int_args(argc, argv, {16, 32, 64});
     Runtime rt;
@@ -47,6 +64,23 @@ int main(int argc, char **argv) {
     bench_fill(W, wmax, 1, 0.03f);
     bench_fill(X, xmax, 2, 1.0f);
     std::vector<floatX> h0, h1;
+    // the floor: the LM head's weights read once, the same graph timing
+    {
+        unsigned *sink;
+        cudaCheck(cudaMalloc(&sink, sizeof(unsigned)));
+        const size_t n16 = wmax * sizeof(floatX) / 16;
+        const int grid = 2 * rt.prop.multiProcessorCount;
+        const double bytes = (double)wmax * sizeof(floatX);
+        auto floor_line = [&](int U, double us) {
+            printf("read floor, the LM head's weights (%.0f MB), %2d loads in flight a thread  %7.2f us  %6.0f GB/s\n",
+                   bytes / 1e6, U, us, bytes / us / 1e3);
+        };
+        floor_line(4, graph_us([&]() { read_floor_kernel<4><<<grid, 256, 0, rt.stream>>>(sink, (const uint4 *)W, n16); }, rt.stream));
+        floor_line(8, graph_us([&]() { read_floor_kernel<8><<<grid, 256, 0, rt.stream>>>(sink, (const uint4 *)W, n16); }, rt.stream));
+        floor_line(16, graph_us([&]() { read_floor_kernel<16><<<grid, 256, 0, rt.stream>>>(sink, (const uint4 *)W, n16); }, rt.stream));
+        cudaCheck(cudaGetLastError());
+        cudaCheck(cudaFree(sink));
+    }
     // the GEMV (matmul_gemv: a decode step's products at up to GEMV_MAX_M rows), the same graph timing
     for (int M : {1, 2, 4, 8})
     for (const Shape &s : shapes) {
