@@ -13,6 +13,12 @@ uneven chunks, two sequences at once, and a state saved after a prompt and resto
 #include "test/test_common.h"
 
 static Rng rng = {2024};
+// the relative error ‖got − ref‖ / ‖ref‖ of a row of n logits, in double
+static double max_rel(const float *got, const float *ref, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) { num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]); den += (double)ref[i] * ref[i]; }
+    return sqrt(num / den);
+}
 
 static void decode_case(const char *pattern, int rope, int kv_heads) {
     ModelConfig c;
@@ -51,10 +57,7 @@ static void decode_case(const char *pattern, int rope, int kv_heads) {
         model_decode_step(m, tok, pos);
         for (int b = 0; b < B; b++) {
             model_decode_logits(m, b, got);
-            const float *r = ref + ((size_t)b * T + t) * Vp;
-            double num = 0, den = 0;
-            for (int i = 0; i < Vp; i++) { num += ((double)got[i] - r[i]) * ((double)got[i] - r[i]); den += (double)r[i] * r[i]; }
-            worst = fmax(worst, sqrt(num / den));
+            worst = fmax(worst, max_rel(got, ref + ((size_t)b * T + t) * Vp, Vp));
         }
     }
     char name[256];
@@ -70,11 +73,6 @@ static void decode_case(const char *pattern, int rope, int kv_heads) {
 // the prefill path of model_decode_advance on the same model: prefills of whole prompts, prompts in uneven chunks,
 // both sequences at once, a state saved after a prompt and restored into another sequence slot; each must give the
 // forward's logits at the positions it ends on (same bound)
-static double max_rel(const float *got, const float *ref, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) { num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]); den += (double)ref[i] * ref[i]; }
-    return sqrt(num / den);
-}
 static void prefill_case(const char *pattern, int rope, int kv_heads) {
     ModelConfig c;
     memset(&c, 0, sizeof(c));

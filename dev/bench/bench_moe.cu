@@ -11,45 +11,11 @@ Inputs: random, scaled like the trainer's (weights std 0.02); tokens spread over
 Timing: CUDA events, 3 warm-up calls, the median of the repeats.
 usage: build/bench_moe [-r repeats] [-m tokens]
 */
-#include <algorithm>
-#include <vector>
 #include "utils.h"
 #include "model.h"
 #include "common.cuh"
 #include "moe.cuh"
-
-__global__ void bench_fill_kernel(floatX *x, long n, uint32_t seed, float scale) {
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
-        x[i] = (floatX)(((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
-    }
-}
-static void bench_fill(floatX *x, size_t n, uint32_t seed, float scale) {
-    bench_fill_kernel<<<1024, 256>>>(x, (long)n, seed, scale);
-    cudaCheck(cudaGetLastError());
-}
-
-template <class F> static float median_ms(F f, int repeats, cudaStream_t stream) {
-    cudaEvent_t a, b;
-    cudaCheck(cudaEventCreate(&a));
-    cudaCheck(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) { f(); }
-    std::vector<float> ms;
-    for (int i = 0; i < repeats; i++) {
-        cudaCheck(cudaEventRecord(a, stream));
-        f();
-        cudaCheck(cudaEventRecord(b, stream));
-        cudaCheck(cudaEventSynchronize(b));
-        float t = 0;
-        cudaCheck(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(t);
-    }
-    cudaCheck(cudaEventDestroy(a));
-    cudaCheck(cudaEventDestroy(b));
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-}
+#include "dev/bench/bench_common.cuh"
 
 int main(int argc, char **argv) {
     int repeats = 20, only_m = 0;
