@@ -351,7 +351,7 @@ build/test_gpu_trainer_fp32: test/test_gpu_trainer.cu train_m2rnn.cu $(TRAINER_G
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
 
-build/bench_moe: dev/bench/bench_moe.cu $(TRAINER_GPU_HEADERS)
+build/bench_moe: dev/bench/bench_moe.cu dev/bench/bench_common.cuh $(TRAINER_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
 
