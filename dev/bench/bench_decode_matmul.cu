@@ -71,13 +71,14 @@ int main(int argc, char **argv) {
         const size_t n16 = wmax * sizeof(floatX) / 16;
         const int grid = 2 * rt.prop.multiProcessorCount;
         const double bytes = (double)wmax * sizeof(floatX);
-        auto floor_line = [&](int U, double us) {
+        auto floor_line = [&](int U, void (*kernel)(unsigned *, const uint4 *, size_t)) {
+            const double us = graph_us([&]() { kernel<<<grid, 256, 0, rt.stream>>>(sink, (const uint4 *)W, n16); }, rt.stream);
             printf("read floor, the LM head's weights (%.0f MB), %2d loads in flight a thread  %7.2f us  %6.0f GB/s\n",
                    bytes / 1e6, U, us, bytes / us / 1e3);
         };
-        floor_line(4, graph_us([&]() { read_floor_kernel<4><<<grid, 256, 0, rt.stream>>>(sink, (const uint4 *)W, n16); }, rt.stream));
-        floor_line(8, graph_us([&]() { read_floor_kernel<8><<<grid, 256, 0, rt.stream>>>(sink, (const uint4 *)W, n16); }, rt.stream));
-        floor_line(16, graph_us([&]() { read_floor_kernel<16><<<grid, 256, 0, rt.stream>>>(sink, (const uint4 *)W, n16); }, rt.stream));
+        floor_line(4, read_floor_kernel<4>);
+        floor_line(8, read_floor_kernel<8>);
+        floor_line(16, read_floor_kernel<16>);
         cudaCheck(cudaGetLastError());
         cudaCheck(cudaFree(sink));
     }
