@@ -25,9 +25,12 @@ Design (numbers behind it in dev/bench/NOTES.md):
   m16n8k8 (exact), and dq, dk, dv accumulate over the sub-chunk in three MMA tiles, token i in column i (B operands
   masked to the lanes that hold token i), so a step stores only df's lane-quad sums. Cross-warp/cross-head sums go
   through shared memory and are flushed once per sub-chunk. dq/dk are summed over the CTA's heads in shared memory
-  first, so the global fp32 atomics see N/HPC adders per address, not N; with m2rnn_deterministic
-  (M2RNN_DETERMINISTIC=1) the CTAs that share a q/k head make those adds in turn, in CTA order, and the backward
-  repeats bit for bit like every other gradient.
+  first, so the global fp32 atomics see N/HPC adders per address, not N. With m2rnn_deterministic
+  (M2RNN_DETERMINISTIC=1) each CTA stores its sums plainly instead, into partial slots laid over its own checkpoints
+  that it has finished reading (no extra memory where HPC*V >= 32, e.g. K=64, V=16 at 2 heads a CTA), and counts
+  each 256-token window done; a second kernel, launched programmatically so that it runs beside the backward on the
+  room the backward leaves, adds a window's slots of a q/k head's CTAs in rank order once they are all counted: no
+  atomic sums, no CTA waits for another, and the backward repeats bit for bit like every other gradient.
 - Backward without the authors' full recompute and without a B*T*N*K*V buffer: the training forward writes H every
   16 tokens (fp32; before tokens 0 and 16 of each 32-token chunk) into the workspace. The backward walks the chunks
   right to left and each chunk's 8-token sub-chunks right to left: a sub-chunk starts from a checkpoint (sub-chunks 0
@@ -107,34 +110,81 @@ static void m2rnn_validate(const M2RNNDims *d, const void *q, const void *k, con
 }
 
 static inline long m2rnn_total_tokens(const M2RNNDims *d) { return d->cu_seqlens ? (long)d->T : (long)d->B * d->T; }
-// chunk slots: slot(b, c) = b + tok0(b)/CHUNK + c never collides across sequences (see the forward kernel); a slot
-// holds two checkpoints, H before the chunk's token 0 and before its token 16
+
+// heads per CTA (HPC): 2 when each q/k head serves an even number of value heads and the CTA stays small, else 1.
+// HPC=2 halves the adders per dq/dk address in the backward; HPC=1 gives finer CTAs (better SM balance at small B*N).
+// Measured on H200 (dev/bench/NOTES.md): HPC=2 wins once its grid has >= 2 CTAs per SM; below that (e.g. B=4, N=84:
+// 168 CTAs on 132 SMs) the SMs holding two CTAs set the time and HPC=1 is 12% faster.
+static int m2rnn_hpc_override = 0; // tests/benchmarks: 1 or 2 forces HPC where legal, 0 = automatic
+static int m2rnn_zstash_override = -1; // tests/benchmarks: 0 / 1 forces the backward's Z stash (V=16), -1 = automatic
+// 1: dq/dk summed in a fixed order (bitwise repeatable backward: each CTA stores its sums into partial slots over
+// its spent checkpoints, a kernel beside the backward adds them in rank order; dev/bench/NOTES.md has its cost);
+// 0: fp32 atomics (the default). -1: from M2RNN_DETERMINISTIC (default 0) at first use. The workspace's layout depends
+// on it: a test that switches it sizes the workspace for both (m2rnn_workspace_bytes_any).
+static int m2rnn_deterministic = -1;
+static inline bool m2rnn_deterministic_on(void) {
+    return env_off_unless_1(&m2rnn_deterministic, "M2RNN_DETERMINISTIC");
+}
+static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
+    const int Gq = d->N / d->Nq, RB = d->K / 16;
+    const bool two_ok = Gq % 2 == 0 && 2 * RB <= 8;
+    if (m2rnn_hpc_override == 1 || (m2rnn_hpc_override == 2 && two_ok)) { return m2rnn_hpc_override; }
+    return (two_ok && (long)d->B * (d->N / 2) >= 2L * device_num_sms()) ? 2 : 1;
+}
+// chunk slots: slot(b, c) = 2b + tok0(b)/CHUNK + c. A slot holds two checkpoints, H before the chunk's token 0 and
+// before its token 16. Sequence b's chunks and the slot after its last (deterministic mode's partial slots use it:
+// m2rnn_partial_off) never reach sequence b+1's first slot, since tok0/CHUNK + ceil(L/CHUNK) <= tok1/CHUNK + 1.
+__host__ __device__ inline long m2rnn_ckpt_slot(int b, long tok0, int c) { return 2 * b + tok0 / M2RNN_CHUNK + c; }
 static inline long m2rnn_num_slots(const M2RNNDims *d) {
-    return d->B + CEIL_DIV(m2rnn_total_tokens(d), (long)M2RNN_CHUNK) + 1;
+    return 2L * d->B + CEIL_DIV(m2rnn_total_tokens(d), (long)M2RNN_CHUNK) + 1;
+}
+// Deterministic mode's partial slots (floats from the checkpoints' start): the backward's CTA with heads n0.. stores
+// its sums of dq and dk for token 16u + i16 of a sequence (u = 2c + half) plainly over its own checkpoint half u + 1,
+// which it has finished reading by then (it walks right to left: half u + 1 is (c, 1) or (c + 1, 0)); PK = 2 where
+// the half's HPC*K*V floats hold both rows (HPC*V >= 32: [i16][dq K | dk K]), else 1 (dq there, dk at the same
+// offset in a region of the checkpoints' size). m2rnn_qk_partials_sum_kernel adds the CTAs' slots in rank order.
+__host__ __device__ inline size_t m2rnn_partial_off(long slot, int half, int i16, int n0, int N, int K, int V, int PK) {
+    return (size_t)(2 * slot + half + 1) * N * K * V + (size_t)n0 * K * V + (size_t)i16 * PK * K;
 }
 
-// workspace layout: [checkpoints fp32 (slots,2,N,K,V)] [dq acc fp32 (tok,Nq,K)] [dk acc] [turns int (tok,Nq)]
-// [dW partials (B*K/16,N,V,V)]
+// workspace layout: [checkpoints fp32 (slots,2,N,K,V)] then by default [dq acc fp32 (tok,Nq,K)] [dk acc], in
+// deterministic mode [dk partial slots fp32 (slots,2,N,K,V)] where they do not fit beside dq's (HPC*V < 32) and
+// [window counts int (B,Nq,windows)], then [dW partials (B*K/16,N,V,V)]
 typedef struct {
-    size_t ckpt, dq, dk, turn, dw, total; // byte offsets and total size
+    size_t ckpt, dq, dk, qkx, cnt, dw, total; // byte offsets and total size
 } M2RNNWorkspace;
 
-static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d) {
+// deterministic mode: the backward's CTAs count each window of M2RNN_WINDOW tokens of a sequence done (all its
+// partial slots stored), per (sequence, q/k head); the sum kernel, running beside the backward, waits for a window's
+// count to reach the q/k head's CTAs before it adds its slots
+#define M2RNN_WINDOW 256
+static inline long m2rnn_num_windows(const M2RNNDims *d) { return CEIL_DIV((long)d->T, (long)M2RNN_WINDOW); }
+
+static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d, bool det) {
     M2RNNWorkspace w;
-    size_t state = (size_t)d->N * d->K * d->V * sizeof(float);
-    size_t acc = (size_t)m2rnn_total_tokens(d) * d->Nq * d->K * sizeof(float);
-    size_t turns = ((size_t)m2rnn_total_tokens(d) * d->Nq * sizeof(int) + 15) / 16 * 16;
+    const size_t state = (size_t)d->N * d->K * d->V * sizeof(float);
+    const size_t acc = det ? 0 : (size_t)m2rnn_total_tokens(d) * d->Nq * d->K * sizeof(float);
+    const size_t ckb = (size_t)m2rnn_num_slots(d) * 2 * state;
     w.ckpt = 0;
-    w.dq = w.ckpt + (size_t)m2rnn_num_slots(d) * 2 * state;
+    w.dq = w.ckpt + ckb;
     w.dk = w.dq + acc;
-    w.turn = w.dk + acc;
-    w.dw = w.turn + turns;
+    w.qkx = w.dk + acc;
+    w.cnt = w.qkx + (det && m2rnn_heads_per_cta(d) * d->V < 32 ? ckb : 0);
+    w.dw = w.cnt + (det ? ((size_t)d->B * d->Nq * m2rnn_num_windows(d) * sizeof(int) + 15) / 16 * 16 : 0);
     w.total = w.dw + (size_t)d->B * (d->K / 16) * d->N * d->V * d->V * sizeof(float);
     return w;
 }
+static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d) {
+    return m2rnn_workspace_layout(d, m2rnn_deterministic_on());
+}
 
-// bytes of device scratch the training forward + backward need (kept by the caller from forward to backward)
+// bytes of device scratch the training forward + backward need (kept by the caller from forward to backward), in the
+// mode M2RNN_DETERMINISTIC sets; m2rnn_workspace_bytes_any: enough for either mode (tests that switch it)
 static inline size_t m2rnn_workspace_bytes(const M2RNNDims *d) { return m2rnn_workspace_layout(d).total; }
+static inline size_t m2rnn_workspace_bytes_any(const M2RNNDims *d) {
+    const size_t a = m2rnn_workspace_layout(d, false).total, b = m2rnn_workspace_layout(d, true).total;
+    return a > b ? a : b;
+}
 
 // ----------------------------------------------------------------------------------------------------------------
 // device helpers: the warp's fragment geometry, the step, the staging (the generic tile vocabulary is tiles.cuh's)
@@ -497,7 +547,7 @@ __device__ __forceinline__ CtaMap cta_map(const int *cu_seqlens, int T, int N, i
     m.L = cu_seqlens ? cu_seqlens[m.b + 1] - cu_seqlens[m.b] : T;
     return m;
 }
-__device__ __forceinline__ long ckpt_slot(const CtaMap &m, int c) { return m.b + m.tok0 / M2RNN_CHUNK + c; }
+__device__ __forceinline__ long ckpt_slot(const CtaMap &m, int c) { return m2rnn_ckpt_slot(m.b, m.tok0, c); }
 // checkpoint half (0: before token 0 of chunk c, 1: before its token 16) of the head at head_off, in (slots,2,N,K,V)
 __device__ __forceinline__ size_t ckpt_off(const CtaMap &m, int c, int half, int N, int K, int V, size_t head_off) {
     return (size_t)(2 * ckpt_slot(m, c) + half) * N * K * V + head_off;
@@ -510,16 +560,6 @@ __device__ __forceinline__ float clamp_nan(float x, float c) {
     asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(x), "f"(-c));
     asm("min.NaN.f32 %0, %0, %1;\n" : "+f"(r) : "f"(c));
     return r;
-}
-
-// a flag between CTAs: the writer's earlier stores are visible to a reader that saw the value
-__device__ __forceinline__ int ld_acquire_gpu(const int *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release_gpu(int *p, int v) {
-    asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 } // namespace m2rnn_detail
@@ -655,17 +695,19 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
 }
 
 // Backward. Same grid/block as the forward. Needs the checkpoints the training forward wrote. Writes dv, df, dh0
-// directly; dq/dk into fp32 accumulators (zeroed by the launcher); dW into per-(b, row block) partials.
+// directly; dq/dk into fp32 accumulators (zeroed by the launcher), or with DET into partial slots over the checkpoints
+// it has read (m2rnn_partial_off; dk's into qkx where PK = 1), so a deterministic backward spends the checkpoints: one
+// backward a forward; dW into per-(b, row block) partials.
 // ZS (V=16 only): the recompute keeps each step's Z_t as fp16 in shared memory and the reverse step reads it instead
 // of re-running the MMA and tanh; that costs 512 B per warp-step (32 KB per 8-warp CTA: 2 CTAs/SM, not 3) and so
 // is built for 2 CTAs/SM, which also lifts the register cap from 80 to 128 (no spills). The launcher picks it.
 template <int V, int HPC, bool BIG, bool ZS, bool DET = false>
 __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
-    m2rnn_backward_kernel(float *__restrict__ dq_acc, float *__restrict__ dk_acc, int *__restrict__ turn,
+    m2rnn_backward_kernel(float *__restrict__ dq_acc, float *__restrict__ dk_acc, float *qkx, int *wdone,
                           floatX *__restrict__ dv,
                           float *__restrict__ df, float *__restrict__ dW_part, float *__restrict__ dh0,
                           const floatX *__restrict__ dy, const float *__restrict__ dhT,
-                          const float *__restrict__ ckpt, const floatX *__restrict__ q, const floatX *__restrict__ k,
+                          float *ckpt, const floatX *__restrict__ q, const floatX *__restrict__ k,
                           const floatX *__restrict__ v, const float *__restrict__ f, const floatX *__restrict__ W,
                           const int *__restrict__ cu_seqlens, int T, int N, int Nq, int K, long sq, long sk, long sv,
                           float clip) {
@@ -677,6 +719,9 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     const int hh = warp / RB, rb = warp % RB, row0 = rb * 16 + g;
     const CtaMap m = cta_map(cu_seqlens, T, N, Nq, HPC);
     const int n = m.n0 + hh;
+    // DET: the sum kernel may start once every CTA of this grid has (so its CTAs, which wait on the window counts,
+    // only take room that no CTA of this grid still needs)
+    if constexpr (DET) { pdl_trigger(); }
 
     extern __shared__ __align__(16) unsigned char smem[];
     // ZS: (NW, 32, NT * 4) each lane's accumulator elements of H before the next sub-chunk, copied from its checkpoint
@@ -1037,23 +1082,16 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 }
             }
             __syncthreads();
-            // flush the sub-chunk's sums: dq/dk into the fp32 accumulators, dv, df. The Gq/HPC CTAs of one q/k head
-            // add to the same dq/dk rows with fp32 reductions; deterministically (DET, m2rnn_deterministic) they take
-            // turns in CTA order (turn[stok, qh] counts the CTAs whose reductions are performed: a CTA starts its
-            // own after the one before has fenced and released), so every element is summed in one fixed order.
-            // The reductions need no load of the running sums: a turn costs the fence and the flag's trip, not a
-            // round trip to L2 as well. A CTA waits only for CTAs of lower index, which the hardware dispatches first
-            // (the forward progress CUB's single-pass scans rely on).
+            // flush the sub-chunk's sums: dq/dk into the fp32 accumulators (fp32 reductions: the Gq/HPC CTAs of one
+            // q/k head add to the same rows, in an order that varies from run to run), or with DET into this CTA's
+            // partial slots (plain stores over its checkpoint half (c, 1) or (c + 1, 0), both read by now: the Z
+            // stash's early copy is of (c, 0) or (c - 1, 1)); then dv, df.
             const long stok = ctok + s0;
             const int kq4 = K / 4;
-            int *const my_turn = DET ? turn + stok * Nq + m.qh : nullptr;
-            const int rank = DET ? (int)(blockIdx.x % (N / Nq / HPC)) : 0; // among the CTAs of this q/k head
-            if constexpr (DET) {
-                if (threadIdx.x == 0) {
-                    while (ld_acquire_gpu(my_turn) != rank) { __nanosleep(32); }
-                }
-                __syncthreads();
-            }
+            constexpr int PK = HPC * V >= 32 ? 2 : 1;
+            float *const pq = DET ? ckpt + m2rnn_partial_off(ckpt_slot(m, c), j >> 1, (j & 1) * SUB, m.n0, N, K, V, PK)
+                                  : nullptr;
+            float *const pk = DET ? (PK == 2 ? pq + K : qkx + (pq - ckpt)) : nullptr;
             for (int idx = threadIdx.x; idx < slen * kq4; idx += blockDim.x) {
                 const int i = idx / kq4, r = (idx % kq4) * 4; // rows r..r+3 live in row block r/16 of every head
                 float4 sq4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), sk4 = sq4;
@@ -1063,14 +1101,14 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     sq4.x += a.x; sq4.y += a.y; sq4.z += a.z; sq4.w += a.w;
                     sk4.x += b.x; sk4.y += b.y; sk4.z += b.z; sk4.w += b.w;
                 }
-                const size_t off = (size_t)(stok + i) * Nq * K + (size_t)m.qh * K + r;
-                red_add_v4(dq_acc + off, sq4); // (without DET the order of the CTAs' adds varies from run to run)
-                red_add_v4(dk_acc + off, sk4);
-            }
-            if constexpr (DET) {
-                __threadfence();
-                __syncthreads();
-                if (threadIdx.x == 0) { st_release_gpu(my_turn, rank + 1); } // the next CTA's turn
+                if constexpr (DET) {
+                    *(float4 *)(pq + i * PK * K + r) = sq4;
+                    *(float4 *)(pk + i * PK * K + r) = sk4;
+                } else {
+                    const size_t off = (size_t)(stok + i) * Nq * K + (size_t)m.qh * K + r;
+                    red_add_v4(dq_acc + off, sq4);
+                    red_add_v4(dk_acc + off, sk4);
+                }
             }
             for (int idx = threadIdx.x; idx < slen * HV; idx += blockDim.x) {
                 const int i = idx / HV, hv = idx % HV, h2 = hv / V, col = hv % V;
@@ -1093,6 +1131,16 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 df[(stok + i) * N + m.n0 + h2] = sum;
             }
             __syncthreads();
+        }
+        if constexpr (DET) { // a window's slots all stored: count it (each thread's stores made visible first)
+            if (c % (M2RNN_WINDOW / M2RNN_CHUNK) == 0) {
+                __threadfence();
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    const long nwin = CEIL_DIV(T, M2RNN_WINDOW);
+                    atomicAdd(wdone + ((long)m.b * Nq + m.qh) * nwin + c * M2RNN_CHUNK / M2RNN_WINDOW, 1);
+                }
+            }
         }
     }
     if (dh0) { store_state<V>(dh0 + state_off, G, row0, t4); }
@@ -1121,6 +1169,76 @@ __global__ void m2rnn_qk_grad_cast_kernel(floatX *__restrict__ dq, floatX *__res
     const float2 a = *(const float2 *)(dq_acc + idx), b = *(const float2 *)(dk_acc + idx);
     *(__nv_bfloat162 *)(dq + t * sq + c) = __floats2bfloat162_rn(a.x, a.y);
     *(__nv_bfloat162 *)(dk + t * sk + c) = __floats2bfloat162_rn(b.x, b.y);
+}
+
+// deterministic mode: dq, dk (bf16, strided like q, k) = the sums of the backward's partial slots of the Gq/HPC CTAs
+// that share each q/k head, added from +0 in rank order (one fixed order: the same bits every run). Launched
+// programmatically after the backward, so it runs beside it on the room the backward leaves: each thread waits for
+// its token's window to be counted done by all those CTAs, then sums. One thread per 4 channels of a token and q/k
+// head; tokens are taken from the sequences' ends first (the backward finishes them first): without cu_seqlens, block
+// order runs over (16-token group from the end, sequence), with cu_seqlens over the packed tokens from the last.
+// The grid's last CTA then waits for the backward to complete, so that work after this kernel in the stream comes
+// after the backward too (its dh0 and dW partials).
+__device__ __forceinline__ int m2rnn_ld_acquire(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+template <int PK>
+__global__ void m2rnn_qk_partials_sum_kernel(floatX *__restrict__ dq, floatX *__restrict__ dk, const float *ckpt,
+                                             const float *qkx, const int *wdone, const int *__restrict__ cu_seqlens,
+                                             int B, int T, int N, int Nq, int K, int V, int HPC, long sq, long sk,
+                                             long slots) {
+    const int k4 = K / 4;
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < slots * Nq * k4) {
+        const long o = idx / (Nq * k4); // token slot in block order
+        const int rem = (int)(idx % (Nq * k4)), qh = rem / k4, r = (rem % k4) * 4;
+        int b;
+        long tok0, t;
+        bool live = true;
+        if (cu_seqlens) { // packed tokens from the last; the sequence holding tok: the last b with cu_seqlens[b] <= tok
+            const long tok = slots - 1 - o;
+            int lo = 0, hi = B - 1;
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) >> 1;
+                if (cu_seqlens[mid] <= tok) { lo = mid; } else { hi = mid - 1; }
+            }
+            b = lo;
+            tok0 = cu_seqlens[b];
+            t = tok - tok0;
+        } else { // (16-token group from the end, sequence, token in the group)
+            const long grp = o / 16, ngrp = CEIL_DIV(T, 16);
+            b = (int)(grp % B);
+            t = (ngrp - 1 - grp / B) * 16 + o % 16;
+            tok0 = (long)b * T;
+            live = t < T;
+        }
+        if (live) {
+            const int ranks = N / Nq / HPC;
+            const int *cnt = wdone + ((long)b * Nq + qh) * CEIL_DIV(T, M2RNN_WINDOW) + t / M2RNN_WINDOW;
+            while (m2rnn_ld_acquire(cnt) < ranks) { __nanosleep(500); }
+            const size_t off = m2rnn_partial_off(m2rnn_ckpt_slot(b, tok0, (int)(t / M2RNN_CHUNK)),
+                                                 (int)(t % M2RNN_CHUNK) >> 4, (int)(t & 15), qh * ranks * HPC, N, K, V,
+                                                 PK) + r;
+            const float *pq = ckpt + off, *pk = (PK == 2 ? ckpt + K : qkx) + off;
+            const size_t stride = (size_t)HPC * K * V; // from one rank's slots to the next's
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), c = a;
+#pragma unroll 8
+            for (int i = 0; i < ranks; i++) { // (L2 loads: this SM's L1 may hold the checkpoints these slots replaced)
+                const float4 x = __ldcg((const float4 *)(pq + i * stride));
+                const float4 y = __ldcg((const float4 *)(pk + i * stride));
+                a.x += x.x; a.y += x.y; a.z += x.z; a.w += x.w;
+                c.x += y.x; c.y += y.y; c.z += y.z; c.w += y.w;
+            }
+            const long tok = tok0 + t;
+            __nv_bfloat162 oq[2] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w)};
+            __nv_bfloat162 ok[2] = {__floats2bfloat162_rn(c.x, c.y), __floats2bfloat162_rn(c.z, c.w)};
+            *(uint2 *)(dq + tok * sq + qh * K + r) = *(const uint2 *)oq;
+            *(uint2 *)(dk + tok * sk + qh * K + r) = *(const uint2 *)ok;
+        }
+    }
+    if (blockIdx.x == gridDim.x - 1) { pdl_wait(); }
 }
 
 // dW (N,V,V) fp32 = sum of the (B*K/16) partials, in a fixed order (deterministic)
@@ -1221,25 +1339,6 @@ __global__ void __launch_bounds__(512)
 // ----------------------------------------------------------------------------------------------------------------
 // kernel launchers
 
-// heads per CTA (HPC): 2 when each q/k head serves an even number of value heads and the CTA stays small, else 1.
-// HPC=2 halves the adders per dq/dk address in the backward; HPC=1 gives finer CTAs (better SM balance at small B*N).
-// Measured on H200 (dev/bench/NOTES.md): HPC=2 wins once its grid has >= 2 CTAs per SM; below that (e.g. B=4, N=84:
-// 168 CTAs on 132 SMs) the SMs holding two CTAs set the time and HPC=1 is 12% faster.
-static int m2rnn_hpc_override = 0; // tests/benchmarks: 1 or 2 forces HPC where legal, 0 = automatic
-static int m2rnn_zstash_override = -1; // tests/benchmarks: 0 / 1 forces the backward's Z stash (V=16), -1 = automatic
-// 1: dq/dk summed in a fixed order (bitwise repeatable backward; the flushes wait for their turn: backward +10% at
-// B=8, N=84 and +19% at B=4 on an H100, dev/bench/NOTES.md); 0: fp32 atomics (the default, as fast as before the
-// option). -1: from M2RNN_DETERMINISTIC (default 0) at first use.
-static int m2rnn_deterministic = -1;
-static inline bool m2rnn_deterministic_on(void) {
-    return env_off_unless_1(&m2rnn_deterministic, "M2RNN_DETERMINISTIC");
-}
-static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
-    const int Gq = d->N / d->Nq, RB = d->K / 16;
-    const bool two_ok = Gq % 2 == 0 && 2 * RB <= 8;
-    if (m2rnn_hpc_override == 1 || (m2rnn_hpc_override == 2 && two_ok)) { return m2rnn_hpc_override; }
-    return (two_ok && (long)d->B * (d->N / 2) >= 2L * device_num_sms()) ? 2 : 1;
-}
 static inline size_t m2rnn_forward_smem(const M2RNNDims *d, int hpc) {
     const size_t stage = m2rnn_detail::m2rnn_stage_bytes(d->K, d->V, hpc, false);
     return 2 * stage + (size_t)M2RNN_CHUNK * hpc * (d->K / 16) * d->V * sizeof(float);
@@ -1279,24 +1378,21 @@ template <typename Kernel> static inline int m2rnn_ctas_per_sm(Kernel kernel, in
 // The backward comes in two builds for V=16 (see m2rnn_backward_kernel): plain (3 CTAs/SM, 80 registers) and Z stash
 // (2 CTAs/SM, 128 registers, 10-20% faster per wave on the H200). The plain build is taken where it holds the whole
 // grid in one wave and the stash would need a second: B=8, N=84 on 132 SMs is 336 CTAs = 2.55 per SM. There the two
-// are about even by default (H200, 2026-11-28: plain 6.25–6.30 ms, stash 6.21–6.26), but in deterministic mode each
-// wave pays the turns on its whole chain, so the stash's two waves pay them twice (plain 6.82–6.92, stash 7.31–7.33).
-// dev/bench/NOTES.md has the measurements.
+// are about even (H200, 2026-11-28: plain 6.25–6.30 ms, stash 6.21–6.26); dev/bench/NOTES.md has the measurements.
 template <int V, int HPC, bool BIG>
-static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, int *turn, floatX *dv, float *df, float *dW_part,
-                                  float *dh0,
-                                  const floatX *dy, const float *dhT, const float *ckpt, const floatX *q,
-                                  const floatX *k, const floatX *v, const float *f, const floatX *W, float clip,
-                                  const M2RNNDims *d, cudaStream_t stream) {
+static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, float *qkx, int *wdone, bool det, floatX *dv,
+                                  float *df, float *dW_part, float *dh0, const floatX *dy, const float *dhT,
+                                  float *ckpt, const floatX *q, const floatX *k, const floatX *v, const float *f,
+                                  const floatX *W, float clip, const M2RNNDims *d, cudaStream_t stream) {
     const int threads = HPC * (d->K / 16) * 32;
     const dim3 grid(d->N / HPC, d->B);
     auto launch = [&](auto kernel, size_t smem) {
         kernel_smem_limit(kernel, smem);
-        kernel<<<grid, threads, smem, stream>>>(dq_acc, dk_acc, turn, dv, df, dW_part, dh0, dy, dhT, ckpt, q, k, v, f, W,
-                                                d->cu_seqlens, d->T, d->N, d->Nq, d->K, d->sq, d->sk, d->sv, clip);
+        kernel<<<grid, threads, smem, stream>>>(dq_acc, dk_acc, qkx, wdone, dv, df, dW_part, dh0, dy, dhT, ckpt, q, k,
+                                                v, f, W, d->cu_seqlens, d->T, d->N, d->Nq, d->K, d->sq, d->sk, d->sv,
+                                                clip);
         cudaCheck(cudaGetLastError());
     };
-    const bool det = turn != nullptr;
     auto plain = det ? m2rnn_backward_kernel<V, HPC, BIG, false, true> : m2rnn_backward_kernel<V, HPC, BIG, false>;
     const size_t smem = m2rnn_backward_smem(d, HPC, false);
     if constexpr (V == 16 && !BIG) {
@@ -1336,9 +1432,22 @@ static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, int *turn, float
 
 // Forward. y (tok,N,V) bf16; hT (B,N,K,V) fp32 or NULL; workspace: NULL for inference, else m2rnn_workspace_bytes()
 // of device memory that the training forward fills with checkpoints and the backward then reads.
+// A deterministic backward spends its workspace's checkpoints (its partial slots overwrite them): the workspaces so
+// spent and not written again by a training forward since, so that a second backward fails with a hint instead of
+// recomputing from its own partial sums.
+static const void *m2rnn_spent[256];
+static int m2rnn_nspent = 0;
+static int m2rnn_spent_find(const void *ws) {
+    for (int i = 0; i < m2rnn_nspent; i++) {
+        if (m2rnn_spent[i] == ws) { return i; }
+    }
+    return -1;
+}
 static void m2rnn_forward(floatX *y, float *hT, void *workspace, const floatX *q, const floatX *k, const floatX *v,
                           const float *f, const floatX *W, const float *h0, const M2RNNDims *d, cudaStream_t stream) {
     m2rnn_validate(d, q, k, v);
+    const int spent = workspace ? m2rnn_spent_find(workspace) : -1;
+    if (spent >= 0) { m2rnn_spent[spent] = m2rnn_spent[--m2rnn_nspent]; } // (fresh checkpoints)
     float *ckpt = workspace ? (float *)((char *)workspace + m2rnn_workspace_layout(d).ckpt) : NULL;
     M2RNN_DISPATCH(d, m2rnn_forward_launch, y, hT, ckpt, q, k, v, f, W, h0, d, stream);
 }
@@ -1346,6 +1455,8 @@ static void m2rnn_forward(floatX *y, float *hT, void *workspace, const floatX *q
 // Backward. Gradients out: dq, dk, dv (bf16, strided like q, k, v), df (tok,N) fp32, dW (N,V,V) fp32 (overwritten),
 // dh0 (B,N,K,V) fp32 or NULL. In: dy (tok,N,V) bf16, dhT (B,N,K,V) fp32 or NULL, the forward's inputs and the
 // workspace the training forward filled. clip > 0 clamps the carried dH to [-clip, clip] every step (0 = off).
+// In deterministic mode (M2RNN_DETERMINISTIC=1) the backward spends the checkpoints (its dq/dk partial slots overwrite
+// them): one backward per training forward.
 static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float *dW, float *dh0, void *workspace,
                            const floatX *dy, const float *dhT, const floatX *q, const floatX *k, const floatX *v,
                            const float *f, const floatX *W, float clip, const M2RNNDims *d, cudaStream_t stream) {
@@ -1354,17 +1465,46 @@ static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float 
         fail_with_hint("allocate the gradient buffer with cudaMalloc and keep channel offsets multiples of 8",
                        "m2rnn: dq, dk, dv must be 16-byte aligned");
     }
-    const M2RNNWorkspace w = m2rnn_workspace_layout(d);
+    const bool det = m2rnn_deterministic_on();
+    if (det) {
+        if (m2rnn_spent_find(workspace) >= 0) {
+            fail_with_hint("run the training forward (m2rnn_forward with this workspace) before each deterministic "
+                           "backward", "m2rnn_backward: a deterministic backward already spent this workspace's "
+                           "checkpoints");
+        }
+        if (m2rnn_nspent < (int)(sizeof(m2rnn_spent) / sizeof(m2rnn_spent[0]))) { // (beyond 256 layers: unchecked)
+            m2rnn_spent[m2rnn_nspent++] = workspace;
+        }
+    }
+    const M2RNNWorkspace w = m2rnn_workspace_layout(d, det);
     char *ws = (char *)workspace;
     float *dq_acc = (float *)(ws + w.dq), *dk_acc = (float *)(ws + w.dk), *dW_part = (float *)(ws + w.dw);
-    int *turn = m2rnn_deterministic_on() ? (int *)(ws + w.turn) : nullptr;
+    float *ckpt = (float *)(ws + w.ckpt), *qkx = (float *)(ws + w.qkx);
+    int *wdone = (int *)(ws + w.cnt);
     const long ntok = m2rnn_total_tokens(d);
-    cudaCheck(cudaMemsetAsync(dq_acc, 0, w.dw - w.dq, stream)); // the dq, dk accumulators and the turns are adjacent
-    M2RNN_DISPATCH(d, m2rnn_backward_launch, dq_acc, dk_acc, turn, dv, df, dW_part, dh0, dy, dhT,
-                   (const float *)(ws + w.ckpt), q, k, v, f, W, clip, d, stream);
+    if (det) {
+        cudaCheck(cudaMemsetAsync(wdone, 0, w.dw - w.cnt, stream));
+    } else {
+        cudaCheck(cudaMemsetAsync(dq_acc, 0, w.qkx - w.dq, stream)); // the dq, dk accumulators: adjacent
+    }
+    M2RNN_DISPATCH(d, m2rnn_backward_launch, dq_acc, dk_acc, qkx, wdone, det, dv, df, dW_part, dh0, dy, dhT, ckpt, q,
+                   k, v, f, W, clip, d, stream);
     const int QK = d->Nq * d->K, block = 256;
     const long pairs = ntok * QK / 2;
-    if (pairs > 0) {
+    if (pairs > 0 && det) { // beside the backward (programmatic launch; see the kernel)
+        const int hpc = m2rnn_heads_per_cta(d);
+        const long slots = d->cu_seqlens ? ntok : (long)d->B * CEIL_DIV(d->T, 16) * 16; // token slots, block order
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)CEIL_DIV(slots * d->Nq * (d->K / 4), (long)block));
+        cfg.blockDim = dim3(block);
+        cfg.stream = stream;
+        cudaLaunchAttribute attr[2];
+        cfg.attrs = attr;
+        cfg.numAttrs = launch_attrs(attr, 1, dim3(1, 1, 1));
+        auto sum = hpc * d->V >= 32 ? m2rnn_qk_partials_sum_kernel<2> : m2rnn_qk_partials_sum_kernel<1>;
+        cudaCheck(cudaLaunchKernelEx(&cfg, sum, dq, dk, (const float *)ckpt, (const float *)qkx, (const int *)wdone,
+                                     d->cu_seqlens, d->B, d->T, d->N, d->Nq, d->K, d->V, hpc, d->sq, d->sk, slots));
+    } else if (pairs > 0) {
         m2rnn_qk_grad_cast_kernel<<<(unsigned)CEIL_DIV(pairs, (long)block), block, 0, stream>>>(
             dq, dk, dq_acc, dk_acc, ntok, QK, d->sq, d->sk);
         cudaCheck(cudaGetLastError());

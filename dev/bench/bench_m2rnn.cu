@@ -18,10 +18,12 @@ measured against. dev/bench/m2rnn_authors.py times the authors' Triton kernel in
 
 Per shape, the second line also times each heads-per-CTA setting and the backward's two builds forced (plain, Z stash;
 the first line's "bwd" is the launcher's pick).
-Timing: CUDA events around each call, 3 warm-up calls, median of -r repeats (default 20). Inputs are random
-(q, k, v inside one (tok, conv_dim) buffer as the trainer lays them out), never zeros.
-"Extra memory" of the backward is the workspace (checkpoints every 32 tokens + fp32 dq/dk accumulators + dW partials),
-the only device memory the op allocates beyond its inputs and outputs.
+Timing: CUDA events around each call, 3 warm-up calls, median of -r repeats (default 20); each backward runs after its
+own training forward, outside its timing (a deterministic backward spends the checkpoints; M2RNN_DETERMINISTIC=1 times
+that mode). Inputs are random (q, k, v inside one (tok, conv_dim) buffer as the trainer lays them out), never zeros.
+"Extra memory" of the backward is the workspace (checkpoints every 16 tokens, fp32 dq/dk accumulators or in
+deterministic mode the window counts and, where they do not fit over the checkpoints, dk's partial slots, and dW
+partials), the only device memory the op allocates beyond its inputs and outputs.
 */
 #include <algorithm>
 #include <math.h>
@@ -90,7 +92,12 @@ static void make(Inputs &in, int B, int T, int N, int Nq, int K, int V, bool all
     cudaCheck(cudaMalloc(&in.dhT, st.size() * sizeof(float)));
     cudaCheck(cudaMalloc(&in.dh0, st.size() * sizeof(float)));
     cudaCheck(cudaMalloc(&in.dW, W.size() * sizeof(float)));
-    cudaCheck(cudaMalloc(&in.ws, m2rnn_workspace_bytes(&in.d)));
+    size_t ws = 0; // enough for every heads-per-CTA setting bench_shape forces (deterministic mode sizes by it)
+    for (int h : {1, 2, 0}) {
+        m2rnn_hpc_override = h;
+        ws = std::max(ws, m2rnn_workspace_bytes(&in.d));
+    }
+    cudaCheck(cudaMalloc(&in.ws, ws));
     cudaCheck(cudaMemcpy(in.conv, conv.data(), conv.size() * sizeof(floatX), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(in.W, W.data(), W.size() * sizeof(floatX), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(in.dy, dy.data(), dy.size() * sizeof(floatX), cudaMemcpyHostToDevice));
@@ -127,14 +134,19 @@ static void bwd(Inputs &in) {
     m2rnn_backward(dq, dk, dv, in.df, in.dW, nullptr, in.ws, in.dy, nullptr, q, k, v, in.f, in.W, 1.0f, d, 0);
 }
 
-template <class F> static double time_median(F fn, int reps) {
+// the median of reps timings of fn (CUDA events), after 3 warm-up runs; prep runs before each, outside the timing
+template <class F, class P> static double time_median(F fn, int reps, P prep) {
     cudaEvent_t a, b;
     cudaCheck(cudaEventCreate(&a));
     cudaCheck(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) { fn(); }
+    for (int i = 0; i < 3; i++) {
+        prep();
+        fn();
+    }
     cudaCheck(cudaDeviceSynchronize());
     std::vector<float> ms(reps);
     for (int i = 0; i < reps; i++) {
+        prep();
         cudaCheck(cudaEventRecord(a));
         fn();
         cudaCheck(cudaEventRecord(b));
@@ -145,6 +157,11 @@ template <class F> static double time_median(F fn, int reps) {
     cudaCheck(cudaEventDestroy(a));
     cudaCheck(cudaEventDestroy(b));
     return ms[reps / 2];
+}
+template <class F> static double time_median(F fn, int reps) { return time_median(fn, reps, [] {}); }
+// a backward's median: each after its own training forward, untimed (a deterministic backward spends the checkpoints)
+static double time_bwd(Inputs &in, int reps) {
+    return time_median([&] { bwd(in); }, reps, [&] { fwd(in, true); });
 }
 
 // Throughput of one instruction kind: every thread runs 8 independent chains of x <- op(x) (the chains keep each
@@ -365,22 +382,19 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
     for (int h = 1; h <= 2; h++) {
         m2rnn_hpc_override = h;
         hpc_f[h] = time_median([&] { fwd(in, false); }, reps);
-        fwd(in, true);
-        hpc_b[h] = time_median([&] { bwd(in); }, reps);
+        hpc_b[h] = time_bwd(in, reps);
     }
     m2rnn_hpc_override = 0;
     // the backward's two builds forced (plain: 3 CTAs/SM; Z stash: 2 CTAs/SM), then the launcher's own pick
     double zs_b[2] = {0, 0};
-    fwd(in, true);
     for (int z = 0; z < 2; z++) {
         m2rnn_zstash_override = z;
-        zs_b[z] = time_median([&] { bwd(in); }, reps);
+        zs_b[z] = time_bwd(in, reps);
     }
     m2rnn_zstash_override = -1;
     const double f_inf = time_median([&] { fwd(in, false); }, reps);
     const double f_tr = time_median([&] { fwd(in, true); }, reps);
-    fwd(in, true);
-    const double b_ms = time_median([&] { bwd(in); }, reps);
+    const double b_ms = time_bwd(in, reps);
     const double fb = time_median([&] { fwd(in, true); bwd(in); }, reps);
     // occupancy of the two recurrence kernels at this shape
     const int hpc = m2rnn_heads_per_cta(&in.d), threads = hpc * (K / 16) * 32;
