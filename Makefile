@@ -241,7 +241,7 @@ CUDA_TESTS = build/test_m2rnn_gpu build/test_attention_gpu
 
 M2RNN_GPU_HEADERS = m2rnn_kernels.cuh tiles.cuh cuda_common.h utils.h
 
-build/test_m2rnn_gpu: test/test_m2rnn_gpu.cu $(M2RNN_GPU_HEADERS) test/test_common.h
+build/test_m2rnn_gpu: test/test_m2rnn_gpu.cu $(M2RNN_GPU_HEADERS) test/test_common.h test/test_gpu_common.cuh
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
 
@@ -251,7 +251,7 @@ build/bench_m2rnn: dev/bench/bench_m2rnn.cu dev/bench/bench_common.cuh $(M2RNN_G
 
 ATTENTION_GPU_HEADERS = attention_kernels.cuh attention_cudnn.cuh tiles.cuh cuda_common.h utils.h
 
-build/test_attention_gpu: test/test_attention_gpu.cu $(ATTENTION_GPU_HEADERS) test/test_common.h
+build/test_attention_gpu: test/test_attention_gpu.cu $(ATTENTION_GPU_HEADERS) test/test_common.h test/test_gpu_common.cuh
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
 
@@ -400,10 +400,10 @@ CUDA_TESTS += $(TRAINER_TESTS)
 
 MAMBA2_GPU_HEADERS = mamba2.cuh chunk_common.cuh conv.cuh gate.cuh common.cuh tiles.cuh cuda_common.h $(REF_HEADERS)
 
-build/test_mamba2_gpu: test/test_mamba2_gpu.cu $(MAMBA2_GPU_HEADERS) test/test_common.h
+build/test_mamba2_gpu: test/test_mamba2_gpu.cu $(MAMBA2_GPU_HEADERS) test/test_common.h test/test_gpu_common.cuh
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(NVCC_LDLIBS)
-build/test_mamba2_gpu_fp32: test/test_mamba2_gpu.cu $(MAMBA2_GPU_HEADERS) test/test_common.h
+build/test_mamba2_gpu_fp32: test/test_mamba2_gpu.cu $(MAMBA2_GPU_HEADERS) test/test_common.h test/test_gpu_common.cuh
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 -o $@ $< $(NVCC_LDLIBS)
 build/bench_mamba2: dev/bench/bench_mamba2.cu dev/bench/bench_common.cuh $(MAMBA2_GPU_HEADERS)

@@ -16,25 +16,15 @@ out; the kernels round P to bf16 for the P·V product, as FlashAttention does). 
 #include "attention_kernels.cuh"
 #include "attention_cudnn.cuh"
 #include "test/test_common.h"
+#include "test/test_gpu_common.cuh"
 
 typedef __nv_bfloat16 bf16;
-static uint64_t rng_state = 88172645463325252ull;
-static double urand(void) { // uniform in [-1, 1)
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 4503599627370496.0 - 1.0;
+static uint64_t xs_state = 88172645463325252ull;
+static double urand(void) { // uniform in [-1, 1), xorshift64
+    xs_state ^= xs_state << 13; xs_state ^= xs_state >> 7; xs_state ^= xs_state << 17;
+    return (double)(xs_state >> 11) / 4503599627370496.0 - 1.0;
 }
 
-template <class T> static T *to_device(const std::vector<T> &h) {
-    T *d = nullptr;
-    cudaCheck(cudaMalloc(&d, h.size() * sizeof(T) + 16));
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-template <class T> static std::vector<T> to_host(const T *d, size_t n) {
-    std::vector<T> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
 static double rel_err(const std::vector<double> &ref, const std::vector<float> &got) {
     double num = 0, den = 0;
     for (size_t i = 0; i < ref.size(); i++) { num += (got[i] - ref[i]) * (got[i] - ref[i]); den += ref[i] * ref[i]; }

@@ -20,23 +20,11 @@ driven through strided views exactly as the trainer will; outputs are poisoned (
 
 #include "m2rnn_kernels.cuh"
 #include "test/test_common.h"
+#include "test/test_gpu_common.cuh"
 
 // ----------------------------------------------------------------------------------------------------------------
-// random numbers, bf16 on the host
+// bf16 on the host
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static double rand_uniform() { // splitmix64 -> [0,1)
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 9007199254740992.0;
-}
-static double rand_normal() {
-    double u1 = rand_uniform(), u2 = rand_uniform();
-    if (u1 < 1e-300) { u1 = 1e-300; }
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
 static floatX to_bf(double x) { return __float2bfloat16((float)x); }
 static double from_bf(floatX x) { return (double)__bfloat162float(x); }
 
@@ -239,24 +227,6 @@ static double rel_err_rows(const std::vector<T> &a, const std::vector<double> &r
 }
 template <class T> static double rel_err(const std::vector<T> &a, const std::vector<double> &r, bool *finite) {
     return rel_err_rows(a, r, 0, 1, (int)r.size(), 0, 0, 0, finite);
-}
-
-template <class T> static T *to_device(const std::vector<T> &h) {
-    T *d = nullptr;
-    cudaCheck(cudaMalloc(&d, h.size() * sizeof(T) + 16));
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-template <class T> static T *device_poisoned(size_t n) {
-    T *d = nullptr;
-    cudaCheck(cudaMalloc(&d, n * sizeof(T) + 16));
-    cudaCheck(cudaMemset(d, 0xFF, n * sizeof(T))); // NaN in bf16 and fp32: unwritten outputs fail the check
-    return d;
-}
-template <class T> static std::vector<T> to_host(const T *d, size_t n) {
-    std::vector<T> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
 }
 
 // tolerances (relative L2 error against float64); measured values are printed beside each check

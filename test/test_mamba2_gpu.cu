@@ -22,6 +22,7 @@ Outputs are poisoned (NaN) before each launch; without a GPU it prints SKIP line
 
 #include "mamba2.cuh"
 #include "test/test_common.h"
+#include "test/test_gpu_common.cuh"
 
 #if FLOATX_IS_FP32
 #define TOL 2e-4
@@ -29,34 +30,8 @@ Outputs are poisoned (NaN) before each launch; without a GPU it prints SKIP line
 #define TOL 2e-2
 #endif
 
-static uint64_t rng_state = 1;
-static double rand_uniform() { // splitmix64 -> [0,1)
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 9007199254740992.0;
-}
-static double rand_normal() {
-    double u1 = rand_uniform(), u2 = rand_uniform();
-    if (u1 < 1e-300) { u1 = 1e-300; }
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
 static floatX to_x(double v) { return (floatX)(float)v; }
 static double from_x(floatX v) { return (double)(float)v; }
-
-template <typename T> static T *to_device(const std::vector<T> &h) {
-    T *d = nullptr;
-    cudaCheck(cudaMalloc(&d, h.size() * sizeof(T) + 16));
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-template <typename T> static std::vector<T> to_host(const T *d, size_t n) {
-    std::vector<T> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
-template <typename T> static void poison(T *d, size_t n) { cudaCheck(cudaMemset(d, 0xff, n * sizeof(T))); } // NaN
 
 // ‖a − ref‖ / ‖ref‖ over elements picked by (rows, cols) with row strides; NaN anywhere → infinity
 template <typename T>
