@@ -232,6 +232,33 @@ template <class T> static double rel_err(const std::vector<T> &a, const std::vec
 // tolerances (relative L2 error against float64); measured values are printed beside each check
 static const double TOL_Y = 8e-3, TOL_HT = 8e-3, TOL_GRAD = 2e-2;
 
+// two runs' gradients compared: a whole buffer bit for bit; per token, columns [from, conv_dim) of two (ntok,
+// conv_dim) buffers bit for bit (from = 2·Nq·K: dv alone); dq|dk, the first QK columns of each token, normwise
+// (cancellation makes single elements jumpy), with ‖a‖² in *norm where asked
+template <class T> static bool same_bits(const std::vector<T> &a, const std::vector<T> &b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+static bool same_cols(const std::vector<floatX> &a, const std::vector<floatX> &b, long ntok, int conv_dim, int from) {
+    for (long t = 0; t < ntok; t++) {
+        const size_t row = (size_t)t * conv_dim + from;
+        if (memcmp(&a[row], &b[row], (size_t)(conv_dim - from) * sizeof(floatX)) != 0) { return false; }
+    }
+    return true;
+}
+static double qk_rel_diff(const std::vector<floatX> &a, const std::vector<floatX> &b, long ntok, int conv_dim, int QK,
+                          double *norm_out = nullptr) {
+    double diff = 0.0, norm = 0.0;
+    for (long t = 0; t < ntok; t++) {
+        for (int j = 0; j < QK; j++) {
+            const double x = from_bf(a[(size_t)t * conv_dim + j]), y = from_bf(b[(size_t)t * conv_dim + j]);
+            diff += (x - y) * (x - y);
+            norm += x * x;
+        }
+    }
+    if (norm_out) { *norm_out = norm; }
+    return sqrt(diff / fmax(norm, 1e-300));
+}
+
 static void run_case(const Case &c, uint64_t seed) {
     Problem p;
     make_inputs(p, c, seed);
@@ -324,26 +351,11 @@ static void run_case(const Case &c, uint64_t seed) {
         m2rnn_deterministic = 0;
         auto same_fixed = [&](int a, const std::vector<floatX> &ca, const std::vector<float> &fa,
                               const std::vector<float> &wa, const std::vector<float> &ha, bool qk) {
-            bool ok = memcmp(fa.data(), df_r[a].data(), fa.size() * sizeof(float)) == 0 &&
-                      memcmp(wa.data(), dW_r[a].data(), wa.size() * sizeof(float)) == 0 &&
-                      memcmp(ha.data(), dh0_r[a].data(), ha.size() * sizeof(float)) == 0;
-            for (long t = 0; t < ntok && ok; t++) { // dv always; dq, dk when asked
-                const size_t from = qk ? 0 : 2 * (size_t)Nq * K;
-                ok = memcmp(&ca[(size_t)t * p.conv_dim + from], &runs[a][(size_t)t * p.conv_dim + from],
-                            ((size_t)p.conv_dim - from) * sizeof(floatX)) == 0;
-            }
-            return ok;
+            return same_bits(fa, df_r[a]) && same_bits(wa, dW_r[a]) && same_bits(ha, dh0_r[a]) && // dv always; dq, dk
+                   same_cols(ca, runs[a], ntok, p.conv_dim, qk ? 0 : 2 * Nq * K);                   // when asked
         };
         auto qk_rel = [&](const std::vector<floatX> &x1, const std::vector<floatX> &x2) {
-            double diff = 0.0, norm = 0.0; // dq/dk: normwise, as cancellation makes single elements jumpy
-            for (long t = 0; t < ntok; t++) {
-                for (int j = 0; j < 2 * Nq * K; j++) {
-                    const double a = from_bf(x1[(size_t)t * p.conv_dim + j]), b = from_bf(x2[(size_t)t * p.conv_dim + j]);
-                    diff += (a - b) * (a - b);
-                    norm += a * a;
-                }
-            }
-            return sqrt(diff / fmax(norm, 1e-300));
+            return qk_rel_diff(x1, x2, ntok, p.conv_dim, 2 * Nq * K);
         };
         const bool fixed = same_fixed(0, dconv, df, dW, dh0, false);
         const double rel = qk_rel(dconv, runs[0]);
@@ -366,10 +378,8 @@ static void run_case(const Case &c, uint64_t seed) {
         }
         m2rnn_zstash_override = -1;
         m2rnn_deterministic = 0;
-        const bool same = memcmp(cv[0].data(), cv[1].data(), cv[0].size() * sizeof(floatX)) == 0 &&
-                          memcmp(fv[0].data(), fv[1].data(), fv[0].size() * sizeof(float)) == 0 &&
-                          memcmp(wv[0].data(), wv[1].data(), wv[0].size() * sizeof(float)) == 0 &&
-                          memcmp(hv[0].data(), hv[1].data(), hv[0].size() * sizeof(float)) == 0;
+        const bool same = same_bits(cv[0], cv[1]) && same_bits(fv[0], fv[1]) && same_bits(wv[0], wv[1]) &&
+                          same_bits(hv[0], hv[1]);
         snprintf(name, sizeof(name), "%s plain = Z-stash backward", c.name);
         test_result(same, name, "dq, dk, dv, df, dW, dh0 %s (deterministic mode)", same ? "bit for bit" : "DIFFER");
     }
@@ -504,21 +514,12 @@ static void run_full_shape(int B, int T, int N, uint64_t seed) {
         dh0[run] = to_host(d_dh0, state);
     }
     m2rnn_deterministic = 0;
-    auto same = [](const auto &a, const auto &b) { return memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0; };
-    bool det_same = same(conv[1], conv[2]) && same(df[1], df[2]) && same(dW[1], dW[2]) && same(dh0[1], dh0[2]);
-    bool rest_same = same(df[0], df[1]) && same(dW[0], dW[1]) && same(dh0[0], dh0[1]);
-    double diff = 0.0, norm = 0.0;
-    for (long t = 0; t < ntok; t++) {
-        const size_t row = (size_t)t * p.conv_dim;
-        rest_same = rest_same && memcmp(&conv[0][row + 2 * Nq * K], &conv[1][row + 2 * Nq * K],
-                                        (size_t)N * V * sizeof(floatX)) == 0;
-        for (int j = 0; j < 2 * Nq * K; j++) {
-            const double a = from_bf(conv[0][row + j]), b = from_bf(conv[1][row + j]);
-            diff += (a - b) * (a - b);
-            norm += a * a;
-        }
-    }
-    const double rel = sqrt(diff / fmax(norm, 1e-300));
+    const bool det_same = same_bits(conv[1], conv[2]) && same_bits(df[1], df[2]) && same_bits(dW[1], dW[2]) &&
+                          same_bits(dh0[1], dh0[2]);
+    const bool rest_same = same_bits(df[0], df[1]) && same_bits(dW[0], dW[1]) && same_bits(dh0[0], dh0[1]) &&
+                           same_cols(conv[0], conv[1], ntok, p.conv_dim, 2 * Nq * K);
+    double norm = 0.0;
+    const double rel = qk_rel_diff(conv[0], conv[1], ntok, p.conv_dim, 2 * Nq * K, &norm);
     char name[96];
     snprintf(name, sizeof(name), "B=%d T=%d N=%d deterministic backward, full occupancy", B, T, N);
     test_result(det_same && rest_same && rel < 1e-4 && norm > 0.0, name,

@@ -30,13 +30,19 @@ template <typename T> static void bench_fill(T *x, size_t n, uint32_t seed, floa
     cudaCheck(cudaGetLastError());
 }
 
-template <class F> static float median_ms(F f, int repeats, cudaStream_t stream) {
+// the median of `repeats` timings of f (CUDA events on stream) after 3 warm-up calls; prep runs before each call,
+// outside the timing (e.g. the forward that a backward needs)
+template <class F, class P> static float median_ms(F f, int repeats, cudaStream_t stream, P prep) {
     cudaEvent_t a, b;
     cudaCheck(cudaEventCreate(&a));
     cudaCheck(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) { f(); }
+    for (int i = 0; i < 3; i++) {
+        prep();
+        f();
+    }
     std::vector<float> ms;
     for (int i = 0; i < repeats; i++) {
+        prep();
         cudaCheck(cudaEventRecord(a, stream));
         f();
         cudaCheck(cudaEventRecord(b, stream));
@@ -49,6 +55,9 @@ template <class F> static float median_ms(F f, int repeats, cudaStream_t stream)
     cudaCheck(cudaEventDestroy(b));
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
+}
+template <class F> static float median_ms(F f, int repeats, cudaStream_t stream) {
+    return median_ms(f, repeats, stream, [] {});
 }
 
 // ms a call of f as a decode step runs it: `calls` calls captured in one CUDA graph, the median of `repeats` replays

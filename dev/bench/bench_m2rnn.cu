@@ -134,34 +134,9 @@ static void bwd(Inputs &in) {
     m2rnn_backward(dq, dk, dv, in.df, in.dW, nullptr, in.ws, in.dy, nullptr, q, k, v, in.f, in.W, 1.0f, d, 0);
 }
 
-// the median of reps timings of fn (CUDA events), after 3 warm-up runs; prep runs before each, outside the timing
-template <class F, class P> static double time_median(F fn, int reps, P prep) {
-    cudaEvent_t a, b;
-    cudaCheck(cudaEventCreate(&a));
-    cudaCheck(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) {
-        prep();
-        fn();
-    }
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<float> ms(reps);
-    for (int i = 0; i < reps; i++) {
-        prep();
-        cudaCheck(cudaEventRecord(a));
-        fn();
-        cudaCheck(cudaEventRecord(b));
-        cudaCheck(cudaEventSynchronize(b));
-        cudaCheck(cudaEventElapsedTime(&ms[i], a, b));
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaCheck(cudaEventDestroy(a));
-    cudaCheck(cudaEventDestroy(b));
-    return ms[reps / 2];
-}
-template <class F> static double time_median(F fn, int reps) { return time_median(fn, reps, [] {}); }
 // a backward's median: each after its own training forward, untimed (a deterministic backward spends the checkpoints)
 static double time_bwd(Inputs &in, int reps) {
-    return time_median([&] { bwd(in); }, reps, [&] { fwd(in, true); });
+    return median_ms([&] { bwd(in); }, reps, 0, [&] { fwd(in, true); });
 }
 
 // Throughput of one instruction kind: every thread runs 8 independent chains of x <- op(x) (the chains keep each
@@ -206,7 +181,7 @@ static void sfu_rates(const cudaDeviceProp &prop, double clock_ghz) {
             kernels[op]<<<blocks, threads>>>(out, iters);
             cudaCheck(cudaGetLastError());
         };
-        const double ms = time_median(run, 5);
+        const double ms = median_ms(run, 5, 0);
         const double values = (double)blocks * threads * iters * 8 * (op == 2 || op == 4 ? 2 : 1);
         printf("rate %-30s %7.1f per clock per SM (at %.2f GHz; %.3f ms)\n", names[op],
                values / (ms * 1e-3 * clock_ghz * 1e9 * prop.multiProcessorCount), clock_ghz, ms);
@@ -269,7 +244,11 @@ static void pipe_mix(const cudaDeviceProp &prop, double clock_ghz) {
     cudaCheck(cudaMalloc(&out, sizeof(float)));
     const int blocks = prop.multiProcessorCount * 8, threads = 256, iters = 2048;
     auto report = [&](const char *name, auto kernel) {
-        const double ms = time_median([&] { kernel<<<blocks, threads>>>(out, iters); cudaCheck(cudaGetLastError()); }, 5);
+        auto run = [&] {
+            kernel<<<blocks, threads>>>(out, iters);
+            cudaCheck(cudaGetLastError());
+        };
+        const double ms = median_ms(run, 5, 0);
         const double warp_iters_per_smsp = (double)blocks * threads / 32 * iters / (prop.multiProcessorCount * 4);
         printf("mix %-40s %7.1f clocks per warp-iteration per SM sub-partition\n", name,
                ms * 1e-3 * clock_ghz * 1e9 / warp_iters_per_smsp);
@@ -365,7 +344,7 @@ static void chain_latency(const cudaDeviceProp &prop, double clock_ghz) {
                 kernels[mode]<<<prop.multiProcessorCount, 128 * wps>>>(out, iters);
                 cudaCheck(cudaGetLastError());
             };
-            const double clocks = time_median(run, 5) * 1e-3 * clock_ghz * 1e9 / iters;
+            const double clocks = median_ms(run, 5, 0) * 1e-3 * clock_ghz * 1e9 / iters;
             printf(" | %d/SMSP %6.1f (%5.1f a chain)", wps, clocks, clocks / wps);
         }
         printf("  clocks a step\n");
@@ -381,7 +360,7 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
     double hpc_f[3] = {0, 0, 0}, hpc_b[3] = {0, 0, 0};
     for (int h = 1; h <= 2; h++) {
         m2rnn_hpc_override = h;
-        hpc_f[h] = time_median([&] { fwd(in, false); }, reps);
+        hpc_f[h] = median_ms([&] { fwd(in, false); }, reps, 0);
         hpc_b[h] = time_bwd(in, reps);
     }
     m2rnn_hpc_override = 0;
@@ -392,10 +371,10 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
         zs_b[z] = time_bwd(in, reps);
     }
     m2rnn_zstash_override = -1;
-    const double f_inf = time_median([&] { fwd(in, false); }, reps);
-    const double f_tr = time_median([&] { fwd(in, true); }, reps);
+    const double f_inf = median_ms([&] { fwd(in, false); }, reps, 0);
+    const double f_tr = median_ms([&] { fwd(in, true); }, reps, 0);
     const double b_ms = time_bwd(in, reps);
-    const double fb = time_median([&] { fwd(in, true); bwd(in); }, reps);
+    const double fb = median_ms([&] { fwd(in, true); bwd(in); }, reps, 0);
     // occupancy of the two recurrence kernels at this shape
     const int hpc = m2rnn_heads_per_cta(&in.d), threads = hpc * (K / 16) * 32;
     int occ_f = 0, occ_b = 0, occ_bz = 0;
