@@ -5,6 +5,7 @@ cuda_common.h: the small GPU foundation every CUDA program and kernel header of 
 - floatX = __nv_bfloat16: the activation/parameter storage type of the trainer (bf16 in, fp32 accumulation inside).
 - CEIL_DIV, WARP_SIZE and the warp reductions (sum, max) the kernels share; the current device's SM count (cached).
 - Programmatic dependent launch for a decode step's chain of small kernels (launch_k, pdl_wait, pdl_trigger).
+- ld_acquire_gpu: an acquire load of a flag another CTA releases (waits between concurrent kernels or CTAs).
 - Environment switches read once into a cache (env_on_unless_0, env_off_unless_1, env_int), or each call (env_is_1).
 - A kernel's dynamic shared-memory limit raised once per kernel, device and size (kernel_smem_limit).
 Kept deliberately small and general: op-specific helpers live beside their op (e.g. m2rnn_kernels.cuh).
@@ -131,6 +132,13 @@ static int launch_pdl = 0;
 
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// a load of *p with acquire semantics at GPU scope: the writes another CTA made before its release of p are visible
+// after it (a flag one CTA waits on while another sets it)
+__device__ __forceinline__ int ld_acquire_gpu(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 // brings the 128-byte line at p into L2 (a weight the kernel will read after pdl_wait)
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 

@@ -143,6 +143,7 @@ static inline long m2rnn_num_slots(const M2RNNDims *d) {
 // which it has finished reading by then (it walks right to left: half u + 1 is (c, 1) or (c + 1, 0)); PK = 2 where
 // the half's HPC*K*V floats hold both rows (HPC*V >= 32: [i16][dq K | dk K]), else 1 (dq there, dk at the same
 // offset in a region of the checkpoints' size). m2rnn_qk_partials_sum_kernel adds the CTAs' slots in rank order.
+__host__ __device__ constexpr int m2rnn_partial_rows(int hpc, int V) { return hpc * V >= 32 ? 2 : 1; } // PK
 __host__ __device__ inline size_t m2rnn_partial_off(long slot, int half, int i16, int n0, int N, int K, int V, int PK) {
     return (size_t)(2 * slot + half + 1) * N * K * V + (size_t)n0 * K * V + (size_t)i16 * PK * K;
 }
@@ -159,6 +160,10 @@ typedef struct {
 // count to reach the q/k head's CTAs before it adds its slots
 #define M2RNN_WINDOW 256
 static inline long m2rnn_num_windows(const M2RNNDims *d) { return CEIL_DIV((long)d->T, (long)M2RNN_WINDOW); }
+// the count of the window holding token t of sequence b, q/k head qh (the layout: (B, Nq, windows))
+__host__ __device__ inline long m2rnn_window_idx(int b, int qh, long t, int Nq, int T) {
+    return ((long)b * Nq + qh) * CEIL_DIV(T, M2RNN_WINDOW) + t / M2RNN_WINDOW;
+}
 
 static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d, bool det) {
     M2RNNWorkspace w;
@@ -169,7 +174,7 @@ static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d, bool det
     w.dq = w.ckpt + ckb;
     w.dk = w.dq + acc;
     w.qkx = w.dk + acc;
-    w.cnt = w.qkx + (det && m2rnn_heads_per_cta(d) * d->V < 32 ? ckb : 0);
+    w.cnt = w.qkx + (det && m2rnn_partial_rows(m2rnn_heads_per_cta(d), d->V) == 1 ? ckb : 0);
     w.dw = w.cnt + (det ? ((size_t)d->B * d->Nq * m2rnn_num_windows(d) * sizeof(int) + 15) / 16 * 16 : 0);
     w.total = w.dw + (size_t)d->B * (d->K / 16) * d->N * d->V * d->V * sizeof(float);
     return w;
@@ -1088,7 +1093,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
             // stash's early copy is of (c, 0) or (c - 1, 1)); then dv, df.
             const long stok = ctok + s0;
             const int kq4 = K / 4;
-            constexpr int PK = HPC * V >= 32 ? 2 : 1;
+            constexpr int PK = m2rnn_partial_rows(HPC, V);
             float *const pq = DET ? ckpt + m2rnn_partial_off(ckpt_slot(m, c), j >> 1, (j & 1) * SUB, m.n0, N, K, V, PK)
                                   : nullptr;
             float *const pk = DET ? (PK == 2 ? pq + K : qkx + (pq - ckpt)) : nullptr;
@@ -1136,10 +1141,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
             if (c % (M2RNN_WINDOW / M2RNN_CHUNK) == 0) {
                 __threadfence();
                 __syncthreads();
-                if (threadIdx.x == 0) {
-                    const long nwin = CEIL_DIV(T, M2RNN_WINDOW);
-                    atomicAdd(wdone + ((long)m.b * Nq + m.qh) * nwin + c * M2RNN_CHUNK / M2RNN_WINDOW, 1);
-                }
+                if (threadIdx.x == 0) { atomicAdd(wdone + m2rnn_window_idx(m.b, m.qh, c * M2RNN_CHUNK, Nq, T), 1); }
             }
         }
     }
@@ -1179,11 +1181,6 @@ __global__ void m2rnn_qk_grad_cast_kernel(floatX *__restrict__ dq, floatX *__res
 // order runs over (16-token group from the end, sequence), with cu_seqlens over the packed tokens from the last.
 // The grid's last CTA then waits for the backward to complete, so that work after this kernel in the stream comes
 // after the backward too (its dh0 and dW partials).
-__device__ __forceinline__ int m2rnn_ld_acquire(const int *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 template <int PK>
 __global__ void m2rnn_qk_partials_sum_kernel(floatX *__restrict__ dq, floatX *__restrict__ dk, const float *ckpt,
                                              const float *qkx, const int *wdone, const int *__restrict__ cu_seqlens,
@@ -1216,8 +1213,8 @@ __global__ void m2rnn_qk_partials_sum_kernel(floatX *__restrict__ dq, floatX *__
         }
         if (live) {
             const int ranks = N / Nq / HPC;
-            const int *cnt = wdone + ((long)b * Nq + qh) * CEIL_DIV(T, M2RNN_WINDOW) + t / M2RNN_WINDOW;
-            while (m2rnn_ld_acquire(cnt) < ranks) { __nanosleep(500); }
+            const int *cnt = wdone + m2rnn_window_idx(b, qh, t, Nq, T);
+            while (ld_acquire_gpu(cnt) < ranks) { __nanosleep(500); }
             const size_t off = m2rnn_partial_off(m2rnn_ckpt_slot(b, tok0, (int)(t / M2RNN_CHUNK)),
                                                  (int)(t % M2RNN_CHUNK) >> 4, (int)(t & 15), qh * ranks * HPC, N, K, V,
                                                  PK) + r;
@@ -1501,7 +1498,7 @@ static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float 
         cudaLaunchAttribute attr[2];
         cfg.attrs = attr;
         cfg.numAttrs = launch_attrs(attr, 1, dim3(1, 1, 1));
-        auto sum = hpc * d->V >= 32 ? m2rnn_qk_partials_sum_kernel<2> : m2rnn_qk_partials_sum_kernel<1>;
+        auto sum = m2rnn_partial_rows(hpc, d->V) == 2 ? m2rnn_qk_partials_sum_kernel<2> : m2rnn_qk_partials_sum_kernel<1>;
         cudaCheck(cudaLaunchKernelEx(&cfg, sum, dq, dk, (const float *)ckpt, (const float *)qkx, (const int *)wdone,
                                      d->cu_seqlens, d->B, d->T, d->N, d->Nq, d->K, d->V, hpc, d->sq, d->sk, slots));
     } else if (pairs > 0) {

@@ -33,12 +33,6 @@ typedef struct {
     int IC, OC;
 } PersistOp;
 
-__device__ __forceinline__ int persist_ld_acquire(const int *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 // the CTA's rows of op: [r0, r1)
 __device__ __forceinline__ void persist_rows(const PersistOp &op, int *r0, int *r1) {
     const int per = (op.OC + gridDim.x - 1) / gridDim.x;
@@ -73,7 +67,7 @@ __global__ void __launch_bounds__(256) persistent_chain_kernel(const PersistOp *
         const bool next = k + 1 < nops;
         if (next && MODE != 1) { persist_prefetch(ops[k + 1], slots[(k + 1) & 1]); } // its slot was op k−1's
         if (MODE != 2 && k > 0 && threadIdx.x == 0) {
-            while (persist_ld_acquire(done + k - 1) < target) {}
+            while (ld_acquire_gpu(done + k - 1) < target) {}
         }
         __syncthreads();
         for (int i = threadIdx.x * PACK; i < op.IC; i += blockDim.x * PACK) { // the input, from L2 (this step's)
