@@ -367,6 +367,10 @@ build/bench_memory_kernels: dev/bench/bench_memory_kernels.cu dev/bench/bench_co
 build/bench_infer: dev/bench/bench_infer.cu train_m2rnn.cu infer.h $(TRAINER_GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -o $@ $< $(NVCC_LDLIBS)
+# a decode step's timeline (cuda_common.h's M2RNN_TRACE; dev/bench/decode_trace.py): built on demand, not by `all`
+build/bench_infer_trace: dev/bench/bench_infer.cu train_m2rnn.cu infer.h $(TRAINER_GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) $(TRAINER_PRECISION) -DM2RNN_TRACE -o $@ $< $(NVCC_LDLIBS)
 
 # the decode step's products at 16-64 rows under every cuBLASLt heuristic candidate (dev/bench/infer_results.md)
 build/bench_decode_matmul: dev/bench/bench_decode_matmul.cu dev/bench/bench_common.cuh $(TRAINER_GPU_HEADERS)

@@ -248,16 +248,16 @@ __host__ __device__ inline bool rmsnorm_row_packs_ok(int C) {
 }
 // out = a' · rsqrt(mean(a'²) + 1e-5) · weight, a' = a + b (b not NULL; a' rounded to floatX) or a, and a' written to
 // residual_out when not NULL; *rstd = the factor (rstd not NULL). The row in registers; out may be shared memory.
-// WPRE: the weight's packs are loaded with the row's, so a row costs one round trip to memory, not two (a decode
-// step's norms are a few rows each: their time is that latency); the decode products' prologue, where the weight is
-// read by every block and the registers are the product's, loads them after the reduction.
+// The weight's packs are loaded with the row's, so a row costs one round trip to memory, not two (a decode step's
+// norms are a few rows each: their time is that latency). (The decode products' prologue has its own two-part norm,
+// norm_inputs_block and rmsnorm_row_smem, with the same arithmetic.)
 // PARTS: b is given instead as np fp32 partial sums (parts, pstride floats apart), added in order and rounded to
 // floatX (a decode step's branch product split along K: step_branch_product).
 // The loads go in batches of RMSNORM_FWD_PACKS / 2 packs (a row of 1024 in bf16 is one batch), each batch's loads
 // straight-line at addresses clamped into the row (a lane past its end loads the row's last pack and drops it), with
 // no store between them: the scheduler issues them together, one round trip to memory a batch. (A loop that stopped
 // at the row's end and stored x + branch as it went made one round trip a pack: 4 to 6 in a decode step's norms.)
-template <bool WPRE = true, bool PARTS = false>
+template <bool PARTS = false>
 __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floatX *residual_out, const floatX *a,
                                                   const floatX *b, const floatX *weight, int C, int lane,
                                                   const float *parts = NULL, int np = 0, long pstride = 0) {
@@ -272,7 +272,7 @@ __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floa
 #pragma unroll
         for (int q = 0; q < BATCH; q++) {
             const int i = min(((p0 + q) * WARP_SIZE + lane) * PACK, C - PACK);
-            if constexpr (WPRE) { ws[p0 + q] = *(const Pack *)(weight + i); }
+            ws[p0 + q] = *(const Pack *)(weight + i);
             xs[p0 + q] = *(const Pack *)(a + i);
             if constexpr (PARTS) {
                 float bs[PACK];
@@ -308,12 +308,6 @@ __device__ __forceinline__ void rmsnorm_row_packs(floatX *out, float *rstd, floa
 #pragma unroll
     for (int p0 = 0; p0 < RMSNORM_FWD_PACKS; p0 += BATCH) {
         if (p0 * WARP_SIZE * PACK >= C) { break; }
-        if constexpr (!WPRE) { // (the weight's batch, as above)
-#pragma unroll
-            for (int q = 0; q < BATCH; q++) {
-                ws[p0 + q] = *(const Pack *)(weight + min(((p0 + q) * WARP_SIZE + lane) * PACK, C - PACK));
-            }
-        }
 #pragma unroll
         for (int q = 0; q < BATCH; q++) {
             const int p = p0 + q, i = (p * WARP_SIZE + lane) * PACK;
@@ -344,10 +338,11 @@ __device__ __forceinline__ floatX output_gate_value(floatX *y, floatX x, floatX 
 // GLU: the SwiGLU in the epilogue. The weight is (2·OC, IC), gate rows then up rows; the warp sums gate row o and up
 // row OC + o and writes SiLU(gate) ⊙ up, each first rounded to floatX as the product stores them: the same bits as the
 // product of 2·OC rows followed by the pointwise kernel (swiglu.cuh), in one launch instead of two.
-// NORM: the input rows are RMSNorm(x + branch) · w of the residual stream, made in the prologue by warp m for row m
-// (rmsnorm_row_packs, rmsnorm_forward's arithmetic) into shared memory in every block, block 0 also writing x + branch
-// and the 1/rms: the same bits as rmsnorm_forward and then the product, one launch instead of two. (The first layer's
-// x may be the embedding of the step's tokens, GemvNorm.tokens: then the embedding's launch goes too.)
+// NORM: the input rows are RMSNorm(x + branch) · w of the residual stream, made in the prologue into shared memory in
+// every block (the rows by the whole block, norm_inputs_block; then row m normalized by warp m, rmsnorm_row_smem,
+// rmsnorm_forward's arithmetic), block 0 also writing x + branch and the 1/rms: the same bits as rmsnorm_forward and
+// then the product, one launch instead of two. (The first layer's x may be the embedding of the step's tokens,
+// GemvNorm.tokens: then the embedding's launch goes too.)
 // At most 4 rows: the GEMV's fp32 FMAs and input-row loads grow with M (a weight piece is used M times on the CUDA
 // cores), and above 4 rows the step on the tensor-core products (the skinny product or cuBLASLt, the norms and
 // pointwise ops as their own kernels) is faster; the 410M Hybrid M²RNN's step on an H200 at 5 / 6 / 8 sequences
@@ -415,6 +410,63 @@ struct GemvNoEpilogue {
 // staged without a norm the M input rows; else none
 __host__ __device__ inline size_t gemv_rows_bytes(int M, int IC, bool norm, bool st) {
     return (size_t)(norm ? M + 1 : st ? M : 0) * IC * sizeof(floatX);
+}
+
+// The decode products' residual norm in their prologue, in two parts with little code. rmsnorm_row_packs (one warp:
+// loads, sum, normalize, all unrolled for rows up to 2048) took 1.8 to 2.4 µs of the prologue at one sequence, even on
+// a row already in shared memory (NOTES.md, inference round 20).
+// norm_inputs_block: rows (M, IC) in shared memory = x + branch rounded to floatX as rmsnorm_row_packs rounds it (or x,
+// or the embedding rows of n->tokens), by the whole block, its loads straight-line (one trip to L2); block 0 also
+// writes them to x_out where they are new (with a branch or the embedding). Rows contiguous, IC a multiple of PACK.
+__device__ __forceinline__ void norm_inputs_block(floatX *rows, const GemvNorm *n, int M, int IC) {
+    constexpr int U = 4;
+    const bool has_b = n->branch != NULL, emb = n->tokens != NULL;
+    floatX *xo = blockIdx.x == 0 && (has_b || emb) ? n->x_out : NULL;
+    const int total = M * IC;
+    for (int k0 = threadIdx.x * PACK; k0 < total; k0 += U * blockDim.x * PACK) {
+        Pack xv[U], bv[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + u * blockDim.x * PACK;
+            if (k < total) {
+                const int m = k / IC;
+                xv[u] = *(const Pack *)(emb ? n->x + (size_t)n->tokens[m] * IC + (k - m * IC) : n->x + k);
+                if (has_b) { bv[u] = *(const Pack *)(n->branch + k); }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + u * blockDim.x * PACK;
+            if (k < total) {
+                if (has_b) {
+                    for (int e = 0; e < PACK; e++) { xv[u].v[e] = (floatX)(to_float(xv[u].v[e]) + to_float(bv[u].v[e])); }
+                }
+                *(Pack *)(rows + k) = xv[u];
+                if (xo != NULL) { *(Pack *)(xo + k) = xv[u]; }
+            }
+        }
+    }
+}
+// rmsnorm_row_smem: a warp normalizes its row (C) in place in shared memory with the weight w (shared memory), *rstd =
+// the factor (rstd not NULL): rmsnorm_row_packs's arithmetic in its order (a lane sums its packs (p·32 + lane)·PACK in
+// p order, then the warp's butterfly), so the same bits, in rolled loops
+__device__ __forceinline__ void rmsnorm_row_smem(floatX *row, float *rstd, const floatX *w, int C, int lane) {
+    float ss = 0.0f;
+#pragma unroll 1
+    for (int i = lane * PACK; i < C; i += WARP_SIZE * PACK) {
+        const Pack x = *(const Pack *)(row + i);
+        for (int k = 0; k < PACK; k++) { ss += to_float(x.v[k]) * to_float(x.v[k]); }
+    }
+    ss = warp_reduce_sum(ss);
+    const float s = rsqrtf(ss / C + 1e-5f);
+    if (lane == 0 && rstd != NULL) { *rstd = s; }
+#pragma unroll 1
+    for (int i = lane * PACK; i < C; i += WARP_SIZE * PACK) {
+        const Pack x = *(const Pack *)(row + i), wv = *(const Pack *)(w + i);
+        Pack o;
+        for (int k = 0; k < PACK; k++) { o.v[k] = (floatX)(to_float(x.v[k]) * s * to_float(wv.v[k])); }
+        *(Pack *)(row + i) = o;
+    }
 }
 
 // acc[s][r][m] = Σ_k w(s, r)[k] · x[m·IC + k] over this lane's k (8 elements a 16-byte pack, packs WARP_SIZE apart,
@@ -537,17 +589,17 @@ __global__ void __launch_bounds__(256, 2)
     if constexpr (NORM) {
         floatX *rows = (floatX *)gemv_rows;
         const bool gate = nrm.gate_g != NULL;
-        if (gate) { gate_rows_block(rows, &nrm, 0, M, IC); } // the gated rows first, by the whole block
+        if (gate) { // the gated rows, or x (+ branch), by the whole block
+            gate_rows_block(rows, &nrm, 0, M, IC);
+        } else {
+            norm_inputs_block(rows, &nrm, M, IC);
+        }
+        trace_mark(0);
         if constexpr (ST) { cp_async_wait<1>(); } else { cp_async_wait<0>(); } // (the norm's weight: its group)
         __syncthreads();
-        if (warp < M) { // then normalized in place (rmsnorm_row_packs reads a lane's packs before it writes them)
-            const bool first = blockIdx.x == 0, emb = !gate && nrm.tokens != NULL;
-            const size_t r0 = (size_t)warp * IC;
-            const floatX *x = gate ? rows + r0 : emb ? nrm.x + (size_t)nrm.tokens[warp] * IC : nrm.x + r0;
-            rmsnorm_row_packs<false>(rows + r0, first ? nrm.rstd + warp : NULL,
-                                     first && !gate && (nrm.branch != NULL || emb) ? nrm.x_out + r0 : NULL, x,
-                                     !gate && nrm.branch != NULL ? nrm.branch + r0 : NULL, nw, IC, lane);
-        }
+        trace_mark(1);
+        if (warp < M) { rmsnorm_row_smem(rows + (size_t)warp * IC, blockIdx.x == 0 ? nrm.rstd + warp : NULL, nw, IC, lane); }
+        trace_mark(2);
         __syncthreads();
         inp = rows;
     } else if constexpr (ST) {
@@ -556,7 +608,8 @@ __global__ void __launch_bounds__(256, 2)
         gemv_rows_to_smem((floatX *)gemv_rows, inp, M * IC);
         inp = (floatX *)gemv_rows;
     }
-    if (o0 >= OC) { return; }
+    trace_rows();
+    if (o0 >= OC) { trace_end(NORM || ST); return; }
     float acc[NS][R][M];
     // ST: a lane reads back only the pieces it copied itself, so its own wait suffices
     if constexpr (ST) { cp_async_wait<0>(); }
@@ -574,6 +627,7 @@ __global__ void __launch_bounds__(256, 2)
             }
         }
     }
+    trace_end(NORM || ST);
 }
 // 1: one-row products whose grid is one wave take their weights into shared memory before the dependency wait (the
 // default); 0: streamed from L2 after it (env M2RNN_GEMV_STAGE=0, for A/B runs; the same sums)
@@ -666,6 +720,7 @@ __global__ void __launch_bounds__(256, 2)
     pdl_wait(); // (a decode step launches it programmatically: cuda_common.h)
     pdl_trigger();
     gemv_rows_to_smem(rows, inp, M * IC);
+    trace_rows();
     for (int it = 0; g < groups; it++, g += gridDim.x) {
         const int o0 = (g * 8 + warp) * R;
         if (o0 >= OC) { continue; } // (a warp past the last row: nothing copied, nothing to store; so are its later groups)
@@ -684,6 +739,7 @@ __global__ void __launch_bounds__(256, 2)
             }
         }
     }
+    trace_end();
 }
 template <int M>
 static void gemv_stream_go(floatX *out, int out_stride, const floatX *inp, const floatX *weight, int IC, int OC,
@@ -1157,7 +1213,7 @@ __global__ void rmsnorm_parts_kernel(floatX *out, float *rstd, floatX *residual_
     pdl_trigger();
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     if (row >= M) { return; }
-    rmsnorm_row_packs<true, true>(out + (long)row * C, rstd + row, residual_out + (long)row * C, a + (long)row * C, NULL,
+    rmsnorm_row_packs<true>(out + (long)row * C, rstd + row, residual_out + (long)row * C, a + (long)row * C, NULL,
                                   weight, C, lane, parts + (long)row * C, np, pstride);
 }
 static void rmsnorm_forward_parts(floatX *out, float *rstd, floatX *residual_out, const floatX *a, const float *parts,

@@ -6,6 +6,7 @@ cuda_common.h: the small GPU foundation every CUDA program and kernel header of 
 - CEIL_DIV, WARP_SIZE and the warp reductions (sum, max) the kernels share; the current device's SM count (cached).
 - Programmatic dependent launch for a decode step's chain of small kernels (launch_k, pdl_wait, pdl_trigger).
 - ld_acquire_gpu: an acquire load of a flag another CTA releases (waits between concurrent kernels or CTAs).
+- With -DM2RNN_TRACE only: a record per block of each waiting kernel, a decode step's timeline (dev/bench/decode_trace.py).
 - Environment switches read once into a cache (env_on_unless_0, env_off_unless_1, env_int), or each call (env_is_1).
 - A kernel's dynamic shared-memory limit raised once per kernel, device and size (kernel_smem_limit).
 Kept deliberately small and general: op-specific helpers live beside their op (e.g. m2rnn_kernels.cuh).
@@ -130,7 +131,72 @@ template <typename... KArgs> static void kernel_smem_limit(void (*kernel)(KArgs.
 // blocks exit. Launched the ordinary way (launch_pdl 0: training, prefill), both instructions do nothing.
 static int launch_pdl = 0;
 
+#ifdef M2RNN_TRACE
+// A decode step's timeline, for timing experiments only (build/bench_infer_trace: -DM2RNN_TRACE; without it the hooks
+// below are empty). While g_trace_on, the first thread of each block of every kernel that calls pdl_wait() writes a
+// record: when it reached the wait and left it, and, where the kernel marks them, when its input rows were ready
+// (trace_rows), points inside its prologue (trace_mark) and when its last warp ended (trace_end). The flag's load and
+// the slot's atomic come before the wait, so after it only clock reads and stores are added. dev/bench/decode_trace.py
+// reads the records. (The build itself is slower: 0.50 → 0.60 ms at batch 1; compare its parts, not its total.)
+typedef struct {
+    unsigned long long tag;                           // gridDim.x | blockIdx.x << 20 | dynamic smem / 16 << 40
+    unsigned long long gt_pre, gt_wait;               // globaltimer (ns, in 32 ns steps) at the wait and after it
+    unsigned long long c_pre, c_wait, c_rows, c_end;  // clock64: at/after the wait, input rows ready, end (warps' max)
+    unsigned long long smid, gt_rows, gt_end;         // globaltimer: input rows ready, end (warps' max)
+    unsigned long long mark[6];                       // clock64 at trace_mark(i)
+} TraceRec;
+__device__ TraceRec *g_trace;
+__device__ unsigned g_trace_n, g_trace_cap;
+__device__ int g_trace_on;
+__shared__ unsigned g_trace_slot;
+__device__ __forceinline__ unsigned long long trace_gt() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void trace_mark(int i) {
+    if (threadIdx.x == 0 && g_trace_slot != ~0u) { g_trace[g_trace_slot].mark[i] = clock64(); }
+}
+__device__ __forceinline__ void trace_rows() {
+    if (threadIdx.x == 0 && g_trace_slot != ~0u) {
+        g_trace[g_trace_slot].c_rows = clock64();
+        g_trace[g_trace_slot].gt_rows = trace_gt();
+    }
+}
+// each warp's end (synced: a block barrier came after the wait, so every warp sees thread 0's slot; else warp 0's)
+__device__ __forceinline__ void trace_end(bool synced = true) {
+    if ((synced ? threadIdx.x % 32 : threadIdx.x) == 0 && g_trace_slot != ~0u) {
+        atomicMax(&g_trace[g_trace_slot].c_end, (unsigned long long)clock64());
+        atomicMax(&g_trace[g_trace_slot].gt_end, trace_gt());
+    }
+}
+__device__ __forceinline__ void pdl_wait() {
+    unsigned slot = ~0u;
+    if (threadIdx.x == 0) {
+        if (*(volatile int *)&g_trace_on) {
+            slot = atomicAdd(&g_trace_n, 1u);
+            if (slot >= g_trace_cap) { slot = ~0u; }
+        }
+        g_trace_slot = slot;
+    }
+    const unsigned long long g0 = trace_gt(), c0 = clock64();
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    if (slot != ~0u) {
+        const unsigned long long c1 = clock64(), g1 = trace_gt();
+        unsigned sm, dsm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
+        TraceRec *r = g_trace + slot;
+        r->tag = gridDim.x | (unsigned long long)blockIdx.x << 20 | (unsigned long long)(dsm / 16) << 40;
+        r->gt_pre = g0; r->gt_wait = g1; r->c_pre = c0; r->c_wait = c1; r->smid = sm;
+    }
+}
+#else
+__device__ __forceinline__ void trace_rows() {}
+__device__ __forceinline__ void trace_mark(int) {}
+__device__ __forceinline__ void trace_end(bool = true) {}
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+#endif
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 // a load of *p with acquire semantics at GPU scope: the writes another CTA made before its release of p are visible
 // after it (a flag one CTA waits on while another sets it)

@@ -514,9 +514,11 @@ struct M2RNNStepEpilogue {
 };
 
 #if !FLOATX_IS_FP32
-// The output gate in the step kernel's epilogue (m2rnn_step_kernel's Epi) above GEMV_MAX_M sequences, where no GEMV
-// prologue takes it: the thread that sums y of (sequence b, head n, column j) makes gated = (y + v·D) ⊙ SiLU(g) by
-// output_gate_value, the gate kernel's arithmetic on the same rounded y (the same bits), one launch fewer a layer.
+// The output gate in the step kernel's epilogue (m2rnn_step_kernel's Epi), at every batch size: the thread that sums
+// y of (sequence b, head n, column j) makes gated = (y + v·D) ⊙ SiLU(g) by output_gate_value, the gate kernel's
+// arithmetic on the same rounded y (the same bits). Above GEMV_MAX_M sequences that is one launch fewer a layer; at up
+// to GEMV_MAX_M the out-projection's prologue then only normalizes the gated row, instead of every one of its blocks
+// gating y first (batch 1: 0.471 → 0.465 ms a step, batch 4: 0.876 → 0.791 on an H200; NOTES.md, inference round 20).
 // The CTA's v, g and D (HPB·V elements each) are staged by cp.async at the kernel's start, under the state's loads.
 struct M2RNNGateEpilogue {
     static constexpr int E = 64; // elements staged a tensor (HPB·V ≤ 64)
@@ -580,7 +582,7 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in
     if (m2rnn_use_fast(c, rt)) {
         M2RNNDims d = m2rnn_dims_of(c, B, 1);
         const M2RNNGateEpilogue ge = {a.gated, v, g, CD, Rs, w->D, NV, V, m2rnn_step_heads_per_cta(K) * V};
-        gated = rt->decode_step && B > gemv_max_rows() && m2rnn_gate_epilogue_ok(&ge);
+        gated = rt->decode_step && m2rnn_gate_epilogue_ok(&ge);
         if (gated) {
             m2rnn_step(a.y, H, stride, q, k, v, a.f, w->W, &d, stream, ge);
         } else {
@@ -591,10 +593,11 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in
     {
         m2rnn_plain_forward(a.y, NULL, H, H, stride, q, k, v, CD, a.f, w->W, B, 1, N, Nq, K, V, stream);
     }
-    if (!gated && rt->decode_step && m2rnn_norm_groups(c) == 1 && c->m2rnn.tp_norm <= 1) {
-        // the output gate and the norm in the out-projection's prologue (up to GEMV_MAX_M sequences): the same bits as
-        // the three kernels below, two launches fewer (y is not updated)
+    if (rt->decode_step && m2rnn_norm_groups(c) == 1 && c->m2rnn.tp_norm <= 1) {
+        // the norm (and the output gate where the step kernel did not make it) in the out-projection's prologue (up to
+        // GEMV_MAX_M sequences): the same bits as the kernels below, one or two launches fewer (y is not updated)
         GemvNorm n = {a.y, NULL, w->norm_w, NULL, a.rstd, v, g, w->D, CD, Rs};
+        if (gated) { n = GemvNorm{a.gated, NULL, w->norm_w, NULL, a.rstd}; }
         if (matmul_gemv_launch<false>(out, C, NULL, w->out_w, B, NV, C, &n, stream)) { return; }
     }
     if (!gated) { output_gate_forward(a.y, a.gated, v, g, w->D, B, NV, CD, Rs, stream); }

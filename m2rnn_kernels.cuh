@@ -1331,6 +1331,7 @@ __global__ void __launch_bounds__(512)
             epi.apply(epi_smem, threadIdx.x, ((size_t)b * N + nn) * V + col, y, __float2bfloat16(sum));
         }
     }
+    trace_end();
 }
 
 // ----------------------------------------------------------------------------------------------------------------

@@ -810,6 +810,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof(glu) / sizeof(glu[0]); i++) { run_glu_case(&rt, glu[i][0], glu[i][1], glu[i][2]); }
 #if !FLOATX_IS_FP32
     run_step_gate_case(&rt, 64, 84, 1, 1); // the 410M Hybrid M²RNN's layer at batch 64
+    run_step_gate_case(&rt, 1, 84, 1, 1);  // ... and at batch 1 (the out-projection then only normalizes)
     run_step_gate_case(&rt, 5, 7, 1, 1);   // N odd: a CTA's spare head
     run_step_gate_case(&rt, 9, 6, 2, 0);   // two q/k heads, no D
     run_step_gate_case(&rt, 6, 7, 1, 1, 1); // g's rows an odd number of elements apart: refused
@@ -824,6 +825,7 @@ int main(void) {
     run_norm_case(&rt, 1, 1024, 3076, 1);
     run_norm_case(&rt, 4, 1024, 1000, 1);
     run_norm_case(&rt, 3, 1344, 77, 0);
+    run_norm_case(&rt, 1, 1344, 1024, 0); // the 410M Hybrid M²RNN's out-projection, its row gated by the step kernel
     run_norm_case(&rt, 1, 1024, 3076, 2); // the first layer's norm with the embedding in the prologue
     run_norm_case(&rt, 4, 1024, 1000, 2);
     run_prep_case(&rt, 1, 1472, 84, 4);

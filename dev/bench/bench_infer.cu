@@ -18,7 +18,9 @@ those given
 and two eager steps, then one more eager step inside cudaProfilerStart/Stop, for `ncu --profile-from-start off` (each
 kernel of one step, no graph)
 -graph B [P]: only B sequences, a P-token prefill (default 16), then 32 graph steps (for a timeline: `nsys profile
---cuda-graph-trace=node`; with M2RNN_NO_PDL=1 the kernels do not overlap, so their durations are their own)
+--cuda-graph-trace=node`; with M2RNN_NO_PDL=1 the kernels do not overlap, so their durations are their own); built
+as build/bench_infer_trace (-DM2RNN_TRACE, cuda_common.h), the last 6 steps' per-block records go to M2RNN_TRACE_FILE
+(default trace.bin) for dev/bench/decode_trace.py
 */
 #include <cuda_profiler_api.h>
 #include <vector>
@@ -60,12 +62,42 @@ int main(int argc, char **argv) {
         model_decode_advance(model, 0, B, tokens, P, pos);
         for (int b = 0; b < B; b++) { pos[b] = P; tok[b] = tokens[(P + b) % 65536]; }
         double t0 = 0.0;
+#ifdef M2RNN_TRACE
+        const unsigned cap = 1u << 20; // records (128 MB; a batch-1 step of the 410M hybrid writes ≈ 15K)
+        TraceRec *trace;
+        cudaCheck(cudaMalloc(&trace, (size_t)cap * sizeof(TraceRec)));
+        cudaCheck(cudaMemset(trace, 0, (size_t)cap * sizeof(TraceRec)));
+        cudaCheck(cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace)));
+        cudaCheck(cudaMemcpyToSymbol(g_trace_cap, &cap, sizeof(cap)));
+#endif
         for (int s = 0; s < steps; s++) {
             if (s == 2) { executor_sync(model); cudaCheck(cudaProfilerStart()); t0 = wall(); }
+#ifdef M2RNN_TRACE
+            if (s == steps - 6) { // the last 6 steps traced
+                executor_sync(model);
+                const int on = 1;
+                cudaCheck(cudaMemcpyToSymbol(g_trace_on, &on, sizeof(on)));
+            }
+#endif
             model_decode_step(model, tok, pos);
             for (int b = 0; b < B; b++) { pos[b]++; }
         }
         executor_sync(model);
+#ifdef M2RNN_TRACE
+        {
+            unsigned n = 0;
+            cudaCheck(cudaMemcpyFromSymbol(&n, g_trace_n, sizeof(n)));
+            n = n < cap ? n : cap;
+            TraceRec *h = (TraceRec *)mallocCheck((size_t)n * sizeof(TraceRec));
+            cudaCheck(cudaMemcpy(h, trace, (size_t)n * sizeof(TraceRec), cudaMemcpyDeviceToHost));
+            const char *path = getenv("M2RNN_TRACE_FILE");
+            FILE *f = fopen(path ? path : "trace.bin", "wb");
+            fwrite(h, sizeof(TraceRec), n, f);
+            fclose(f);
+            printf("trace: %u records\n", n);
+            free(h);
+        }
+#endif
         const double dt = (wall() - t0) / (steps - 2);
         cudaCheck(cudaProfilerStop());
         printf("profiled %d %s step(s) of %d sequences: %.3f ms a step\n", steps - 2, graph ? "graph" : "eager", B, dt * 1e3);
