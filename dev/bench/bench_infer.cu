@@ -92,6 +92,10 @@ int main(int argc, char **argv) {
             cudaCheck(cudaMemcpy(h, trace, (size_t)n * sizeof(TraceRec), cudaMemcpyDeviceToHost));
             const char *path = getenv("M2RNN_TRACE_FILE");
             FILE *f = fopen(path ? path : "trace.bin", "wb");
+            if (f == NULL) {
+                fail_with_hint("set M2RNN_TRACE_FILE to a writable path", "cannot write the trace to '%s'",
+                               path ? path : "trace.bin");
+            }
             fwrite(h, sizeof(TraceRec), n, f);
             fclose(f);
             printf("trace: %u records\n", n);
