@@ -1214,7 +1214,7 @@ __global__ void rmsnorm_parts_kernel(floatX *out, float *rstd, floatX *residual_
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     if (row >= M) { return; }
     rmsnorm_row_packs<true>(out + (long)row * C, rstd + row, residual_out + (long)row * C, a + (long)row * C, NULL,
-                                  weight, C, lane, parts + (long)row * C, np, pstride);
+                            weight, C, lane, parts + (long)row * C, np, pstride);
 }
 static void rmsnorm_forward_parts(floatX *out, float *rstd, floatX *residual_out, const floatX *a, const float *parts,
                                   int np, const floatX *weight, int M, int C, cudaStream_t stream) {

@@ -596,8 +596,8 @@ static void m2rnn_mixer_step(floatX *out, void *state, void *work, StepInput *in
     if (rt->decode_step && m2rnn_norm_groups(c) == 1 && c->m2rnn.tp_norm <= 1) {
         // the norm (and the output gate where the step kernel did not make it) in the out-projection's prologue (up to
         // GEMV_MAX_M sequences): the same bits as the kernels below, one or two launches fewer (y is not updated)
-        GemvNorm n = {a.y, NULL, w->norm_w, NULL, a.rstd, v, g, w->D, CD, Rs};
-        if (gated) { n = GemvNorm{a.gated, NULL, w->norm_w, NULL, a.rstd}; }
+        const GemvNorm n = gated ? GemvNorm{a.gated, NULL, w->norm_w, NULL, a.rstd}
+                                 : GemvNorm{a.y, NULL, w->norm_w, NULL, a.rstd, v, g, w->D, CD, Rs};
         if (matmul_gemv_launch<false>(out, C, NULL, w->out_w, B, NV, C, &n, stream)) { return; }
     }
     if (!gated) { output_gate_forward(a.y, a.gated, v, g, w->D, B, NV, CD, Rs, stream); }
