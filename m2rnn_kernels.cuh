@@ -21,11 +21,13 @@ Design (numbers behind it in dev/bench/NOTES.md):
   accumulates 16 tokens of y in one MMA tile (q masked to the step's row), so a forward step reads no shared memory.
 - y_t, dq_t, dk_t, dv_t are computed with extra MMAs (row sums become MMAs against a broadcast vector; the transposes
   they need are movmatrix), off the recurrence's dependency chain. For V=16 the backward's reverse step takes q, dy,
-  k and v as MMA fragments of its 8-token sub-chunk (ldmatrix) instead of per-token loads: q dy^T is a masked
-  m16n8k8 (exact), and dq, dk, dv accumulate over the sub-chunk in three MMA tiles, token i in column i (B operands
-  masked to the lanes that hold token i), so a step stores only df's lane-quad sums. Cross-warp/cross-head sums go
-  through shared memory and are flushed once per sub-chunk. dq/dk are summed over the CTA's heads in shared memory
-  first, so the global fp32 atomics see N/HPC adders per address, not N. With m2rnn_deterministic
+  k and v as MMA fragments of its 8-token sub-chunk (ldmatrix) instead of per-token loads: D = clamp(G) + q dy^T is
+  a masked m16n8k8 with the clamped G as its accumulator (one exact product an element), and dk, dv accumulate over
+  the sub-chunk in two MMA tiles, token i in column i (B operands masked to the lanes that hold token i), so a step
+  stores only df's lane-quad sums; dq_t = H_{t+1} dy_t, which needs nothing from the reverse direction, accumulates
+  in a third tile during the sub-chunk's recompute. Cross-warp/cross-head sums go through shared memory and are
+  flushed once per sub-chunk. dq/dk are summed over the CTA's heads in shared memory first, so the global fp32
+  atomics see N/HPC adders per address, not N. With m2rnn_deterministic
   (M2RNN_DETERMINISTIC=1) each CTA stores its sums plainly instead, into partial slots laid over its own checkpoints
   that it has finished reading (no extra memory where HPC*V >= 32, e.g. K=64, V=16 at 2 heads a CTA), and counts
   each 256-token window done; a second kernel, launched programmatically so that it runs beside the backward on the
@@ -724,6 +726,10 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     const int hh = warp / RB, rb = warp % RB, row0 = rb * 16 + g;
     const CtaMap m = cta_map(cu_seqlens, T, N, Nq, HPC);
     const int n = m.n0 + hh;
+    // the clamp's bound: clip, or +inf where clipping is off (clamp_nan(g, inf) = g for every g, NaN and inf included:
+    // the same bits as no clamp, without a branch in the middle of each reverse step, which splits the step loop into
+    // blocks the compiler cannot schedule across)
+    const float cl = clip > 0.0f ? clip : INFINITY;
     // DET: the sum kernel may start once every CTA of this grid has (so its CTAs, which wait on the window counts,
     // only take room that no CTA of this grid still needs)
     if constexpr (DET) { pdl_trigger(); }
@@ -851,18 +857,20 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
             // V=16: the reverse step's other operands, the sub-chunk's 8 tokens as MMA fragments (reloaded each step by
             // ldmatrix, from this lane's row address: mi = lane / 8 picks the 8x8 matrix, mr = lane % 8 its token row):
             // aqd: q as the A operand of m16n8k8 (m = row, k = token) and dy as its B (k = token, n = column),
-            // transposed like load_kv8's k and v; ant: dy then v as m16n8k16 B operands with n = token (k = column);
-            // akb: k as one with n = token (k = this warp's 16 rows). dq, dk, dv then accumulate over the sub-chunk in
-            // three MMA tiles, token i in column i (the B operands masked to lanes g == i): tq = dq (row g / g+8, token
-            // 2t4 / 2t4+1), tk = dk likewise, tv = dv (column g / g+8, token 2t4 / 2t4+1), written out once a sub-chunk
-            uint32_t aqd = 0, ant = 0, akb = 0;
+            // transposed like load_kv8's k and v; avk: v (k = column) then k (k = this warp's 16 rows) as m16n8k16 B
+            // operands with n = token. dk and dv then accumulate over the sub-chunk in two MMA tiles, token i in column
+            // i (the B operands masked to lanes g == i): tk = dk (row g / g+8, token 2t4 / 2t4+1), tv = dv (column g /
+            // g+8, token 2t4 / 2t4+1); tq = dq likewise, made by the recompute (dq_t = H_{t+1} dy_t needs nothing from
+            // the reverse direction) with fd, dy as the B operand; the three written out once a sub-chunk
+            uint32_t aqd = 0, avk = 0, fd[2] = {0u, 0u};
             float tq[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if constexpr (V == 16) {
                 const int mi = lane >> 3, mr = lane & 7;
                 aqd = smem_addr(mi < 2 ? st.q + (s0 + mr) * KS + rb * 16 + mi * 8
                                        : st.dy + (s0 + mr) * HV + hh * 16 + (mi - 2) * 8);
-                ant = smem_addr((mi < 2 ? st.dy : st.v) + (s0 + mr) * HV + hh * 16 + (mi & 1) * 8);
-                akb = smem_addr(st.k + (s0 + mr) * KS + rb * 16 + (mi & 1) * 8);
+                avk = smem_addr(mi < 2 ? st.v + (s0 + mr) * HV + hh * 16 + mi * 8
+                                       : st.k + (s0 + mr) * KS + rb * 16 + (mi - 2) * 8);
+                ldsm_x2(fd, smem_addr(st.dy + (s0 + mr) * HV + hh * 16 + (mi & 1) * 8));
             }
             // recompute: hist entry i+1 = bf16 fragments of H after token s0+i (and with the stash, Z of token s0+i)
             auto recompute = [&](int i) {
@@ -888,9 +896,17 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 } else {
                     forward_step<V, HPC>(S, aS, bW, token_in(s0 + i));
                 }
+                if constexpr (V == 16) { // dq_t = H_{t+1} dy_t, token i in column i; entry SUB is no reverse step's
+                    const uint32_t gm = g == i ? 0xffffffffu : 0u;
+                    mma16816(tq, aS[0], fd[0] & gm, fd[1] & gm);
+                    if (i + 1 < SUB) {
+                        my_hist[(i + 1) * hist_step] = make_uint4(aS[0][0], aS[0][1], aS[0][2], aS[0][3]);
+                    }
+                } else {
 #pragma unroll
-                for (int s = 0; s < NS; s++) {
-                    my_hist[(i + 1) * hist_step + s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]);
+                    for (int s = 0; s < NS; s++) {
+                        my_hist[(i + 1) * hist_step + s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]);
+                    }
                 }
             };
             // hist entries i and i + 1 (H before and after token s0 + i) as A fragments
@@ -927,8 +943,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 for (int h = 0; h < NT; h++) {
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        float gc = G[h][e];
-                        if (clip > 0.0f) { gc = clamp_nan(gc, clip); }
+                        const float gc = clamp_nan(G[h][e], cl);
                         D[h][e] = fmaf((e >> 1) ? q1 : q0, dyv[h][e & 1], gc);
                         const float z = Z[h][e];
                         dX[h][e] = D[h][e] * in.gate * fmaf(-z, z, 1.0f);
@@ -989,8 +1004,8 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
             auto reverse16 = [&](int i) {
                 if constexpr (V == 16) { // (the body is compiled for V=16 only)
                     const float fval = fp[(s0 + i) * HPC], gate = 1.0f - fval;
-                    uint32_t aP[1][4], aN[1][4]; // H_t (before the token) and H_{t+1}, as bf16 fragments
-                    hist_frags(i, aP, aN);
+                    const uint4 hp = my_hist[i * hist_step]; // H_t (before the token) as bf16 fragments
+                    const uint32_t aP[1][4] = {{hp.x, hp.y, hp.z, hp.w}};
                     float Z[2][4];
                     if constexpr (ZS) { // Z_t as the recompute left it (fp16-rounded)
                         const uint4 u = my_zst[i * hist_step];
@@ -1003,22 +1018,20 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                         compute_z8(Z, aP, bW, kvs, token_mask8(i, t4));
                         round_f16<16>(Z);
                     }
-                    uint32_t fq[4], fn[4], fk[2];
+                    uint32_t fq[4], fvk[4];
                     ldsm_x4_trans(fq, aqd);
-                    ldsm_x4(fn, ant);
-                    ldsm_x2(fk, akb);
+                    ldsm_x4(fvk, avk);
                     const uint32_t tm = token_mask8(i, t4), gm = g == i ? 0xffffffffu : 0u;
                     float D[2][4], dX[2][4], dfp = 0.0f;
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        // q_t dy_t^T: one nonzero product a term, exact, so gc + P rounds once as fmaf(q, dy, gc)
-                        float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        mma16808(P, fq[0], fq[1], fq[2 + h] & tm);
+                        // D = clamp(G) + q_t dy_t^T by the tensor core: the clamped G is the accumulator and each
+                        // element gets one nonzero (exact) product
+#pragma unroll
+                        for (int e = 0; e < 4; e++) { D[h][e] = clamp_nan(G[h][e], cl); }
+                        mma16808(D[h], fq[0], fq[1], fq[2 + h] & tm);
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
-                            float gc = G[h][e];
-                            if (clip > 0.0f) { gc = clamp_nan(gc, clip); }
-                            D[h][e] = gc + P[e];
                             const float z = Z[h][e];
                             dX[h][e] = D[h][e] * gate * fmaf(-z, z, 1.0f);
                             dfp = fmaf(D[h][e], frag_elem<16>(aP, h, e) - z, dfp);
@@ -1033,18 +1046,16 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                         for (int e = 0; e < 4; e++) { G[h][e] = fval * D[h][e]; }
                         mma16816(G[h], adX[0], bWT[0][h][0], bWT[0][h][1]);
                     }
-                    // off the chain: df over the lane quad (rows g, g + 8), dk = dX v, dq = H_{t+1} dy, dv = dX^T k,
-                    // dW += H_t^T dX
+                    // off the chain: df over the lane quad (rows g, g + 8), dk = dX v, dv = dX^T k, dW += H_t^T dX
                     dfp += __shfl_xor_sync(0xffffffffu, dfp, 1);
                     dfp += __shfl_xor_sync(0xffffffffu, dfp, 2);
                     st_shared_if(t4 == 0, rdf_a + (uint32_t)(i * NW * 32), dfp);
-                    mma16816(tk, adX[0], fn[2] & gm, fn[3] & gm);
-                    mma16816(tq, aN[0], fn[0] & gm, fn[1] & gm);
+                    mma16816(tk, adX[0], fvk[0] & gm, fvk[1] & gm);
                     // dX^T as an A operand (m = column, k = row) and dX as a B operand (k = row, n = column): movmatrix
                     const uint32_t x00 = trans8x8(adX[0][0]), x01 = trans8x8(adX[0][1]);
                     const uint32_t x10 = trans8x8(adX[0][2]), x11 = trans8x8(adX[0][3]);
                     const uint32_t aXT[4] = {x00, x10, x01, x11};
-                    mma16816(tv, aXT, fk[0] & gm, fk[1] & gm);
+                    mma16816(tv, aXT, fvk[2] & gm, fvk[3] & gm);
                     const uint32_t aT[4] = {trans8x8(aP[0][0]), trans8x8(aP[0][2]), trans8x8(aP[0][1]),
                                             trans8x8(aP[0][3])};
                     mma16816(dWa[0][0], aT, x00, x01);
