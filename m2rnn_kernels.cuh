@@ -41,9 +41,10 @@ Design (numbers behind it in dev/bench/NOTES.md):
   to the forward's): 1.5 recomputed steps a token. Extra memory: T/16 fp32 states (0.66 GiB at B=8, T=4096, N=84,
   K=64, V=16; checkpoints every 32 tokens took half that and 1.75 recomputed steps a token, NOTES.md).
 - The backward has a second build for V=16, the Z stash: the sub-chunk recompute also keeps Z_t as fp16 in shared
-  memory, so the reverse step skips its MMA + tanh; 2 CTAs/SM instead of 3, 128 registers instead of 80 (no spills),
-  10-20% faster per wave; it also copies each sub-chunk's checkpoint a sub-chunk early (cp.async, under the flush).
-  The launcher takes it unless it would add a wave (B=8, N=84 on 132 SMs); see NOTES.md.
+  memory, so the reverse step skips its MMA + tanh; half the CTAs an SM, 128 registers instead of 80 (no spills),
+  faster per wave; it also copies each sub-chunk's checkpoint a sub-chunk early (cp.async, under the flush). The
+  launcher takes it unless it would add a wave, and picks the heads per CTA by how full their waves come out
+  (m2rnn_heads_per_cta); see NOTES.md.
 - One numeric contract for every build: the reverse step's Z is the forward's Z rounded to fp16 (the stash's
   precision; the plain build rounds its recomputed Z the same way), so the gradients do not depend on which build
   the launcher picks for the batch size or the GPU: in deterministic mode the two are equal bit for bit
@@ -113,10 +114,8 @@ static void m2rnn_validate(const M2RNNDims *d, const void *q, const void *k, con
 
 static inline long m2rnn_total_tokens(const M2RNNDims *d) { return d->cu_seqlens ? (long)d->T : (long)d->B * d->T; }
 
-// heads per CTA (HPC): 2 when each q/k head serves an even number of value heads and the CTA stays small, else 1.
-// HPC=2 halves the adders per dq/dk address in the backward; HPC=1 gives finer CTAs (better SM balance at small B*N).
-// Measured on H200 (dev/bench/NOTES.md): HPC=2 wins once its grid has >= 2 CTAs per SM; below that (e.g. B=4, N=84:
-// 168 CTAs on 132 SMs) the SMs holding two CTAs set the time and HPC=1 is 12% faster.
+// heads per CTA (HPC): 1 or 2 (2 only where each q/k head serves an even number of value heads and the CTA stays
+// within 8 warps); m2rnn_heads_per_cta below picks.
 static int m2rnn_hpc_override = 0; // tests/benchmarks: 1 or 2 forces HPC where legal, 0 = automatic
 static int m2rnn_zstash_override = -1; // tests/benchmarks: 0 / 1 forces the backward's Z stash (V=16), -1 = automatic
 // 1: dq/dk summed in a fixed order (bitwise repeatable backward: each CTA stores its sums into partial slots over
@@ -127,11 +126,25 @@ static int m2rnn_deterministic = -1;
 static inline bool m2rnn_deterministic_on(void) {
     return env_off_unless_1(&m2rnn_deterministic, "M2RNN_DETERMINISTIC");
 }
-static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
+// The backward's time follows the warps on its busiest SM, summed over the waves of its grid (about 0.235 ms per
+// resident warp at T=4096 on an H200, whether plain at 24 warps an SM or Z stash at 12-16: dev/bench/NOTES.md,
+// sixteenth session). With K=64, V=16, HPC=2 makes 8-warp CTAs of which the Z-stash build holds 2 an SM, HPC=1 4-warp
+// CTAs (3 an SM with the stash, 6 plain). So HPC=2 pays where its waves of 2 CTAs an SM come out nearly full (its
+// last wave at least 90% full: B=4, N=132; B=6, 12, N=84; B=8, N=132 on 132 SMs), HPC=1 elsewhere (B=8, N=84: 672
+// CTAs in one wave of the plain build, 5.63 ms against 5.85 with HPC=2; B=4, N=84: 336 CTAs, one stash wave, 2.86
+// against 3.75). Deterministic mode keeps HPC=2 from 2 CTAs an SM on: its partial slots fit over the checkpoints only
+// at HPC*V >= 32 (else dk's take a second region of the checkpoints' size, which at B=8, N=84 would be 1.4 GiB).
+// The forward takes the default rule (one choice for both keeps them simple; the forward is a fifth of the time and
+// within 1% either way where they differ). Other K and V keep the older rule (2 heads from 2 CTAs an SM on).
+static inline int m2rnn_heads_per_cta(const M2RNNDims *d, bool det = false) {
     const int Gq = d->N / d->Nq, RB = d->K / 16;
     const bool two_ok = Gq % 2 == 0 && 2 * RB <= 8;
     if (m2rnn_hpc_override == 1 || (m2rnn_hpc_override == 2 && two_ok)) { return m2rnn_hpc_override; }
-    return (two_ok && (long)d->B * (d->N / 2) >= 2L * device_num_sms()) ? 2 : 1;
+    if (!two_ok) { return 1; }
+    const long ctas2 = (long)d->B * (d->N / 2), wave2 = 2L * device_num_sms();
+    if (det || d->K != 64 || d->V != 16) { return ctas2 >= wave2 ? 2 : 1; }
+    const long last = ctas2 % wave2; // CTAs in the last wave of 2 an SM (0: the waves are full)
+    return (last == 0 || 10 * last >= 9 * wave2) ? 2 : 1;
 }
 // chunk slots: slot(b, c) = 2b + tok0(b)/CHUNK + c. A slot holds two checkpoints, H before the chunk's token 0 and
 // before its token 16. Sequence b's chunks and the slot after its last (deterministic mode's partial slots use it:
@@ -176,7 +189,7 @@ static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d, bool det
     w.dq = w.ckpt + ckb;
     w.dk = w.dq + acc;
     w.qkx = w.dk + acc;
-    w.cnt = w.qkx + (det && m2rnn_partial_rows(m2rnn_heads_per_cta(d), d->V) == 1 ? ckb : 0);
+    w.cnt = w.qkx + (det && m2rnn_partial_rows(m2rnn_heads_per_cta(d, true), d->V) == 1 ? ckb : 0);
     w.dw = w.cnt + (det ? ((size_t)d->B * d->Nq * m2rnn_num_windows(d) * sizeof(int) + 15) / 16 * 16 : 0);
     w.total = w.dw + (size_t)d->B * (d->K / 16) * d->N * d->V * d->V * sizeof(float);
     return w;
@@ -1384,10 +1397,10 @@ template <typename Kernel> static inline int m2rnn_ctas_per_sm(Kernel kernel, in
     return n;
 }
 
-// The backward comes in two builds for V=16 (see m2rnn_backward_kernel): plain (3 CTAs/SM, 80 registers) and Z stash
-// (2 CTAs/SM, 128 registers, 10-20% faster per wave on the H200). The plain build is taken where it holds the whole
-// grid in one wave and the stash would need a second: B=8, N=84 on 132 SMs is 336 CTAs = 2.55 per SM. There the two
-// are about even (H200, 2026-11-28: plain 6.25–6.30 ms, stash 6.21–6.26); dev/bench/NOTES.md has the measurements.
+// The backward comes in two builds for V=16 (see m2rnn_backward_kernel): plain (80 registers: 3 CTAs/SM of 8 warps,
+// 6 of 4) and Z stash (128 registers: 2 CTAs/SM of 8 warps, 3 of 4; faster per wave). The plain build is taken where
+// it holds the whole grid in one wave and the stash would need a second: B=8, N=84 at one head a CTA on 132 SMs is 672
+// CTAs, 5.1 an SM (H200, sixteenth session: plain 5.63 ms, stash 5.66, two heads a CTA 5.85-5.93; dev/bench/NOTES.md).
 template <int V, int HPC, bool BIG>
 static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, float *qkx, int *wdone, bool det, floatX *dv,
                                   float *df, float *dW_part, float *dh0, const floatX *dy, const float *dhT,
@@ -1423,10 +1436,10 @@ static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, float *qkx, int 
     launch(plain, smem);
 }
 
-// dispatch on (V, heads per CTA, block size); F is a launcher template taking <V, HPC, BIG>
-#define M2RNN_DISPATCH(d, LAUNCH, ...)                                                                                 \
+// dispatch on (V, heads per CTA hpc, block size); LAUNCH is a launcher template taking <V, HPC, BIG>
+#define M2RNN_DISPATCH(d, hpc, LAUNCH, ...)                                                                            \
     do {                                                                                                               \
-        const int hpc_ = m2rnn_heads_per_cta(d);                                                                       \
+        const int hpc_ = (hpc);                                                                                        \
         const bool big_ = hpc_ * ((d)->K / 16) > 8;                                                                    \
         if ((d)->V == 16) {                                                                                            \
             if (hpc_ == 2) { LAUNCH<16, 2, false>(__VA_ARGS__); }                                                      \
@@ -1458,7 +1471,7 @@ static void m2rnn_forward(floatX *y, float *hT, void *workspace, const floatX *q
     const int spent = workspace ? m2rnn_spent_find(workspace) : -1;
     if (spent >= 0) { m2rnn_spent[spent] = m2rnn_spent[--m2rnn_nspent]; } // (fresh checkpoints)
     float *ckpt = workspace ? (float *)((char *)workspace + m2rnn_workspace_layout(d).ckpt) : NULL;
-    M2RNN_DISPATCH(d, m2rnn_forward_launch, y, hT, ckpt, q, k, v, f, W, h0, d, stream);
+    M2RNN_DISPATCH(d, m2rnn_heads_per_cta(d), m2rnn_forward_launch, y, hT, ckpt, q, k, v, f, W, h0, d, stream);
 }
 
 // Backward. Gradients out: dq, dk, dv (bf16, strided like q, k, v), df (tok,N) fp32, dW (N,V,V) fp32 (overwritten),
@@ -1496,12 +1509,12 @@ static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float 
     } else {
         cudaCheck(cudaMemsetAsync(dq_acc, 0, w.qkx - w.dq, stream)); // the dq, dk accumulators: adjacent
     }
-    M2RNN_DISPATCH(d, m2rnn_backward_launch, dq_acc, dk_acc, qkx, wdone, det, dv, df, dW_part, dh0, dy, dhT, ckpt, q,
-                   k, v, f, W, clip, d, stream);
+    const int hpc = m2rnn_heads_per_cta(d, det);
+    M2RNN_DISPATCH(d, hpc, m2rnn_backward_launch, dq_acc, dk_acc, qkx, wdone, det, dv, df, dW_part, dh0, dy, dhT, ckpt,
+                   q, k, v, f, W, clip, d, stream);
     const int QK = d->Nq * d->K, block = 256;
     const long pairs = ntok * QK / 2;
     if (pairs > 0 && det) { // beside the backward (programmatic launch; see the kernel)
-        const int hpc = m2rnn_heads_per_cta(d);
         const long slots = d->cu_seqlens ? ntok : (long)d->B * CEIL_DIV(d->T, 16) * 16; // token slots, block order
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3((unsigned)CEIL_DIV(slots * d->Nq * (d->K / 4), (long)block));
