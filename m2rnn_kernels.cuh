@@ -909,13 +909,11 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 } else {
                     forward_step<V, HPC>(S, aS, bW, token_in(s0 + i));
                 }
-                if constexpr (V == 16) { // dq_t = H_{t+1} dy_t, token i in column i; entry SUB is no reverse step's
+                if constexpr (V == 16) { // dq_t = H_{t+1} dy_t, token i in column i
                     const uint32_t gm = g == i ? 0xffffffffu : 0u;
                     mma16816(tq, aS[0], fd[0] & gm, fd[1] & gm);
-                    if (i + 1 < SUB) {
-                        my_hist[(i + 1) * hist_step] = make_uint4(aS[0][0], aS[0][1], aS[0][2], aS[0][3]);
-                    }
-                } else {
+                }
+                if (V != 16 || i + 1 < SUB) { // (V=16: entry SUB is no reverse step's, dq having left the reverse)
 #pragma unroll
                     for (int s = 0; s < NS; s++) {
                         my_hist[(i + 1) * hist_step + s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]);

@@ -359,7 +359,8 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
     // heads per CTA (CTA granularity vs dq/dk adders) x the backward's two builds (V=16: plain, Z stash), each forced;
     // then the launcher's own pick
     double hpc_f[3] = {0, 0, 0}, hz_b[3][2] = {{0, 0}, {0, 0}, {0, 0}};
-    const bool two_ok = (N / Nq) % 2 == 0 && 2 * (K / 16) <= 8;
+    m2rnn_hpc_override = 2; // (the launcher keeps 1 where 2 heads a CTA are not legal)
+    const bool two_ok = m2rnn_heads_per_cta(&in.d) == 2;
     for (int h = 1; h <= (two_ok ? 2 : 1); h++) {
         m2rnn_hpc_override = h;
         hpc_f[h] = median_ms([&] { fwd(in, false); }, reps, 0);
