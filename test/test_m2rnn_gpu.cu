@@ -4,9 +4,11 @@ the equations: training forward (y, final state), backward (dq, dk, dv, df, dW, 
 the per-step clamp of the carried dH), the inference forward, and the single-token step kernel (against the
 reference, and against the training forward bit for bit: it is the forward's step).
 Cases cover h0, the clamp firing, packed variable-length sequences, Nq=1 and Nq=N, K and V other than 64/16, and a
-T=4096 run whose relative error is reported per window of 512 tokens to show drift. The V=16 cases run twice: with
-the launcher's pick of backward build (the Z stash at these small grids) and with the plain build forced. Last, the
-paper's shape (B=8 and 4, N=84, T=4096) without a float64 reference: deterministic mode at full occupancy.
+T=4096 run whose relative error is reported per window of 512 tokens to show drift. The V=16 cases with K <= 64 run
+twice: with the launcher's pick (the Z stash with 16-token sub-chunks at one head a CTA) and with 8-token sub-chunks
+forced; in deterministic mode every sub-chunk length and heads-per-CTA choice must give the same bits. K=192, V=16 runs
+the plain build. Last, the paper's shape (B=8 and 4, N=84, T=4096) without a float64 reference: deterministic mode at
+full occupancy.
 Without a GPU it prints SKIP lines with the reason and exits 0.
 Inputs are random and non-trivial: q, k, v live inside one (tok, conv_dim) buffer with padding, so the kernels are
 driven through strided views exactly as the trainer will; outputs are poisoned (NaN) before each launch.
@@ -368,20 +370,42 @@ static void run_case(const Case &c, uint64_t seed) {
         test_result(det && rel_det < 1e-4, name, "two runs %s; dq/dk against the atomic run %.1e (tol 1e-4)",
                     det ? "bitwise equal" : "DIFFER", rel_det);
     }
-    if (c.V == 16 && m2rnn_zstash_override < 0) { // one numeric contract: the plain and the Z-stash builds agree
-        std::vector<floatX> cv[2];
-        std::vector<float> fv[2], wv[2], hv[2];
+    if (m2rnn_uses_zstash(&d) && m2rnn_sub_override == 0) {
+        // one numeric contract whatever the launcher picks for the batch and the GPU: deterministic mode gives the
+        // same bits at every sub-chunk length (16 tokens at one head a CTA, 8) and heads per CTA (where N/Nq is even)
+        struct { int hpc, sub; } picks[3] = {{1, 16}, {1, 8}, {2, 8}};
+        std::vector<floatX> cv[3];
+        std::vector<float> fv[3], wv[3], hv[3];
+        int ran[3], nran = 0;
         m2rnn_deterministic = 1;
-        for (int z = 0; z < 2; z++) {
-            m2rnn_zstash_override = z;
-            backward_again(cv[z], fv[z], wv[z], hv[z]);
+        for (int r = 0; r < 3; r++) {
+            m2rnn_hpc_override = picks[r].hpc;
+            m2rnn_sub_override = picks[r].sub;
+            if (m2rnn_heads_per_cta(&d) != picks[r].hpc || m2rnn_backward_sub(&d, picks[r].hpc) != picks[r].sub) {
+                continue; // (not legal for this shape)
+            }
+            backward_again(cv[r], fv[r], wv[r], hv[r]);
+            ran[nran++] = r;
         }
-        m2rnn_zstash_override = -1;
+        m2rnn_sub_override = 0;
+        m2rnn_hpc_override = c.hpc;
         m2rnn_deterministic = 0;
-        const bool same = same_bits(cv[0], cv[1]) && same_bits(fv[0], fv[1]) && same_bits(wv[0], wv[1]) &&
-                          same_bits(hv[0], hv[1]);
-        snprintf(name, sizeof(name), "%s plain = Z-stash backward", c.name);
-        test_result(same, name, "dq, dk, dv, df, dW, dh0 %s (deterministic mode)", same ? "bit for bit" : "DIFFER");
+        if (nran > 1) {
+            bool same = true;
+            std::string what;
+            for (int x = 0; x < nran; x++) {
+                const int r = ran[x], r0 = ran[0];
+                if (x > 0) {
+                    same = same && same_bits(cv[r0], cv[r]) && same_bits(fv[r0], fv[r]) && same_bits(wv[r0], wv[r]) &&
+                           same_bits(hv[r0], hv[r]);
+                }
+                what += (x ? ", " : "") + std::to_string(picks[r].hpc) + " head" + (picks[r].hpc > 1 ? "s" : "") +
+                        "/" + std::to_string(picks[r].sub) + " tokens";
+            }
+            snprintf(name, sizeof(name), "%s one contract across builds", c.name);
+            test_result(same, name, "dq, dk, dv, df, dW, dh0 %s (deterministic mode; %s)",
+                        same ? "bit for bit" : "DIFFER", what.c_str());
+        }
     }
     if (c.clip > 0 && c.use_dhT) { // a NaN in the carried gradient passes the clamp (and reaches the trainer's guard)
         std::vector<float> dhT_nan = p.dhT;
@@ -568,6 +592,7 @@ int main(void) {
         // last chunks of more than 16 tokens: deterministic mode's partial slots use the slot after a sequence's last
         {{"varlen last chunks > 16", 0, 0, 4, 1, 64, 16, {20, 50, 17, 0, 30}, true, true, 0.0f, 1.0, 0, 2}, 10},
         {{"K128 V16 Nq=N", 1, 45, 2, 2, 128, 16, {}, false, false, 0.0f, 1.0, 0, 0}, 4},
+        {{"K192 V16 Nq1 (plain build)", 2, 41, 2, 1, 192, 16, {}, true, true, 0.3f, 5.0, 0, 0}, 13},
         {{"K48 N6 Nq2 (3 heads/qk)", 2, 40, 6, 2, 48, 16, {}, true, false, 0.5f, 5.0, 0, 0}, 5},
         {{"K256 V32 Nq1", 1, 33, 2, 1, 256, 32, {}, true, true, 0.0f, 1.0, 0, 2}, 6},
         {{"T4096 K64V16 Nq1", 1, 4096, 4, 1, 64, 16, {}, false, false, 0.0f, 1.0, 512, 2}, 7},
@@ -576,18 +601,18 @@ int main(void) {
         {{"N84 Nq1 varlen", 0, 0, 84, 1, 64, 16, {70, 0, 45}, true, true, 0.0f, 1.0, 0, 0}, 9},
         {{"N84 Nq1 varlen 2 heads/CTA", 0, 0, 84, 1, 64, 16, {70, 0, 45}, true, true, 0.0f, 1.0, 0, 2}, 9},
     };
-    // the launcher's pick: for these small grids that is the Z-stash backward wherever V=16
+    // the launcher's pick (the Z stash wherever V=16 and K <= 128; 16-token sub-chunks at one head a CTA, K <= 64)
     for (auto &e : cases) { run_case(e.c, e.seed); }
-    // the plain backward build (what B=8, N=84 gets on 132 SMs) on the V=16 cases, same inputs
-    m2rnn_zstash_override = 0;
+    // the Z stash with 8-token sub-chunks forced where the launcher took 16, same inputs
+    m2rnn_sub_override = 8;
     for (auto &e : cases) {
-        if (e.c.V != 16) { continue; }
+        if (e.c.V != 16 || e.c.K > 64) { continue; }
         Case c = e.c;
-        const std::string name = std::string(c.name) + " [plain bwd]";
+        const std::string name = std::string(c.name) + " [8-token sub-chunks]";
         c.name = name.c_str();
         run_case(c, e.seed);
     }
-    m2rnn_zstash_override = -1;
+    m2rnn_sub_override = 0;
     run_full_shape(8, 4096, 84, 11);
     run_full_shape(4, 4096, 84, 12);
     return test_summary("test_m2rnn_gpu");
