@@ -971,8 +971,8 @@ __global__ void __launch_bounds__(BIG ? 512 : (ZS && ZSUB == 16 ? 128 : 256),
                     for (int h = 0; h < 2; h++) {
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
-                            E[h][e] = S[h][e] - Z[h][e];
-                            S[h][e] = fmaf(-gate, E[h][e], S[h][e]); // = state_update(S, Z, gate), bit for bit
+                            E[h][e] = S[h][e] - Z[h][e]; // (state_update's own difference: one FADD for both)
+                            S[h][e] = state_update(S[h][e], Z[h][e], gate);
                         }
                     }
                     my_zst[i * 32] = make_uint4(pack_f16x2(Z[0][0], Z[0][1]), pack_f16x2(Z[0][2], Z[0][3]),
