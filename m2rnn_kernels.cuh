@@ -133,24 +133,52 @@ static int m2rnn_deterministic = -1;
 static inline bool m2rnn_deterministic_on(void) {
     return env_off_unless_1(&m2rnn_deterministic, "M2RNN_DETERMINISTIC");
 }
-// The backward's time follows the warps on its busiest SM, summed over the waves of its grid (about 0.235 ms per
-// resident warp at T=4096 on an H200, whether plain at 24 warps an SM or Z stash at 12-16: dev/bench/NOTES.md,
-// sixteenth session). With K=64, V=16, HPC=2 makes 8-warp CTAs of which the Z-stash build holds 2 an SM, HPC=1 4-warp
-// CTAs (3 an SM with the stash, 6 plain). So HPC=2 pays where its waves of 2 CTAs an SM come out nearly full (its
-// last wave at least 90% full: B=4, N=132; B=6, 12, N=84; B=8, N=132 on 132 SMs), HPC=1 elsewhere (B=8, N=84: 672
-// CTAs in one wave of the plain build, 5.63 ms against 5.85 with HPC=2; B=4, N=84: 336 CTAs, one stash wave, 2.86
-// against 3.75). Deterministic mode takes the same rule (one head a CTA stores its partial slots in pairs of CTAs:
-// m2rnn_det_pairs). The forward takes it too (one choice for both keeps them simple; the forward is a fifth of the
-// time and within 1% either way where they differ). Other K and V keep the older rule (2 heads from 2 CTAs an SM on).
-static inline int m2rnn_heads_per_cta(const M2RNNDims *d) {
-    const int Gq = d->N / d->Nq, RB = d->K / 16;
-    const bool two_ok = Gq % 2 == 0 && 2 * RB <= 8;
+// The backward's time follows the warps on the busiest SM sub-partition, round by round of the CTAs its busiest SM
+// runs (dev/bench/NOTES.md, sixteenth and eighteenth sessions). With K=64, V=16 the Z stash runs one of three
+// configurations: one head a CTA (one warp a sub-partition) with 16-token sub-chunks, 3 CTAs an SM; one head with
+// 8-token sub-chunks (half again the recompute), 4 an SM; two heads (two warps a sub-partition) with 8-token
+// sub-chunks, 2 an SM. Measured on an H100 at T=4096 (ms for a round with w warps on each sub-partition; 2 warps of
+// 16-token sub-chunks interpolated), the same on an H200 within 2%:
+static const float m2rnn_round_ms16[4] = {0.0f, 1.51f, 2.05f, 2.56f};
+static const float m2rnn_round_ms8[5] = {0.0f, 1.70f, 2.25f, 2.91f, 3.70f};
+// the predicted backward time (ms at T=4096) of HPC hpc with sub-token sub-chunks at K=64, V=16: the busiest SM's
+// ceil(CTAs / SMs) CTAs in rounds of as many as fit, each round costing its warps a sub-partition
+static inline float m2rnn_backward_cost(const M2RNNDims *d, int hpc, int sub) {
+    const long ctas = (long)d->B * (d->N / hpc), n = CEIL_DIV(ctas, (long)device_num_sms());
+    const int fit = hpc == 2 ? 2 : sub == 16 ? 3 : 4, w = hpc; // CTAs an SM; warps a sub-partition a CTA
+    const float *ms = sub == 16 ? m2rnn_round_ms16 : m2rnn_round_ms8;
+    const long rem = n % fit;
+    return (float)(n / fit) * ms[fit * w] + (rem ? ms[rem * w] : 0.0f);
+}
+// The configuration the cost above picks for K=64, V=16 (hpc 1 or 2, sub 8 or 16; the first of equals in the order
+// 1 head/16, 1 head/8, 2 heads/8). The forward takes its heads per CTA (one choice keeps them simple; the forward is
+// a fifth of the time and within 1% either way where they differ, but B=4, N=84 runs 20% faster at one head).
+// Deterministic mode gives the same bits in all three (m2rnn_det_pairs) but keeps the older rule for now
+// (m2rnn_heads_per_cta).
+static inline void m2rnn_pick_k64v16(const M2RNNDims *d, bool two_ok, int *hpc, int *sub) {
+    *hpc = 1;
+    *sub = 16;
+    float best = m2rnn_backward_cost(d, 1, 16);
+    const float c8 = m2rnn_backward_cost(d, 1, 8);
+    if (c8 < best) { best = c8; *sub = 8; }
+    if (two_ok && m2rnn_backward_cost(d, 2, 8) < best) { *hpc = 2; *sub = 8; }
+}
+static inline bool m2rnn_two_heads_legal(const M2RNNDims *d) {
+    return (d->N / d->Nq) % 2 == 0 && 2 * (d->K / 16) <= 8;
+}
+// Heads per CTA: K=64, V=16 as m2rnn_pick_k64v16; other K and V keep the older rule (2 heads from 2 CTAs an SM on).
+// The deterministic backward (det) keeps the older rule too, for now: its one-head CTAs run in pairs (m2rnn_det_pairs)
+// whose first full-occupancy run on a GPU raced (a CTA's next recompute wrote its Z stash, under its partial slots,
+// while its partner still read them; fixed, dev/bench/NOTES.md, eighteenth session) and whose fix has passed only
+// the small cases of test_m2rnn_gpu so far, not B=8, N=84; two heads a CTA keep the slots within each CTA.
+static inline int m2rnn_heads_per_cta(const M2RNNDims *d, bool det = false) {
+    const bool two_ok = m2rnn_two_heads_legal(d);
     if (m2rnn_hpc_override == 1 || (m2rnn_hpc_override == 2 && two_ok)) { return m2rnn_hpc_override; }
     if (!two_ok) { return 1; }
-    const long ctas2 = (long)d->B * (d->N / 2), wave2 = 2L * device_num_sms();
-    if (d->K != 64 || d->V != 16) { return ctas2 >= wave2 ? 2 : 1; }
-    const long last = ctas2 % wave2; // CTAs in the last wave of 2 an SM (0: the waves are full)
-    return (last == 0 || 10 * last >= 9 * wave2) ? 2 : 1;
+    if (det || d->K != 64 || d->V != 16) { return (long)d->B * (d->N / 2) >= 2L * device_num_sms() ? 2 : 1; }
+    int hpc, sub;
+    m2rnn_pick_k64v16(d, two_ok, &hpc, &sub);
+    return hpc;
 }
 // chunk slots: slot(b, c) = 2b + tok0(b)/CHUNK + c. A slot holds two checkpoints, H before the chunk's token 0 and
 // before its token 16. Sequence b's chunks and the slot after its last (deterministic mode's partial slots use it:
@@ -209,7 +237,7 @@ static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d, bool det
     return w;
 }
 static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d, bool det) {
-    return m2rnn_workspace_layout(d, det, m2rnn_partial_rows(m2rnn_slot_heads(d, m2rnn_heads_per_cta(d)), d->V));
+    return m2rnn_workspace_layout(d, det, m2rnn_partial_rows(m2rnn_slot_heads(d, m2rnn_heads_per_cta(d, det)), d->V));
 }
 static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d) {
     return m2rnn_workspace_layout(d, m2rnn_deterministic_on());
@@ -910,6 +938,11 @@ __global__ void __launch_bounds__(BIG ? 512 : (ZS && ZSUB == 16 ? 128 : 256),
         for (int j = nsub - 1; j >= 0; j--) {
             const int s0 = j * SUB, slen = min(SUB, clen - s0);
             const int t0 = c * CH + s0; // the sub-chunk's first token in the sequence
+            // PAIR: the partner has read this CTA's slots of the sub-chunk before (its second arrival in the flush
+            // below): they lie over the Z stash, which this sub-chunk's recompute writes first
+            if constexpr (PAIR) {
+                if (t0 + slen < m.L) { cluster_wait(); }
+            }
             // H before the sub-chunk: its checkpoint (t0 % 16 == 0), or the 8 steps after it (t0 % 16 == 8)
             if constexpr (CKB) {
                 cp_async_wait<0>(); // (this lane's own copies: no barrier)
@@ -1212,9 +1245,6 @@ __global__ void __launch_bounds__(BIG ? 512 : (ZS && ZSUB == 16 ? 128 : 256),
                     }
                 }
             }
-            if constexpr (PAIR) { // the partner has read this CTA's slots of the sub-chunk before (its arrival below)
-                if (t0 + slen < m.L) { cluster_wait(); }
-            }
             if constexpr (V == 16) { // the tiles into the partial-sum slots: element e is token 2t4 + (e & 1)
                 if constexpr (ZS) { __syncwarp(); } // (this warp's Z entries, which the slots lie over, are all read)
 #pragma unroll
@@ -1310,7 +1340,7 @@ __global__ void __launch_bounds__(BIG ? 512 : (ZS && ZSUB == 16 ? 128 : 256),
             if constexpr (PAIR) {
                 cluster_wait(); // the partner's slots are written
                 flush_qk();
-                cluster_arrive(); // done reading them (waited for before the next sub-chunk's tiles, or the exit)
+                cluster_arrive(); // done reading them (waited for before the next sub-chunk's recompute, or the exit)
             }
             if constexpr (ZS) { cp_async_wait<0>(); } // (the next stage and checkpoint copies)
             __syncthreads();
@@ -1545,11 +1575,16 @@ static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc, int sub) {
     return m2rnn_detail::m2rnn_stage_bytes(d->K, d->V, hpc, true) + hist + red;
 }
 // The Z stash's sub-chunk length: 16 tokens (one a checkpoint: every token recomputed once) at one head a CTA with
-// K <= 64 (its 64 KB stash leaves 3 CTAs an SM), else 8
+// K <= 64 (its 64 KB stash leaves 3 CTAs an SM) unless at K=64 the cost model prefers 8 (4 CTAs an SM: B=4, N=132 on
+// 132 SMs fills one round of 4 where 16 needs a second round of 1), else 8
 static inline int m2rnn_backward_sub(const M2RNNDims *d, int hpc) {
     const bool sixteen_ok = hpc == 1 && m2rnn_uses_zstash(d) && d->K <= 64;
     if (m2rnn_sub_override == 8 || m2rnn_sub_override == 16) { return sixteen_ok ? m2rnn_sub_override : 8; }
-    return sixteen_ok ? 16 : 8;
+    if (!sixteen_ok) { return 8; }
+    if (d->K != 64) { return 16; }
+    int h, sub;
+    m2rnn_pick_k64v16(d, false, &h, &sub); // (one head a CTA: its better sub-chunk length)
+    return sub;
 }
 
 template <int V, int HPC, bool BIG>
@@ -1687,7 +1722,7 @@ static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float 
     } else {
         cudaCheck(cudaMemsetAsync(dq_acc, 0, w.qkx - w.dq, stream)); // the dq, dk accumulators: adjacent
     }
-    const int hpc = m2rnn_heads_per_cta(d);
+    const int hpc = m2rnn_heads_per_cta(d, det);
     M2RNN_DISPATCH(d, hpc, m2rnn_backward_launch, dq_acc, dk_acc, qkx, wdone, det, dv, df, dW_part, dh0, dy, dhT, ckpt,
                    q, k, v, f, W, clip, d, stream);
     const int QK = d->Nq * d->K, block = 256;

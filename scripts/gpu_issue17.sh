@@ -8,8 +8,11 @@
 #                                          gen_gpu_reference; `make` them and copy them there; saves device time)
 # A base build of bench_m2rnn as $BIN/bench_base (or BASE=path) is timed beside ours; without it the A/B is skipped.
 # The authors' package is read from .peers/xma (see dev/bench/m2rnn_authors.py); without it their stages are skipped.
+# The GPU resume reads the default corpus's shards from $DATA (default dev/data/gutenberg, which `make data` fills and
+# git ignores: carry it, 6.3 MB, or a folder of shorter shards with the same names).
 # Logs go to $OUT (set by the device tool) or ./out_gpu_issue17.
 set -u
+DATA=${DATA:-dev/data/gutenberg}
 OUT=${OUT:-out_gpu_issue17}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.peers${PYTHONPATH:+:$PYTHONPATH}"
@@ -21,9 +24,20 @@ if [ -z "${BIN:-}" ]; then
     cp train_m2rnn build/train_m2rnn
 fi
 BASE=${BASE:-$BIN/bench_base}
+# the kernels' SASS for the static instruction counts (the dev machine has no cuobjdump)
+OBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+for b in "$BASE" "$BIN/bench_m2rnn"; do
+    [ -x "$b" ] && "$OBJ" -sass "$b" 2>/dev/null | gzip > "$OUT/sass_$(basename "$b").txt.gz"
+done
 run() { timeout "$1" "${@:2}"; }
 run 300 "$BIN/test_m2rnn_gpu" > "$OUT/test_m2rnn_gpu.log" 2>&1; echo "test_m2rnn_gpu rc=$?"
 grep -E "^FAIL|test_m2rnn_gpu:|T4096 K64V16 Nq1 backward|one contract" "$OUT/test_m2rnn_gpu.log" | head -30
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+# shared-memory races and out-of-bounds accesses on a small problem, both modes (the clusters' DSMEM reads included)
+for det in 0 1; do
+    M2RNN_DETERMINISTIC=$det run 120 "$CS" --tool racecheck --print-limit 5 "$BIN/bench_m2rnn" -x 1 -b 2 -n 4 -t 300 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|hazard" | head -5
+    M2RNN_DETERMINISTIC=$det run 120 "$CS" --tool memcheck --print-limit 5 "$BIN/bench_m2rnn" -x 1 -b 2 -n 4 -t 300 2>&1 | grep -E "ERROR SUMMARY|Invalid" | head -5
+done
 for s in "8 84" "4 84" "8 132" "4 132"; do
     set -- $s
     for b in "$BASE" "$BIN/bench_m2rnn"; do
@@ -48,18 +62,7 @@ fi
 run 200 "$BIN/test_gpu_trainer" > "$OUT/test_gpu_trainer.log" 2>&1; echo "test_gpu_trainer rc=$?"
 grep -E "^FAIL|test_gpu_trainer:" "$OUT/test_gpu_trainer.log"
 run 200 "$BIN/bench_train_step" d1024:MMMMAMMMMMMMAMMMMMMMAMMM:n84 8 4096 5 2 100352 2>&1 | tail -3
-export M2RNN_DETERMINISTIC=1 # the GPU resume: a resumed run ends in the same checkpoint byte for byte
-for pattern in MMAM RUAM; do
-    RES=(-e d128:$pattern -b 8 -t 128 -x 30 -d 2048 -l 1e-3 -u 5 -v 10 -m 2 -n 15)
-    rm -rf /tmp/resume_a /tmp/resume_b; mkdir -p /tmp/resume_b
-    "$BIN/train_m2rnn" "${RES[@]}" -o /tmp/resume_a > "$OUT/resume_a.log" 2>&1
-    cp /tmp/resume_a/ckpt_00000015.bin /tmp/resume_b/
-    "$BIN/train_m2rnn" "${RES[@]}" -o /tmp/resume_b -y 1 > "$OUT/resume_b.log" 2>&1
-    if cmp /tmp/resume_a/ckpt_00000030.bin /tmp/resume_b/ckpt_00000030.bin; then
-        echo "PASS GPU resume of $pattern at step 15 of 30 is bit-exact"
-    else echo "FAIL GPU resume of $pattern differs"; fi
-done
-unset M2RNN_DETERMINISTIC
+bash scripts/gpu_resume.sh "$BIN/train_m2rnn" "$OUT" "$DATA" # a resumed run ends in the same checkpoint
 if [ -d .peers/xma ]; then
     run 60 "$BIN/bench_m2rnn" -d /tmp/m2rnn_cmp -b 2 -t 4096 -n 8 > /dev/null 2>&1
     run 180 python3 dev/bench/m2rnn_authors.py compare /tmp/m2rnn_cmp > "$OUT/compare.log" 2>&1
