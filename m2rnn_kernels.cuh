@@ -14,41 +14,42 @@ Design (numbers behind it in dev/bench/NOTES.md):
   per step H W is (V/8)*(V/16) m16n8k16 bf16 tensor-core MMAs whose fp32 accumulator fragment is repacked in registers
   into the next step's A operand. The state H is carried in fp32 (the MMA reads it rounded to bf16); k v^T is exact in
   fp32; tanh is tanh.approx.f32. A CTA holds HPC heads (sharing one q/k head) x K/16 warps.
-- Inputs are staged into shared memory a chunk of 32 tokens at a time with cp.async (the forward prefetches the next
-  chunk while computing this one), so no global load sits on the recurrence's critical path. For V=16 the token
+- Inputs are staged into shared memory a chunk of 32 tokens at a time with cp.async (16 in the Z-stash backward; the
+  forward and that backward prefetch the next chunk while working on this one), so no global load sits on the
+  recurrence's critical path. For V=16 the token
   inputs then reach registers as MMA fragments by ldmatrix, a block of tokens at a time (16 in the forward, 8 in the
   backward's recompute): k v^T becomes a tensor-core MMA with v masked to the step's token (exact), and the forward
   accumulates 16 tokens of y in one MMA tile (q masked to the step's row), so a forward step reads no shared memory.
 - y_t, dq_t, dk_t, dv_t are computed with extra MMAs (row sums become MMAs against a broadcast vector; the transposes
   they need are movmatrix), off the recurrence's dependency chain. For V=16 the backward's reverse step takes q, dy,
-  k and v as MMA fragments of its 8-token sub-chunk (ldmatrix) instead of per-token loads: D = clamp(G) + q dy^T is
-  a masked m16n8k8 with the clamped G as its accumulator (one exact product an element), and dk, dv accumulate over
-  the sub-chunk in two MMA tiles, token i in column i (B operands masked to the lanes that hold token i), so a step
-  stores only df's lane-quad sums; dq_t = H_{t+1} dy_t, which needs nothing from the reverse direction, accumulates
-  in a third tile during the sub-chunk's recompute. Cross-warp/cross-head sums go through shared memory and are
-  flushed once per sub-chunk. dq/dk are summed over the CTA's heads in shared memory first, so the global fp32
+  k and v as MMA fragments of an 8-token block (ldmatrix) instead of per-token loads: D = clamp(G) + q dy^T is a
+  masked m16n8k8 with the clamped G as its accumulator (one exact product an element), and dk, dv accumulate over the
+  block in two MMA tiles, token i in column i (B operands masked to the lanes that hold token i), so a step stores
+  only df's lane-quad sums; dq_t = H_{t+1} dy_t, which needs nothing from the reverse direction, accumulates in a
+  third tile during the recompute. Cross-warp/cross-head sums go through shared memory and are flushed once per
+  sub-chunk. dq/dk are summed over the CTA's heads in shared memory first, so the global fp32
   atomics see N/HPC adders per address, not N. With m2rnn_deterministic
   (M2RNN_DETERMINISTIC=1) each CTA stores its sums plainly instead, into partial slots laid over its own checkpoints
-  that it has finished reading (no extra memory where HPC*V >= 32, e.g. K=64, V=16 at 2 heads a CTA), and counts
+  that it has finished reading (no extra memory where a slot holds HPC*V >= 32 columns: K=64, V=16 at 2 heads a CTA,
+  or at one head a CTA in clusters of two CTAs that store one slot), and counts
   each 256-token window done; a second kernel, launched programmatically so that it runs beside the backward on the
   room the backward leaves, adds a window's slots of a q/k head's CTAs in rank order once they are all counted: no
   atomic sums, no CTA waits for another, and the backward repeats bit for bit like every other gradient.
 - Backward without the authors' full recompute and without a B*T*N*K*V buffer: the training forward writes H every
-  16 tokens (fp32; before tokens 0 and 16 of each 32-token chunk) into the workspace. The backward walks the chunks
-  right to left and each chunk's 8-token sub-chunks right to left: a sub-chunk starts from a checkpoint (sub-chunks 0
-  and 2) or 8 recomputed steps after one (1 and 3), recomputes its 8 steps keeping bf16 H fragments in shared memory
-  and runs the 8 reverse steps, recomputing Z_t from the same bf16 fragment the forward used (so Z is bit-identical
-  to the forward's): 1.5 recomputed steps a token. Extra memory: T/16 fp32 states (0.66 GiB at B=8, T=4096, N=84,
-  K=64, V=16; checkpoints every 32 tokens took half that and 1.75 recomputed steps a token, NOTES.md).
-- The backward has a second build for V=16, the Z stash: the sub-chunk recompute also keeps Z_t as fp16 in shared
-  memory, so the reverse step skips its MMA + tanh; half the CTAs an SM, 128 registers instead of 80 (no spills),
-  faster per wave; it also copies each sub-chunk's checkpoint a sub-chunk early (cp.async, under the flush). The
-  launcher takes it unless it would add a wave, and picks the heads per CTA by how full their waves come out
-  (m2rnn_heads_per_cta); see NOTES.md.
-- One numeric contract for every build: the reverse step's Z is the forward's Z rounded to fp16 (the stash's
-  precision; the plain build rounds its recomputed Z the same way), so the gradients do not depend on which build
-  the launcher picks for the batch size or the GPU: in deterministic mode the two are equal bit for bit
-  (test_m2rnn_gpu).
+  16 tokens (fp32; before tokens 0 and 16 of each 32-token chunk) into the workspace. The backward walks the sequence
+  right to left in sub-chunks: each starts from a checkpoint (or, 8-token sub-chunks, 8 recomputed steps after one),
+  recomputes its steps keeping what the reverse steps need in shared memory, then runs its reverse steps. Extra
+  memory: T/16 fp32 states (0.66 GiB at B=8, T=4096, N=84, K=64, V=16; checkpoints every 32 tokens took half that
+  and 1.75 recomputed steps a token, NOTES.md).
+- The build follows the layer's shape alone (m2rnn_backward_kernel has the details). V=16 with K <= 128: the Z stash,
+  whose recompute keeps Z_t and E_t = H_t - Z_t in fp16 from the fp32 state (the state update is written
+  H - (1 - f)(H - Z), so E_t is its own difference), so the reverse step re-runs no MMA or tanh, takes df from E_t and
+  rebuilds bf16(H_t) for dW as bf16(Z_t + E_t); its sub-chunks are 16 tokens at one head a CTA with K <= 64 (each token
+  recomputed once) and 8 otherwise (1.5 recomputed steps a token, half the stash). V=32 or K > 128: the plain build,
+  whose reverse step recomputes Z_t from the bf16 H fragments the recompute kept (the forward's Z bit for bit, rounded
+  to fp16) and takes df from bf16(H_t). Within a build the sub-chunk length and the heads per CTA, which the launcher
+  picks by how full their waves come out (m2rnn_heads_per_cta, m2rnn_backward_sub), change no bit of any gradient in
+  deterministic mode, so the numerics never depend on the batch size or the GPU (test_m2rnn_gpu).
 - f is fp32: bf16 spacing just below 1 is 2^-9, which would quantize (1 - f) for slow-forgetting heads; fp32 costs
   B*T*N*4 bytes, nothing next to the rest of the layer.
 
@@ -60,6 +61,8 @@ Layouts (token index tok = b*T + t, or cu_seqlens[b] + t for packed variable-len
     y, dy  (tok, N, V)  bf16 contiguous
     h0, hT, dh0, dhT (B, N, K, V) fp32, each optional (NULL)
 Limits: K a multiple of 16 up to 256, V in {16, 32}, N % Nq == 0; q/k/v 16-byte aligned with strides multiples of 8.
+The Z-stash backward keeps H_t - Z_t in fp16, so states beyond fp16's range (|H| > 65504: only an h0 that large gets
+there, since tanh bounds every later update) would overflow it.
 */
 #ifndef M2RNN_KERNELS_CUH
 #define M2RNN_KERNELS_CUH
@@ -113,11 +116,15 @@ static void m2rnn_validate(const M2RNNDims *d, const void *q, const void *k, con
 }
 
 static inline long m2rnn_total_tokens(const M2RNNDims *d) { return d->cu_seqlens ? (long)d->T : (long)d->B * d->T; }
+// the backward's build (m2rnn_backward_kernel): the Z stash for V=16 with K <= 128, else the plain one
+static inline bool m2rnn_uses_zstash(const M2RNNDims *d) { return d->V == 16 && d->K <= 128; }
 
 // heads per CTA (HPC): 1 or 2 (2 only where each q/k head serves an even number of value heads and the CTA stays
 // within 8 warps); m2rnn_heads_per_cta below picks.
 static int m2rnn_hpc_override = 0; // tests/benchmarks: 1 or 2 forces HPC where legal, 0 = automatic
-static int m2rnn_zstash_override = -1; // tests/benchmarks: 0 / 1 forces the backward's Z stash (V=16), -1 = automatic
+// tests/benchmarks: 8 / 16 forces the Z-stash backward's sub-chunk length (16 only where legal: one head a CTA,
+// K <= 64), 0 = automatic (m2rnn_backward_sub)
+static int m2rnn_sub_override = 0;
 // 1: dq/dk summed in a fixed order (bitwise repeatable backward: each CTA stores its sums into partial slots over
 // its spent checkpoints, a kernel beside the backward adds them in rank order; dev/bench/NOTES.md has its cost);
 // 0: fp32 atomics (the default). -1: from M2RNN_DETERMINISTIC (default 0) at first use. The workspace's layout depends
@@ -126,25 +133,52 @@ static int m2rnn_deterministic = -1;
 static inline bool m2rnn_deterministic_on(void) {
     return env_off_unless_1(&m2rnn_deterministic, "M2RNN_DETERMINISTIC");
 }
-// The backward's time follows the warps on its busiest SM, summed over the waves of its grid (about 0.235 ms per
-// resident warp at T=4096 on an H200, whether plain at 24 warps an SM or Z stash at 12-16: dev/bench/NOTES.md,
-// sixteenth session). With K=64, V=16, HPC=2 makes 8-warp CTAs of which the Z-stash build holds 2 an SM, HPC=1 4-warp
-// CTAs (3 an SM with the stash, 6 plain). So HPC=2 pays where its waves of 2 CTAs an SM come out nearly full (its
-// last wave at least 90% full: B=4, N=132; B=6, 12, N=84; B=8, N=132 on 132 SMs), HPC=1 elsewhere (B=8, N=84: 672
-// CTAs in one wave of the plain build, 5.63 ms against 5.85 with HPC=2; B=4, N=84: 336 CTAs, one stash wave, 2.86
-// against 3.75). Deterministic mode keeps HPC=2 from 2 CTAs an SM on: its partial slots fit over the checkpoints only
-// at HPC*V >= 32 (else dk's take a second region of the checkpoints' size, which at B=8, N=84 would be 1.4 GiB).
-// The forward takes the default rule (one choice for both keeps them simple; the forward is a fifth of the time and
-// within 1% either way where they differ). Other K and V keep the older rule (2 heads from 2 CTAs an SM on).
+// The backward's time follows the warps on the busiest SM sub-partition, round by round of the CTAs its busiest SM
+// runs (dev/bench/NOTES.md, sixteenth and eighteenth sessions). With K=64, V=16 the Z stash runs one of three
+// configurations: one head a CTA (one warp a sub-partition) with 16-token sub-chunks, 3 CTAs an SM; one head with
+// 8-token sub-chunks (half again the recompute), 4 an SM; two heads (two warps a sub-partition) with 8-token
+// sub-chunks, 2 an SM. Measured on an H100 at T=4096 (ms for a round with w warps on each sub-partition; 2 warps of
+// 16-token sub-chunks interpolated), the same on an H200 within 2%:
+static const float m2rnn_round_ms16[4] = {0.0f, 1.51f, 2.05f, 2.56f};
+static const float m2rnn_round_ms8[5] = {0.0f, 1.70f, 2.25f, 2.91f, 3.70f};
+// the predicted backward time (ms at T=4096) of HPC hpc with sub-token sub-chunks at K=64, V=16: the busiest SM's
+// ceil(CTAs / SMs) CTAs in rounds of as many as fit, each round costing its warps a sub-partition
+static inline float m2rnn_backward_cost(const M2RNNDims *d, int hpc, int sub) {
+    const long ctas = (long)d->B * (d->N / hpc), n = CEIL_DIV(ctas, (long)device_num_sms());
+    const int fit = hpc == 2 ? 2 : sub == 16 ? 3 : 4, w = hpc; // CTAs an SM; warps a sub-partition a CTA
+    const float *ms = sub == 16 ? m2rnn_round_ms16 : m2rnn_round_ms8;
+    const long rem = n % fit;
+    return (float)(n / fit) * ms[fit * w] + (rem ? ms[rem * w] : 0.0f);
+}
+// The configuration the cost above picks for K=64, V=16 (hpc 1 or 2, sub 8 or 16; the first of equals in the order
+// 1 head/16, 1 head/8, 2 heads/8). The forward takes its heads per CTA (one choice keeps them simple; the forward is
+// a fifth of the time and within 1% either way where they differ, but B=4, N=84 runs 20% faster at one head).
+// Deterministic mode gives the same bits in all three (m2rnn_det_pairs) but keeps the older rule for now
+// (m2rnn_heads_per_cta).
+static inline void m2rnn_pick_k64v16(const M2RNNDims *d, bool two_ok, int *hpc, int *sub) {
+    *hpc = 1;
+    *sub = 16;
+    float best = m2rnn_backward_cost(d, 1, 16);
+    const float c8 = m2rnn_backward_cost(d, 1, 8);
+    if (c8 < best) { best = c8; *sub = 8; }
+    if (two_ok && m2rnn_backward_cost(d, 2, 8) < best) { *hpc = 2; *sub = 8; }
+}
+static inline bool m2rnn_two_heads_legal(const M2RNNDims *d) {
+    return (d->N / d->Nq) % 2 == 0 && 2 * (d->K / 16) <= 8;
+}
+// Heads per CTA: K=64, V=16 as m2rnn_pick_k64v16; other K and V keep the older rule (2 heads from 2 CTAs an SM on).
+// The deterministic backward (det) keeps the older rule too, for now: its one-head CTAs run in pairs (m2rnn_det_pairs)
+// whose first full-occupancy run on a GPU raced (a CTA's next recompute wrote its Z stash, under its partial slots,
+// while its partner still read them; fixed, dev/bench/NOTES.md, eighteenth session) and whose fix has passed only
+// the small cases of test_m2rnn_gpu so far, not B=8, N=84; two heads a CTA keep the slots within each CTA.
 static inline int m2rnn_heads_per_cta(const M2RNNDims *d, bool det = false) {
-    const int Gq = d->N / d->Nq, RB = d->K / 16;
-    const bool two_ok = Gq % 2 == 0 && 2 * RB <= 8;
+    const bool two_ok = m2rnn_two_heads_legal(d);
     if (m2rnn_hpc_override == 1 || (m2rnn_hpc_override == 2 && two_ok)) { return m2rnn_hpc_override; }
     if (!two_ok) { return 1; }
-    const long ctas2 = (long)d->B * (d->N / 2), wave2 = 2L * device_num_sms();
-    if (det || d->K != 64 || d->V != 16) { return ctas2 >= wave2 ? 2 : 1; }
-    const long last = ctas2 % wave2; // CTAs in the last wave of 2 an SM (0: the waves are full)
-    return (last == 0 || 10 * last >= 9 * wave2) ? 2 : 1;
+    if (det || d->K != 64 || d->V != 16) { return (long)d->B * (d->N / 2) >= 2L * device_num_sms() ? 2 : 1; }
+    int hpc, sub;
+    m2rnn_pick_k64v16(d, two_ok, &hpc, &sub);
+    return hpc;
 }
 // chunk slots: slot(b, c) = 2b + tok0(b)/CHUNK + c. A slot holds two checkpoints, H before the chunk's token 0 and
 // before its token 16. Sequence b's chunks and the slot after its last (deterministic mode's partial slots use it:
@@ -159,6 +193,13 @@ static inline long m2rnn_num_slots(const M2RNNDims *d) {
 // the half's HPC*K*V floats hold both rows (HPC*V >= 32: [i16][dq K | dk K]), else 1 (dq there, dk at the same
 // offset in a region of the checkpoints' size). m2rnn_qk_partials_sum_kernel adds the CTAs' slots in rank order.
 __host__ __device__ constexpr int m2rnn_partial_rows(int hpc, int V) { return hpc * V >= 32 ? 2 : 1; } // PK
+// Deterministic mode, one head a CTA: the Z stash with an even N/Nq stores its slots in pairs of CTAs (clusters of two,
+// m2rnn_backward_kernel's PAIR), each slot two heads' as at two heads a CTA
+static inline bool m2rnn_det_pairs(const M2RNNDims *d, int hpc) {
+    return hpc == 1 && m2rnn_uses_zstash(d) && (d->N / d->Nq) % 2 == 0;
+}
+// the heads one deterministic partial slot holds
+static inline int m2rnn_slot_heads(const M2RNNDims *d, int hpc) { return m2rnn_det_pairs(d, hpc) ? 2 : hpc; }
 __host__ __device__ inline size_t m2rnn_partial_off(long slot, int half, int i16, int n0, int N, int K, int V, int PK) {
     return (size_t)(2 * slot + half + 1) * N * K * V + (size_t)n0 * K * V + (size_t)i16 * PK * K;
 }
@@ -180,7 +221,8 @@ __host__ __device__ inline long m2rnn_window_idx(int b, int qh, long t, int Nq, 
     return ((long)b * Nq + qh) * CEIL_DIV(T, M2RNN_WINDOW) + t / M2RNN_WINDOW;
 }
 
-static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d, bool det) {
+// pk: deterministic mode's m2rnn_partial_rows at its heads per CTA (1: dk's slots take a region of their own)
+static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d, bool det, int pk) {
     M2RNNWorkspace w;
     const size_t state = (size_t)d->N * d->K * d->V * sizeof(float);
     const size_t acc = det ? 0 : (size_t)m2rnn_total_tokens(d) * d->Nq * d->K * sizeof(float);
@@ -189,20 +231,24 @@ static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d, bool det
     w.dq = w.ckpt + ckb;
     w.dk = w.dq + acc;
     w.qkx = w.dk + acc;
-    w.cnt = w.qkx + (det && m2rnn_partial_rows(m2rnn_heads_per_cta(d, true), d->V) == 1 ? ckb : 0);
+    w.cnt = w.qkx + (det && pk == 1 ? ckb : 0);
     w.dw = w.cnt + (det ? ((size_t)d->B * d->Nq * m2rnn_num_windows(d) * sizeof(int) + 15) / 16 * 16 : 0);
     w.total = w.dw + (size_t)d->B * (d->K / 16) * d->N * d->V * d->V * sizeof(float);
     return w;
+}
+static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d, bool det) {
+    return m2rnn_workspace_layout(d, det, m2rnn_partial_rows(m2rnn_slot_heads(d, m2rnn_heads_per_cta(d, det)), d->V));
 }
 static inline M2RNNWorkspace m2rnn_workspace_layout(const M2RNNDims *d) {
     return m2rnn_workspace_layout(d, m2rnn_deterministic_on());
 }
 
 // bytes of device scratch the training forward + backward need (kept by the caller from forward to backward), in the
-// mode M2RNN_DETERMINISTIC sets; m2rnn_workspace_bytes_any: enough for either mode (tests that switch it)
+// mode M2RNN_DETERMINISTIC sets; m2rnn_workspace_bytes_any: enough for either mode at any heads per CTA (tests that
+// switch them)
 static inline size_t m2rnn_workspace_bytes(const M2RNNDims *d) { return m2rnn_workspace_layout(d).total; }
 static inline size_t m2rnn_workspace_bytes_any(const M2RNNDims *d) {
-    const size_t a = m2rnn_workspace_layout(d, false).total, b = m2rnn_workspace_layout(d, true).total;
+    const size_t a = m2rnn_workspace_layout(d, false).total, b = m2rnn_workspace_layout(d, true, 1).total;
     return a > b ? a : b;
 }
 
@@ -278,8 +324,16 @@ __device__ __forceinline__ void store_state_pairs(float *dst, const float (&S)[V
     }
 }
 
+// The state update H <- f H + (1 - f) Z, in the form H - (1 - f)(H - Z) (gate = 1 - f): E = H - Z is what the
+// backward's df needs (df_t = sum D (H_t - Z_t)), so the Z-stash recompute takes it from the update itself and keeps it
+// in fp16 from the fp32 state. Every GPU path (the forward, the backward's recompute, the decode step) uses this one
+// form, so H and Z stay bit-identical between them. (f H + (1 - f) Z, with f H formed before Z exists, puts one FFMA
+// after the tanh instead of an FADD and an FFMA; NOTES.md measured it at -2% of the forward in round 4, and gave it
+// back for df from the fp32 state in issue 17.)
+__device__ __forceinline__ float state_update(float s, float z, float gate) { return fmaf(-gate, s - z, s); }
+
 // Z rounded to fp16 and back (round to nearest): the Z stash's precision, which the plain build's reverse step
-// applies to its recomputed Z so that every build follows one numeric contract
+// applies to its recomputed Z too
 template <int V> __device__ __forceinline__ void round_f16(float (&Z)[V / 8][4]) {
 #pragma unroll
     for (int h = 0; h < V / 8; h++) {
@@ -312,26 +366,25 @@ __device__ __forceinline__ void compute_z(float (&Z)[V / 8][4], const uint32_t (
 // bank groups. The forward stores f head-major (HPC, CHUNK), so one 128-bit load brings 4 tokens' gates; the
 // backward, which reads one token at a time, keeps it token-major.
 __host__ __device__ inline int m2rnn_stage_kstride(int K) { return K + 8; }
-__host__ __device__ inline size_t m2rnn_stage_bytes(int K, int V, int hpc, bool bwd) {
-    return (size_t)M2RNN_CHUNK * (2 * m2rnn_stage_kstride(K) * 2 + (bwd ? 2 : 1) * hpc * V * 2 + hpc * 4);
+// bytes of a stage of ch tokens (the forward and the plain backward stage M2RNN_CHUNK tokens, the Z-stash backward 16)
+__host__ __device__ inline size_t m2rnn_stage_bytes(int K, int V, int hpc, bool bwd, int ch = M2RNN_CHUNK) {
+    return (size_t)ch * (2 * m2rnn_stage_kstride(K) * 2 + (bwd ? 2 : 1) * hpc * V * 2 + hpc * 4);
 }
-template <int V, int HPC, bool BWD> struct Stage {
-    static __host__ __device__ size_t bytes(int K) { return m2rnn_stage_bytes(K, V, HPC, BWD); }
+template <int V, int HPC, bool BWD, int CH = M2RNN_CHUNK> struct Stage {
+    static __host__ __device__ size_t bytes(int K) { return m2rnn_stage_bytes(K, V, HPC, BWD, CH); }
     floatX *k, *q, *v, *dy;
     float *f;
     int ks; // token stride of k and q (elements)
     __device__ Stage(unsigned char *base, int K) {
         ks = m2rnn_stage_kstride(K);
         k = (floatX *)base;
-        q = k + M2RNN_CHUNK * ks;
-        v = q + M2RNN_CHUNK * ks;
-        dy = v + M2RNN_CHUNK * HPC * V;
-        f = (float *)(dy + (BWD ? M2RNN_CHUNK * HPC * V : 0));
+        q = k + CH * ks;
+        v = q + CH * ks;
+        dy = v + CH * HPC * V;
+        f = (float *)(dy + (BWD ? CH * HPC * V : 0));
     }
     // f of token i, head h
-    __device__ __forceinline__ float *fptr(int i, int h) const {
-        return BWD ? f + i * HPC + h : f + h * M2RNN_CHUNK + i;
-    }
+    __device__ __forceinline__ float *fptr(int i, int h) const { return BWD ? f + i * HPC + h : f + h * CH + i; }
     // issues the copies of tokens [tok, tok+len) (rows past len are zeroed) and commits them as one cp.async group.
     // One warp per token row, one lane per 16-byte piece; a lane's piece (which tensor, which columns) is the same for
     // every token, so it is worked out once, with selects: no branches, no integer division per piece. Shared
@@ -353,20 +406,18 @@ template <int V, int HPC, bool BWD> struct Stage {
             const int dstride = (is_k || is_q) ? ks : HPC * V;
             src += tok * sstride + piece * 8;
             const uint32_t saddr = smem_addr(dst + piece * 8), dstep = (uint32_t)(dstride * (int)sizeof(floatX));
-            if (len == M2RNN_CHUNK) {
+            if (len == CH) {
                 if constexpr (BWD) { // the plain backward is at its register cap: two more live values cost it spills
-                    for (int i = warp; i < M2RNN_CHUNK; i += nwarps) {
-                        cp_async16(saddr + i * dstep, src + i * sstride);
-                    }
+                    for (int i = warp; i < CH; i += nwarps) { cp_async16(saddr + i * dstep, src + i * sstride); }
                 } else { // addresses advanced by a fixed step: no 64-bit multiply per row (forward -3% at B=4, N=84)
                     const floatX *sp = src + warp * sstride;
-                    for (uint32_t i = warp, sa = saddr + warp * dstep; i < M2RNN_CHUNK;
+                    for (uint32_t i = warp, sa = saddr + warp * dstep; i < CH;
                          i += nwarps, sp += nwarps * sstride, sa += nwarps * dstep) {
                         cp_async16(sa, sp);
                     }
                 }
             } else {
-                for (int i = warp; i < M2RNN_CHUNK; i += nwarps) {
+                for (int i = warp; i < CH; i += nwarps) {
                     if (i < len) {
                         cp_async16(saddr + i * dstep, src + i * sstride);
                     } else {
@@ -375,7 +426,7 @@ template <int V, int HPC, bool BWD> struct Stage {
                 }
             }
         }
-        for (int idx = threadIdx.x; idx < M2RNN_CHUNK * HPC; idx += blockDim.x) {
+        for (int idx = threadIdx.x; idx < CH * HPC; idx += blockDim.x) {
             const int i = idx / HPC, h = idx % HPC;
             if (i < len) {
                 cp_async4(smem_addr(fptr(i, h)), gf + (tok + i) * N + n0 + h);
@@ -392,8 +443,7 @@ template <int V, int HPC> struct TokenIn {
     float k0, k1, gate, fval;
     float vv[V / 8][2];
 };
-// one forward step of the warp's 16 rows: S <- f S + (1-f) tanh(S W + k v^T); aS repacked from the new S. f S is
-// formed before Z exists, so only one FFMA follows the tanh on the step's dependency chain.
+// one forward step of the warp's 16 rows: S <- f S + (1-f) tanh(S W + k v^T) (state_update); aS repacked from the new S
 template <int V, int HPC>
 __device__ __forceinline__ void forward_step(float (&S)[V / 8][4], uint32_t (&aS)[V / 16][4],
                                              const uint32_t (&bW)[V / 16][V / 8][2], const TokenIn<V, HPC> &in) {
@@ -402,7 +452,7 @@ __device__ __forceinline__ void forward_step(float (&S)[V / 8][4], uint32_t (&aS
 #pragma unroll
     for (int h = 0; h < V / 8; h++) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(in.gate, Z[h][e], in.fval * S[h][e]); }
+        for (int e = 0; e < 4; e++) { S[h][e] = state_update(S[h][e], Z[h][e], in.gate); }
     }
     pack_frag<V>(aS, S);
 }
@@ -412,8 +462,8 @@ __device__ __forceinline__ void forward_step(float (&S)[V / 8][4], uint32_t (&aS
 struct KV8 {
     uint32_t a0, a1, b[2];
 };
-template <int HPC>
-__device__ __forceinline__ KV8 load_kv8(const Stage<16, HPC, true> &st, int t0, int hh, int rb, int lane) {
+template <int HPC, int CH>
+__device__ __forceinline__ KV8 load_kv8(const Stage<16, HPC, true, CH> &st, int t0, int hh, int rb, int lane) {
     const int mi = lane >> 3, mr = lane & 7;
     const floatX *row = mi < 2 ? st.k + (t0 + mr) * st.ks + rb * 16 + mi * 8
                                : st.v + (t0 + mr) * HPC * 16 + hh * 16 + (mi - 2) * 8;
@@ -446,7 +496,7 @@ __device__ __forceinline__ void forward_step8(float (&S)[2][4], uint32_t (&aS)[1
 #pragma unroll
     for (int h = 0; h < 2; h++) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(gate, Z[h][e], fval * S[h][e]); }
+        for (int e = 0; e < 4; e++) { S[h][e] = state_update(S[h][e], Z[h][e], gate); }
     }
     pack_frag<16>(aS, S);
 }
@@ -511,7 +561,7 @@ __device__ __forceinline__ void forward_chunk16(float (&S)[V / 8][4], uint32_t (
 #pragma unroll
             for (int h = 0; h < 2; h++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) { S[h][e] = fmaf(gate, Z[h][e], fval * S[h][e]); }
+                for (int e = 0; e < 4; e++) { S[h][e] = state_update(S[h][e], Z[h][e], gate); }
             }
             pack_frag<V>(aS, S);
             // y_s^T: A = H^T (m = column j, k = row r; movmatrix), B = q of the half's 8 tokens (k = r, n = token)
@@ -718,11 +768,24 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : 3)
 // directly; dq/dk into fp32 accumulators (zeroed by the launcher), or with DET into partial slots over the checkpoints
 // it has read (m2rnn_partial_off; dk's into qkx where PK = 1), so a deterministic backward spends the checkpoints: one
 // backward a forward; dW into per-(b, row block) partials.
-// ZS (V=16 only): the recompute keeps each step's Z_t as fp16 in shared memory and the reverse step reads it instead
-// of re-running the MMA and tanh; that costs 512 B per warp-step (32 KB per 8-warp CTA: 2 CTAs/SM, not 3) and so
-// is built for 2 CTAs/SM, which also lifts the register cap from 80 to 128 (no spills). The launcher picks it.
-template <int V, int HPC, bool BIG, bool ZS, bool DET = false>
-__global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
+// Two builds; the launcher takes one by the layer's shape alone (V and K), so the numerics never depend on the batch
+// size or the GPU (the sub-chunk length and the heads per CTA it also picks change no bit: test_m2rnn_gpu):
+// - ZS, the Z stash (V=16, up to 8 warps a CTA): the sub-chunk's recompute keeps, per step, Z_t and E_t = H_t - Z_t
+//   (state_update's difference, from the fp32 state) as fp16 in shared memory; the reverse step reads them instead of
+//   re-running the MMA and tanh, takes df from E_t and rebuilds H_t's bf16 fragment for dW as bf16(Z_t + E_t).
+//   Sub-chunks of ZSUB tokens: 16 (one a checkpoint, so each token is recomputed once; 64 KB of stash a 4-warp CTA:
+//   one head a CTA, 3 CTAs an SM at up to 168 registers) or 8 (the second sub-chunk of a checkpoint first re-runs the 8
+//   steps before it: 1.5 recomputed steps a token, half the stash; two heads a CTA at 2 CTAs an SM, or one at 4).
+//   Inputs are staged 16 tokens at a time, the next stage copied under the flush of the stage's last sub-chunk.
+// - plain (V=32, or V=16 with K > 128): the reverse step recomputes Z_t from the bf16 H fragments that the sub-chunk's
+//   recompute kept (the forward's Z bit for bit, rounded to fp16 as the stash keeps it) and takes df from bf16(H_t);
+//   sub-chunks of 8 tokens, inputs staged 32 tokens at a time.
+// PAIR (DET, the Z stash, one head a CTA, N/Nq even): the grid runs in clusters of two CTAs, heads 2x and 2x + 1 of a
+// q/k head, and the pair stores one partial slot of dq and dk as a CTA of two heads would (rank 0 adds dq, rank 1 dk,
+// each from both CTAs' shared memory): one head a CTA without a second region of slots, and the same bits.
+template <int V, int HPC, bool BIG, bool ZS, bool DET = false, int ZSUB = 8, bool PAIR = false>
+__global__ void __launch_bounds__(BIG ? 512 : (ZS && ZSUB == 16 ? 128 : 256),
+                                  BIG ? 1 : (ZS ? (ZSUB == 16 ? 3 : 2) : 3))
     m2rnn_backward_kernel(float *__restrict__ dq_acc, float *__restrict__ dk_acc, float *qkx, int *wdone,
                           floatX *__restrict__ dv,
                           float *__restrict__ df, float *__restrict__ dW_part, float *__restrict__ dh0,
@@ -732,8 +795,14 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                           const int *__restrict__ cu_seqlens, int T, int N, int Nq, int K, long sq, long sk, long sv,
                           float clip) {
     using namespace m2rnn_detail;
-    constexpr int NT = V / 8, NS = V / 16, HV = HPC * V, SUB = M2RNN_SUB;
+    constexpr int NT = V / 8, NS = V / 16, HV = HPC * V;
+    constexpr int SUB = ZS ? ZSUB : M2RNN_SUB; // tokens a sub-chunk
+    constexpr int CH = ZS ? 16 : M2RNN_CHUNK;  // tokens a stage
+    constexpr int NB = SUB / 8;                // blocks of 8 tokens a sub-chunk (the width of the V=16 tiles)
+    constexpr bool CKB = ZS && SUB == 8;       // the next checkpoint copied into shared memory a sub-chunk early
     static_assert(!ZS || (V == 16 && !BIG), "the Z stash is built for V=16, up to 8 warps per CTA");
+    static_assert(SUB == 8 || (ZS && SUB == 16 && HPC == 1), "16-token sub-chunks: the Z stash, one head a CTA");
+    static_assert(!PAIR || (DET && ZS && HPC == 1), "pairs of CTAs: deterministic mode, the Z stash, one head a CTA");
     const int RB = K / 16, NW = HPC * RB;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int hh = warp / RB, rb = warp % RB, row0 = rb * 16 + g;
@@ -746,27 +815,39 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     // DET: the sum kernel may start once every CTA of this grid has (so its CTAs, which wait on the window counts,
     // only take room that no CTA of this grid still needs)
     if constexpr (DET) { pdl_trigger(); }
+    const uint32_t prank = PAIR ? cluster_ctarank() : 0u; // PAIR: this CTA's rank in its pair (its head is n0 + prank)
 
     extern __shared__ __align__(16) unsigned char smem[];
-    // ZS: (NW, 32, NT * 4) each lane's accumulator elements of H before the next sub-chunk, copied from its checkpoint
+    // CKB: (NW, 32, NT * 4) each lane's accumulator elements of H before the next sub-chunk, copied from its checkpoint
     // a sub-chunk early (cp.async: the load's latency hides under the flush, and no register holds it meanwhile);
-    // first, so that a lane's slot is a function of the thread index alone. (The plain build loads it when it starts
-    // the sub-chunk: at its 80-register cap the copy's addresses cost it more spills than the latency it hides.)
+    // first, so that a lane's slot is a function of the thread index alone. (16-token sub-chunks load it into
+    // registers under the flush, which their register budget allows; the plain build loads it when it starts the
+    // sub-chunk: at its 80-register cap the copy's addresses cost it more spills than the latency it hides.)
     float *my_ckb = (float *)smem + threadIdx.x * NT * 4;
-    unsigned char *const smem_rest = smem + (ZS ? blockDim.x * NT * 4 * sizeof(float) : 0);
-    Stage<V, HPC, true> st(smem_rest, K);
-    // bf16 A fragments of H for the sub-chunk, (SUB+1, NW, NS, 32) uint4: lane-private, so no barriers are needed;
-    // a lane's fragment slice is 16 contiguous bytes, so one 128-bit access moves it (conflict-free: 8 lanes a phase)
-    uint4 *hist = (uint4 *)(smem_rest + Stage<V, HPC, true>::bytes(K));
-    // with ZS: Z_t of each recomputed step as fp16 (SUB, NW, NS, 32) uint4, in the same lane-contiguous layout
-    uint4 *zst = hist + (SUB + 1) * NW * NS * 32;
-    float *rdq = (float *)(zst + (ZS ? SUB : 0) * NW * NS * 32);
-    // per-warp partial sums of the sub-chunk, one slot per (token, warp): plain stores, summed when flushed
-    // rdq: (SUB, NW, 16) this warp's rows of dq
-    float *rdk = rdq + SUB * NW * 16;                            // (SUB, NW, 16) this warp's rows of dk
-    float *rdv = rdk + SUB * NW * 16;                            // (SUB, NW, V) dv over this warp's rows
-    // (SUB, NW) df over this warp's rows; V=16: (SUB, NW, 8) over this warp's rows g and g + 8 (a lane quad's sum)
-    float *rdf = rdv + SUB * NW * V;
+    unsigned char *const smem_rest = smem + (CKB ? blockDim.x * NT * 4 * sizeof(float) : 0);
+    Stage<V, HPC, true, CH> st(smem_rest, K);
+    unsigned char *const smem_work = smem_rest + Stage<V, HPC, true, CH>::bytes(K);
+    // plain: bf16 A fragments of H for the sub-chunk, (SUB+1, NW, NS, 32) uint4: lane-private, so no barriers are
+    // needed; a lane's fragment slice is 16 contiguous bytes, so one 128-bit access moves it (conflict-free)
+    uint4 *const hist = (uint4 *)smem_work;
+    // ZS: Z_t and E_t of each recomputed step as fp16, (NW, SUB, 32) uint4 each, lane-private in the same way
+    uint4 *const zst = (uint4 *)smem_work, *const est = zst + NW * SUB * 32;
+    // Partial sums of the sub-chunk, summed when flushed: dq and dk rows, dv columns, (token, warp) slots of 16 floats.
+    // plain: rdq, rdk, rdv (SUB, NW, 16 or V) after the history; ZS: each warp's (SUB, 16) q, k and v slots lie over
+    // its own Z entries, written once its reverse steps have read them. rdf: (SUB, NW, 8), a lane quad's sum over rows g
+    // and g + 8 (V=16), or (SUB, NW) over the warp's rows (V=32).
+    float *const rdq = (float *)(hist + (SUB + 1) * NW * NS * 32);
+    float *const rdk = rdq + SUB * NW * 16, *const rdv = rdk + SUB * NW * 16;
+    float *const rdf = ZS ? (float *)(est + NW * SUB * 32) : rdv + SUB * NW * V;
+    auto slot_q = [&](int w, int i) -> float * {
+        return ZS ? (float *)(zst + w * SUB * 32) + i * 16 : rdq + (i * NW + w) * 16;
+    };
+    auto slot_k = [&](int w, int i) -> float * {
+        return ZS ? (float *)(zst + w * SUB * 32) + (SUB + i) * 16 : rdk + (i * NW + w) * 16;
+    };
+    auto slot_v = [&](int w, int i) -> float * {
+        return ZS ? (float *)(zst + w * SUB * 32) + (2 * SUB + i) * 16 : rdv + (i * NW + w) * V;
+    };
 
     const floatX *Wn = W + (size_t)n * V * V;
     uint32_t bW[NS][NT][2], bWT[NS][NT][2];
@@ -788,15 +869,16 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
     }
     uint4 *my_hist = hist + warp * NS * 32 + lane; // entry j, slice s at [j * hist_step + s * 32]
     const int hist_step = NW * NS * 32;
-    uint4 *my_zst = zst + warp * NS * 32 + lane; // step i, slice s at [i * hist_step + s * 32] (ZS only)
-    // shared addresses of this lane's partial-sum slots for token 0 of a sub-chunk
+    uint4 *my_zst = zst + warp * SUB * 32 + lane, *my_est = est + warp * SUB * 32 + lane; // step i at [i * 32] (ZS)
+    // shared addresses of this lane's partial-sum slots for token 0 of a sub-chunk (the V=32 reverse step's; V=16
+    // stores only df's a step)
     const uint32_t rdf_a = smem_addr(rdf + (V == 16 ? warp * 8 + g : warp)), rdk_a = smem_addr(rdk + warp * 16 + g);
     const uint32_t rdq_a = smem_addr(rdq + warp * 16 + g), rdv_a = smem_addr(rdv + warp * V + 2 * t4);
 
-    const int nchunks = CEIL_DIV(m.L, M2RNN_CHUNK);
-    // ZS: checkpoint half j >> 1 of chunk c (H before sub-chunk j, or 8 steps before it) into my_ckb, a cp.async group
-    auto load_ck = [&](int c, int j) {
-        const float *src = ckpt + ckpt_off(m, c, j >> 1, N, K, V, head_off);
+    // the checkpoint a sub-chunk starting at token t of the sequence starts from: H before token 16 * (t / 16)
+    auto ck_src = [&](int t) { return ckpt + ckpt_off(m, t >> 5, (t >> 4) & 1, N, K, V, head_off); };
+    auto load_ck = [&](int t) { // CKB: into my_ckb, as one cp.async group
+        const float *src = ck_src(t);
 #pragma unroll
         for (int h = 0; h < NT; h++) {
 #pragma unroll
@@ -806,14 +888,30 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
         }
         cp_async_commit();
     };
-    if (ZS && nchunks > 0) { load_ck(nchunks - 1, CEIL_DIV(m.L - (nchunks - 1) * M2RNN_CHUNK, SUB) - 1); }
-    for (int c = nchunks - 1; c >= 0; c--) {
-        const int clen = min(M2RNN_CHUNK, m.L - c * M2RNN_CHUNK);
-        const long ctok = m.tok0 + (long)c * M2RNN_CHUNK;
-        __syncthreads(); // everyone is done with the previous chunk's staged inputs
-        st.load(ctok, clen, q, k, v, dy, f, m.qh, m.n0, N, K, sq, sk, sv);
-        cp_async_wait<0>();
-        __syncthreads();
+    const int nst = CEIL_DIV(m.L, CH); // stages
+    float ckr[NT][4];                  // ZS, 16-token sub-chunks: the next sub-chunk's checkpoint, loaded under the flush
+    if constexpr (ZS) { // the last stage and the checkpoint of its last sub-chunk
+        if (nst > 0) {
+            const int c = nst - 1, clen = m.L - c * CH, tl = c * CH + (CEIL_DIV(clen, SUB) - 1) * SUB;
+            st.load(m.tok0 + (long)c * CH, clen, q, k, v, dy, f, m.qh, m.n0, N, K, sq, sk, sv);
+            if constexpr (CKB) {
+                load_ck(tl);
+            } else {
+                load_state_pairs<V>(ckr, ck_src(tl), row0, t4);
+            }
+            cp_async_wait<0>();
+            __syncthreads();
+        }
+    }
+    for (int c = nst - 1; c >= 0; c--) {
+        const int clen = min(CH, m.L - c * CH);
+        const long ctok = m.tok0 + (long)c * CH;
+        if constexpr (!ZS) {
+            __syncthreads(); // everyone is done with the previous chunk's staged inputs
+            st.load(ctok, clen, q, k, v, dy, f, m.qh, m.n0, N, K, sq, sk, sv);
+            cp_async_wait<0>();
+            __syncthreads();
+        }
 
         float S[NT][4];
         uint32_t aS[NS][4];
@@ -839,84 +937,97 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
         const int nsub = CEIL_DIV(clen, SUB);
         for (int j = nsub - 1; j >= 0; j--) {
             const int s0 = j * SUB, slen = min(SUB, clen - s0);
-            // H before the sub-chunk: a checkpoint (j even: before token 0 or 16), or the 8 steps after one (j odd)
-            if constexpr (ZS) {
+            const int t0 = c * CH + s0; // the sub-chunk's first token in the sequence
+            // PAIR: the partner has read this CTA's slots of the sub-chunk before (its second arrival in the flush
+            // below): they lie over the Z stash, which this sub-chunk's recompute writes first
+            if constexpr (PAIR) {
+                if (t0 + slen < m.L) { cluster_wait(); }
+            }
+            // H before the sub-chunk: its checkpoint (t0 % 16 == 0), or the 8 steps after it (t0 % 16 == 8)
+            if constexpr (CKB) {
                 cp_async_wait<0>(); // (this lane's own copies: no barrier)
 #pragma unroll
                 for (int h = 0; h < NT; h++) {
 #pragma unroll
                     for (int e = 0; e < 4; e++) { S[h][e] = my_ckb[4 * h + e]; }
                 }
+            } else if constexpr (ZS) {
+#pragma unroll
+                for (int h = 0; h < NT; h++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { S[h][e] = ckr[h][e]; }
+                }
             } else {
-                load_state<V>(S, ckpt + ckpt_off(m, c, j >> 1, N, K, V, head_off), row0, t4);
+                load_state<V>(S, ck_src(t0), row0, t4);
             }
             pack_frag<V>(aS, S);
-            if (j & 1) {
-                if constexpr (V == 16) {
-                    const KV8 kv = load_kv8<HPC>(st, s0 - SUB, hh, rb, lane);
+            if constexpr (SUB == 8) {
+                if (t0 & 8) {
+                    if constexpr (V == 16) {
+                        const KV8 kv = load_kv8<HPC, CH>(st, s0 - 8, hh, rb, lane);
 #pragma unroll
-                    for (int ii = 0; ii < SUB; ii++) {
-                        forward_step8(S, aS, bW, kv, token_mask8(ii, t4), fp[(s0 - SUB + ii) * HPC]);
+                        for (int ii = 0; ii < 8; ii++) {
+                            forward_step8(S, aS, bW, kv, token_mask8(ii, t4), fp[(s0 - 8 + ii) * HPC]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int ii = 0; ii < 8; ii++) { forward_step<V, HPC>(S, aS, bW, token_in(s0 - 8 + ii)); }
                     }
-                } else {
-#pragma unroll
-                    for (int ii = 0; ii < SUB; ii++) { forward_step<V, HPC>(S, aS, bW, token_in(s0 - SUB + ii)); }
                 }
             }
+            if constexpr (!ZS) {
 #pragma unroll
-            for (int s = 0; s < NS; s++) { my_hist[s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]); }
-            KV8 kvs; // V=16: the sub-chunk's k and v as MMA fragments, for the recompute and the reverse's Z
-            if constexpr (V == 16) { kvs = load_kv8<HPC>(st, s0, hh, rb, lane); }
-            // V=16: the reverse step's other operands, the sub-chunk's 8 tokens as MMA fragments (reloaded each step by
-            // ldmatrix, from this lane's row address: mi = lane / 8 picks the 8x8 matrix, mr = lane % 8 its token row):
-            // aqd: q as the A operand of m16n8k8 (m = row, k = token) and dy as its B (k = token, n = column),
-            // transposed like load_kv8's k and v; avk: v (k = column) then k (k = this warp's 16 rows) as m16n8k16 B
-            // operands with n = token. dk and dv then accumulate over the sub-chunk in two MMA tiles, token i in column
-            // i (the B operands masked to lanes g == i): tk = dk (row g / g+8, token 2t4 / 2t4+1), tv = dv (column g /
-            // g+8, token 2t4 / 2t4+1); tq = dq likewise, made by the recompute (dq_t = H_{t+1} dy_t needs nothing from
-            // the reverse direction) with fd, dy as the B operand; the three written out once a sub-chunk
-            uint32_t aqd = 0, avk = 0, fd[2] = {0u, 0u};
-            float tq[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if constexpr (V == 16) {
-                const int mi = lane >> 3, mr = lane & 7;
-                aqd = smem_addr(mi < 2 ? st.q + (s0 + mr) * KS + rb * 16 + mi * 8
-                                       : st.dy + (s0 + mr) * HV + hh * 16 + (mi - 2) * 8);
-                avk = smem_addr(mi < 2 ? st.v + (s0 + mr) * HV + hh * 16 + mi * 8
-                                       : st.k + (s0 + mr) * KS + rb * 16 + (mi - 2) * 8);
-                ldsm_x2(fd, smem_addr(st.dy + (s0 + mr) * HV + hh * 16 + (mi & 1) * 8));
+                for (int s = 0; s < NS; s++) { my_hist[s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]); }
             }
-            // recompute: hist entry i+1 = bf16 fragments of H after token s0+i (and with the stash, Z of token s0+i)
-            auto recompute = [&](int i) {
+            // V=16: the dq, dk and dv of each 8-token block accumulate in three MMA tiles, token ii in column ii (the
+            // B operands masked to lanes g == ii): tk = dk (row g / g+8, token 2t4 / 2t4+1), tv = dv (column g / g+8,
+            // token 2t4 / 2t4+1), tq = dq likewise, made by the recompute (dq_t = H_{t+1} dy_t needs nothing from the
+            // reverse direction) with fd, the block's dy, as the B operand; the three written out once a sub-chunk
+            float tq[NB][4], tk[NB][4], tv[NB][4];
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) { tq[b][e] = tk[b][e] = tv[b][e] = 0.0f; }
+            }
+            KV8 kvs;                    // V=16: the block's k and v as MMA fragments, for the recompute and plain's Z
+            uint32_t fd[2] = {0u, 0u};  // V=16: the block's dy as the B operand of dq's MMA
+            const int mi = lane >> 3, mr = lane & 7;
+            // recompute token i = 8 blk + ii of the sub-chunk. ZS: stash Z_t and E_t; plain: hist entry i+1 = bf16
+            // fragments of H after the token
+            auto recompute = [&](int blk, int ii) {
+                const int i = 8 * blk + ii;
                 if constexpr (ZS) {
-                    const TokenIn<V, HPC> in = token_in(s0 + i);
-                    float Z[NT][4];
-                    compute_z8(Z, aS, bW, kvs, token_mask8(i, t4));
+                    const float fval = fp[(s0 + i) * HPC], gate = 1.0f - fval;
+                    float Z[2][4], E[2][4];
+                    compute_z8(Z, aS, bW, kvs, token_mask8(ii, t4));
 #pragma unroll
-                    for (int s = 0; s < NS; s++) {
-                        my_zst[i * hist_step + s * 32] =
-                            make_uint4(pack_f16x2(Z[2 * s][0], Z[2 * s][1]), pack_f16x2(Z[2 * s][2], Z[2 * s][3]),
-                                       pack_f16x2(Z[2 * s + 1][0], Z[2 * s + 1][1]),
-                                       pack_f16x2(Z[2 * s + 1][2], Z[2 * s + 1][3]));
+                    for (int h = 0; h < 2; h++) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            E[h][e] = S[h][e] - Z[h][e]; // (state_update's own difference: one FADD for both)
+                            S[h][e] = state_update(S[h][e], Z[h][e], gate);
+                        }
                     }
-#pragma unroll
-                    for (int h = 0; h < NT; h++) {
-#pragma unroll
-                        for (int e = 0; e < 4; e++) { S[h][e] = fmaf(in.gate, Z[h][e], in.fval * S[h][e]); }
-                    }
+                    my_zst[i * 32] = make_uint4(pack_f16x2(Z[0][0], Z[0][1]), pack_f16x2(Z[0][2], Z[0][3]),
+                                                pack_f16x2(Z[1][0], Z[1][1]), pack_f16x2(Z[1][2], Z[1][3]));
+                    my_est[i * 32] = make_uint4(pack_f16x2(E[0][0], E[0][1]), pack_f16x2(E[0][2], E[0][3]),
+                                                pack_f16x2(E[1][0], E[1][1]), pack_f16x2(E[1][2], E[1][3]));
                     pack_frag<V>(aS, S);
                 } else if constexpr (V == 16) {
-                    forward_step8(S, aS, bW, kvs, token_mask8(i, t4), fp[(s0 + i) * HPC]);
+                    forward_step8(S, aS, bW, kvs, token_mask8(ii, t4), fp[(s0 + i) * HPC]);
                 } else {
                     forward_step<V, HPC>(S, aS, bW, token_in(s0 + i));
                 }
-                if constexpr (V == 16) { // dq_t = H_{t+1} dy_t, token i in column i
-                    const uint32_t gm = g == i ? 0xffffffffu : 0u;
-                    mma16816(tq, aS[0], fd[0] & gm, fd[1] & gm);
+                if constexpr (V == 16) { // dq_t = H_{t+1} dy_t
+                    const uint32_t gm = g == ii ? 0xffffffffu : 0u;
+                    mma16816(tq[blk], aS[0], fd[0] & gm, fd[1] & gm);
                 }
-                if (V != 16 || i + 1 < SUB) { // (V=16: entry SUB is no reverse step's, dq having left the reverse)
+                if constexpr (!ZS) {
+                    if (V != 16 || i + 1 < SUB) { // (V=16: entry SUB is no reverse step's, dq having left the reverse)
 #pragma unroll
-                    for (int s = 0; s < NS; s++) {
-                        my_hist[(i + 1) * hist_step + s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]);
+                        for (int s = 0; s < NS; s++) {
+                            my_hist[(i + 1) * hist_step + s * 32] = make_uint4(aS[s][0], aS[s][1], aS[s][2], aS[s][3]);
+                        }
                     }
                 }
             };
@@ -938,7 +1049,7 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 hist_frags(i, aP, aN);
                 float Z[NT][4];
                 compute_z<V>(Z, aP, bW, in.k0, in.k1, in.vv); // bit-identical to the forward's Z_t
-                round_f16<V>(Z);                               // (one numeric contract: round_f16's comment)
+                round_f16<V>(Z);                               // (Z as the stash would keep it)
                 const float q0 = bf2f(qp[lt * KS]), q1 = bf2f(qp[lt * KS + 8]);
                 // dy of this lane's two columns per n8 tile: also the B fragment of dq's MMA below (k = column)
                 uint32_t dyw[NT];
@@ -1009,30 +1120,41 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     st_shared_v2_if(g == 0, rdv_a + (uint32_t)((i * NW * V + 8 * h) * 4), acc[0], acc[1]);
                 }
             };
-            // The V=16 reverse step: the same arithmetic as reverse's, with q dy^T, dq, dk and dv as masked MMAs
-            // from the sub-chunk's fragments (no per-token loads of q, dy, k, v; no per-token partial-sum stores but
-            // df's) and df summed over a lane quad (two shuffles) instead of the warp (five)
-            auto reverse16 = [&](int i) {
+            // The V=16 reverse step of token i = 8 blk + ii: the same arithmetic as reverse's, with q dy^T, dk and dv
+            // as masked MMAs from the block's fragments (fq, fvk: reloaded each step by ldmatrix from this lane's row
+            // addresses aqd, avk: q as the A operand of m16n8k8 (m = row, k = token) and dy as its B (k = token, n =
+            // column), transposed like load_kv8's k and v; v (k = column) then k (k = this warp's 16 rows) as m16n8k16
+            // B operands with n = token); no per-token loads of q, dy, k, v, no per-token partial-sum stores but df's,
+            // and df summed over a lane quad (two shuffles) instead of the warp (five)
+            uint32_t aqd = 0, avk = 0;
+            auto reverse16 = [&](int blk, int ii) {
                 if constexpr (V == 16) { // (the body is compiled for V=16 only)
+                    const int i = 8 * blk + ii;
                     const float fval = fp[(s0 + i) * HPC], gate = 1.0f - fval;
-                    const uint4 hp = my_hist[i * hist_step]; // H_t (before the token) as bf16 fragments
-                    const uint32_t aP[1][4] = {{hp.x, hp.y, hp.z, hp.w}};
-                    float Z[2][4];
-                    if constexpr (ZS) { // Z_t as the recompute left it (fp16-rounded)
-                        const uint4 u = my_zst[i * hist_step];
-                        const float2 z0 = unpack_f16x2(u.x), z1 = unpack_f16x2(u.y);
-                        const float2 z2 = unpack_f16x2(u.z), z3 = unpack_f16x2(u.w);
-                        Z[0][0] = z0.x; Z[0][1] = z0.y; Z[0][2] = z1.x; Z[0][3] = z1.y;
-                        Z[1][0] = z2.x; Z[1][1] = z2.y; Z[1][2] = z3.x; Z[1][3] = z3.y;
-                    } else { // the forward's Z_t bit for bit, rounded to fp16 as the stash keeps it (one contract:
-                             // the plain and the stash builds give the same gradients bit for bit, deterministic mode)
-                        compute_z8(Z, aP, bW, kvs, token_mask8(i, t4));
+                    uint32_t aP[1][4]; // H_t (before the token) as bf16 fragments
+                    float Z[2][4], Ev[2][4];
+                    if constexpr (ZS) { // Z_t and E_t = H_t - Z_t as the recompute left them (fp16-rounded)
+                        const uint4 u = my_zst[i * 32], w = my_est[i * 32];
+                        const uint32_t zu[4] = {u.x, u.y, u.z, u.w}, eu[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                        for (int p = 0; p < 4; p++) { // pair p: elements (h, e) = (p >> 1, 2 (p & 1)) and the next
+                            const float2 zz = unpack_f16x2(zu[p]), ee = unpack_f16x2(eu[p]);
+                            Z[p >> 1][2 * (p & 1)] = zz.x;
+                            Z[p >> 1][2 * (p & 1) + 1] = zz.y;
+                            Ev[p >> 1][2 * (p & 1)] = ee.x;
+                            Ev[p >> 1][2 * (p & 1) + 1] = ee.y;
+                            aP[0][p] = pack_bf16x2(zz.x + ee.x, zz.y + ee.y); // H_t = Z_t + E_t, for dW
+                        }
+                    } else { // the forward's Z_t bit for bit, rounded to fp16 as the stash keeps it
+                        const uint4 hp = my_hist[i * hist_step];
+                        aP[0][0] = hp.x; aP[0][1] = hp.y; aP[0][2] = hp.z; aP[0][3] = hp.w;
+                        compute_z8(Z, aP, bW, kvs, token_mask8(ii, t4));
                         round_f16<16>(Z);
                     }
                     uint32_t fq[4], fvk[4];
                     ldsm_x4_trans(fq, aqd);
                     ldsm_x4(fvk, avk);
-                    const uint32_t tm = token_mask8(i, t4), gm = g == i ? 0xffffffffu : 0u;
+                    const uint32_t tm = token_mask8(ii, t4), gm = g == ii ? 0xffffffffu : 0u;
                     float D[2][4], dX[2][4], dfp = 0.0f;
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
@@ -1045,7 +1167,11 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                         for (int e = 0; e < 4; e++) {
                             const float z = Z[h][e];
                             dX[h][e] = D[h][e] * gate * fmaf(-z, z, 1.0f);
-                            dfp = fmaf(D[h][e], frag_elem<16>(aP, h, e) - z, dfp);
+                            if constexpr (ZS) {
+                                dfp = fmaf(D[h][e], Ev[h][e], dfp);
+                            } else {
+                                dfp = fmaf(D[h][e], frag_elem<16>(aP, h, e) - z, dfp);
+                            }
                         }
                     }
                     uint32_t adX[1][4];
@@ -1061,86 +1187,140 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                     dfp += __shfl_xor_sync(0xffffffffu, dfp, 1);
                     dfp += __shfl_xor_sync(0xffffffffu, dfp, 2);
                     st_shared_if(t4 == 0, rdf_a + (uint32_t)(i * NW * 32), dfp);
-                    mma16816(tk, adX[0], fvk[0] & gm, fvk[1] & gm);
+                    mma16816(tk[blk], adX[0], fvk[0] & gm, fvk[1] & gm);
                     // dX^T as an A operand (m = column, k = row) and dX as a B operand (k = row, n = column): movmatrix
                     const uint32_t x00 = trans8x8(adX[0][0]), x01 = trans8x8(adX[0][1]);
                     const uint32_t x10 = trans8x8(adX[0][2]), x11 = trans8x8(adX[0][3]);
                     const uint32_t aXT[4] = {x00, x10, x01, x11};
-                    mma16816(tv, aXT, fvk[2] & gm, fvk[3] & gm);
+                    mma16816(tv[blk], aXT, fvk[2] & gm, fvk[3] & gm);
                     const uint32_t aT[4] = {trans8x8(aP[0][0]), trans8x8(aP[0][2]), trans8x8(aP[0][1]),
                                             trans8x8(aP[0][3])};
                     mma16816(dWa[0][0], aT, x00, x01);
                     mma16816(dWa[0][1], aT, x10, x11);
                 }
             };
-            auto rev = [&](int i) {
-                if constexpr (V == 16) {
-                    reverse16(i);
-                } else {
-                    reverse(i);
-                }
-            };
-            if (slen == SUB) {
+            // the sub-chunk: recompute its blocks left to right, then reverse them right to left. A whole block is
+            // unrolled (the ZS and the 1-head plain builds by 2 in the reverse: unrolled whole, the Z-stash build lost
+            // 5% at B=4, N=84 and the 1-head plain build 5% too; the 2-head plain build whole: -1% at B=8, N=84;
+            // NOTES.md, round 5); a sequence's last, shorter block runs rolled.
 #pragma unroll
-                for (int i = 0; i < SUB; i++) { recompute(i); }
-                // the plain build with 2 heads/CTA unrolled whole (token offsets become immediates: -1% at B=8,
-                // N=84); the others by 2 (unrolled whole, the Z-stash build lost 5% at B=4, N=84 and the 1-head
-                // plain build 5% too). NOTES.md, round 5.
-#pragma unroll((!ZS && HPC == 2) ? SUB : 2)
-                for (int i = SUB - 1; i >= 0; i--) { rev(i); }
-            } else {
-                for (int i = 0; i < slen; i++) { recompute(i); }
-                for (int i = slen - 1; i >= 0; i--) { rev(i); }
+            for (int blk = 0; blk < NB; blk++) {
+                const int nb = min(8, slen - 8 * blk); // tokens of this block (<= 0: past the sequence's end)
+                if (nb > 0) {
+                    if constexpr (V == 16) {
+                        kvs = load_kv8<HPC, CH>(st, s0 + 8 * blk, hh, rb, lane);
+                        ldsm_x2(fd, smem_addr(st.dy + (s0 + 8 * blk + mr) * HV + hh * 16 + (mi & 1) * 8));
+                    }
+                    if (nb == 8) {
+#pragma unroll
+                        for (int ii = 0; ii < 8; ii++) { recompute(blk, ii); }
+                    } else {
+                        for (int ii = 0; ii < nb; ii++) { recompute(blk, ii); }
+                    }
+                }
+            }
+#pragma unroll
+            for (int blk = NB - 1; blk >= 0; blk--) {
+                const int nb = min(8, slen - 8 * blk);
+                if (nb > 0) {
+                    if constexpr (V == 16) {
+                        const int tb = s0 + 8 * blk + mr; // this lane's token row for the block's ldmatrix reads
+                        aqd = smem_addr(mi < 2 ? st.q + tb * KS + rb * 16 + mi * 8
+                                               : st.dy + tb * HV + hh * 16 + (mi - 2) * 8);
+                        avk = smem_addr(mi < 2 ? st.v + tb * HV + hh * 16 + mi * 8
+                                               : st.k + tb * KS + rb * 16 + (mi - 2) * 8);
+                        if constexpr (!ZS) {
+                            if (NB > 1) { kvs = load_kv8<HPC, CH>(st, s0 + 8 * blk, hh, rb, lane); }
+                        }
+                    }
+                    if (nb == 8) {
+#pragma unroll((!ZS && HPC == 2) ? 8 : 2)
+                        for (int ii = 7; ii >= 0; ii--) {
+                            if constexpr (V == 16) { reverse16(blk, ii); } else { reverse(8 * blk + ii); }
+                        }
+                    } else {
+                        for (int ii = nb - 1; ii >= 0; ii--) {
+                            if constexpr (V == 16) { reverse16(blk, ii); } else { reverse(8 * blk + ii); }
+                        }
+                    }
+                }
             }
             if constexpr (V == 16) { // the tiles into the partial-sum slots: element e is token 2t4 + (e & 1)
+                if constexpr (ZS) { __syncwarp(); } // (this warp's Z entries, which the slots lie over, are all read)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int slot = ((2 * t4 + (e & 1)) * NW + warp) * 16 + g + 8 * (e >> 1);
-                    rdq[slot] = tq[e];
-                    rdk[slot] = tk[e];
-                    rdv[slot] = tv[e];
+                for (int b = 0; b < NB; b++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int i = 8 * b + 2 * t4 + (e & 1), r = g + 8 * (e >> 1);
+                        slot_q(warp, i)[r] = tq[b][e];
+                        slot_k(warp, i)[r] = tk[b][e];
+                        slot_v(warp, i)[r] = tv[b][e];
+                    }
                 }
             }
-            if constexpr (ZS) { // the next sub-chunk's checkpoint (a chunk before the last is whole: 4 sub-chunks)
-                if (j > 0) {
-                    load_ck(c, j - 1);
-                } else if (c > 0) {
-                    load_ck(c - 1, M2RNN_CHUNK / SUB - 1);
-                }
+            if constexpr (CKB) { // the next sub-chunk's checkpoint
+                if (t0 > 0) { load_ck(t0 - SUB); }
             }
             __syncthreads();
+            if constexpr (ZS) { // the next stage, and (16-token sub-chunks) the next checkpoint, under the flush
+                if (j == 0 && c > 0) {
+                    st.load(ctok - CH, CH, q, k, v, dy, f, m.qh, m.n0, N, K, sq, sk, sv);
+                }
+                if constexpr (!CKB) {
+                    if (t0 > 0) { load_state_pairs<V>(ckr, ck_src(t0 - SUB), row0, t4); }
+                }
+            }
             // flush the sub-chunk's sums: dq/dk into the fp32 accumulators (fp32 reductions: the Gq/HPC CTAs of one
             // q/k head add to the same rows, in an order that varies from run to run), or with DET into this CTA's
-            // partial slots (plain stores over its checkpoint half (c, 1) or (c + 1, 0), both read by now: the Z
-            // stash's early copy is of (c, 0) or (c - 1, 1)); then dv, df.
+            // partial slots (plain stores over its checkpoint half after the sub-chunk's, read by now: the early
+            // copies are of the sub-chunk's own half or the one before; PAIR: the pair's, which the partner has read
+            // too once it has passed its arrival below); dv, df.
             const long stok = ctok + s0;
             const int kq4 = K / 4;
-            constexpr int PK = m2rnn_partial_rows(HPC, V);
-            float *const pq = DET ? ckpt + m2rnn_partial_off(ckpt_slot(m, c), j >> 1, (j & 1) * SUB, m.n0, N, K, V, PK)
+            constexpr int PK = m2rnn_partial_rows(PAIR ? 2 : HPC, V);
+            float *const pq = DET ? ckpt + m2rnn_partial_off(ckpt_slot(m, t0 >> 5), (t0 >> 4) & 1, t0 & 15,
+                                                             m.n0 - (int)prank, N, K, V, PK)
                                   : nullptr;
             float *const pk = DET ? (PK == 2 ? pq + K : qkx + (pq - ckpt)) : nullptr;
-            for (int idx = threadIdx.x; idx < slen * kq4; idx += blockDim.x) {
-                const int i = idx / kq4, r = (idx % kq4) * 4; // rows r..r+3 live in row block r/16 of every head
-                float4 sq4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), sk4 = sq4;
-                for (int h2 = 0; h2 < HPC; h2++) {
-                    const int slot = (i * NW + h2 * RB + r / 16) * 16 + r % 16;
-                    const float4 a = *(const float4 *)(rdq + slot), b = *(const float4 *)(rdk + slot);
-                    sq4.x += a.x; sq4.y += a.y; sq4.z += a.z; sq4.w += a.w;
-                    sk4.x += b.x; sk4.y += b.y; sk4.z += b.z; sk4.w += b.w;
+            auto flush_qk = [&]() {
+                for (int idx = threadIdx.x; idx < slen * kq4; idx += blockDim.x) {
+                    const int i = idx / kq4, r = (idx % kq4) * 4; // rows r..r+3 live in row block r/16 of every head
+                    float4 sq4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), sk4 = sq4;
+                    if constexpr (PAIR) { // rank 0 dq, rank 1 dk: rank 0's head first, then rank 1's
+                        const float *mine = (prank == 0 ? slot_q(r / 16, i) : slot_k(r / 16, i)) + r % 16;
+                        const float4 a = *(const float4 *)mine, b = ld_dsmem_f4(smem_addr(mine), prank ^ 1u);
+                        const float4 x0 = prank == 0 ? a : b, x1 = prank == 0 ? b : a;
+                        sq4.x += x0.x; sq4.y += x0.y; sq4.z += x0.z; sq4.w += x0.w;
+                        sq4.x += x1.x; sq4.y += x1.y; sq4.z += x1.z; sq4.w += x1.w;
+                        *(float4 *)((prank == 0 ? pq : pk) + i * PK * K + r) = sq4;
+                    } else {
+                        for (int h2 = 0; h2 < HPC; h2++) {
+                            const int w = h2 * RB + r / 16;
+                            const float4 a = *(const float4 *)(slot_q(w, i) + r % 16);
+                            const float4 b = *(const float4 *)(slot_k(w, i) + r % 16);
+                            sq4.x += a.x; sq4.y += a.y; sq4.z += a.z; sq4.w += a.w;
+                            sk4.x += b.x; sk4.y += b.y; sk4.z += b.z; sk4.w += b.w;
+                        }
+                        if constexpr (DET) {
+                            *(float4 *)(pq + i * PK * K + r) = sq4;
+                            *(float4 *)(pk + i * PK * K + r) = sk4;
+                        } else {
+                            const size_t off = (size_t)(stok + i) * Nq * K + (size_t)m.qh * K + r;
+                            red_add_v4(dq_acc + off, sq4);
+                            red_add_v4(dk_acc + off, sk4);
+                        }
+                    }
                 }
-                if constexpr (DET) {
-                    *(float4 *)(pq + i * PK * K + r) = sq4;
-                    *(float4 *)(pk + i * PK * K + r) = sk4;
-                } else {
-                    const size_t off = (size_t)(stok + i) * Nq * K + (size_t)m.qh * K + r;
-                    red_add_v4(dq_acc + off, sq4);
-                    red_add_v4(dk_acc + off, sk4);
-                }
+            };
+            if constexpr (PAIR) {
+                cluster_arrive(); // this CTA's slots are written (the barrier above)
+            } else {
+                flush_qk();
             }
             for (int idx = threadIdx.x; idx < slen * HV; idx += blockDim.x) {
                 const int i = idx / HV, hv = idx % HV, h2 = hv / V, col = hv % V;
                 float sum = 0.0f;
-                for (int r = 0; r < RB; r++) { sum += rdv[(i * NW + h2 * RB + r) * V + col]; }
+                for (int r = 0; r < RB; r++) { sum += slot_v(h2 * RB + r, i)[col]; }
                 dv[(stok + i) * sv + (long)m.n0 * V + hv] = __float2bfloat16(sum);
             }
             for (int idx = threadIdx.x; idx < slen * HPC; idx += blockDim.x) {
@@ -1157,15 +1337,24 @@ __global__ void __launch_bounds__(BIG ? 512 : 256, BIG ? 1 : (ZS ? 2 : 3))
                 }
                 df[(stok + i) * N + m.n0 + h2] = sum;
             }
+            if constexpr (PAIR) {
+                cluster_wait(); // the partner's slots are written
+                flush_qk();
+                cluster_arrive(); // done reading them (waited for before the next sub-chunk's recompute, or the exit)
+            }
+            if constexpr (ZS) { cp_async_wait<0>(); } // (the next stage and checkpoint copies)
             __syncthreads();
         }
         if constexpr (DET) { // a window's slots all stored: count it (each thread's stores made visible first)
-            if (c % (M2RNN_WINDOW / M2RNN_CHUNK) == 0) {
+            if ((c * CH) % M2RNN_WINDOW == 0) {
                 __threadfence();
                 __syncthreads();
-                if (threadIdx.x == 0) { atomicAdd(wdone + m2rnn_window_idx(m.b, m.qh, c * M2RNN_CHUNK, Nq, T), 1); }
+                if (threadIdx.x == 0) { atomicAdd(wdone + m2rnn_window_idx(m.b, m.qh, c * CH, Nq, T), 1); }
             }
         }
+    }
+    if constexpr (PAIR) { // the partner has read this CTA's last slots: its shared memory may go
+        if (m.L > 0) { cluster_wait(); }
     }
     if (dh0) { store_state<V>(dh0 + state_off, G, row0, t4); }
     // dW partial of this (sequence, row block): element (16s + g + 8*(e>>1), 8h + 2*t4 + (e&1))
@@ -1195,8 +1384,9 @@ __global__ void m2rnn_qk_grad_cast_kernel(floatX *__restrict__ dq, floatX *__res
     *(__nv_bfloat162 *)(dk + t * sk + c) = __floats2bfloat162_rn(b.x, b.y);
 }
 
-// deterministic mode: dq, dk (bf16, strided like q, k) = the sums of the backward's partial slots of the Gq/HPC CTAs
-// that share each q/k head, added from +0 in rank order (one fixed order: the same bits every run). Launched
+// deterministic mode: dq, dk (bf16, strided like q, k) = the sums of the backward's partial slots over the Gq value
+// heads that share each q/k head, SH heads a slot (the CTA's HPC, or 2 for pairs of one-head CTAs), added from +0 in
+// rank order (one fixed order: the same bits every run). Launched
 // programmatically after the backward, so it runs beside it on the room the backward leaves: each thread waits for
 // its token's window to be counted done by all those CTAs, then sums. One thread per 4 channels of a token and q/k
 // head; tokens are taken from the sequences' ends first (the backward finishes them first): without cu_seqlens, block
@@ -1206,8 +1396,8 @@ __global__ void m2rnn_qk_grad_cast_kernel(floatX *__restrict__ dq, floatX *__res
 template <int PK>
 __global__ void m2rnn_qk_partials_sum_kernel(floatX *__restrict__ dq, floatX *__restrict__ dk, const float *ckpt,
                                              const float *qkx, const int *wdone, const int *__restrict__ cu_seqlens,
-                                             int B, int T, int N, int Nq, int K, int V, int HPC, long sq, long sk,
-                                             long slots) {
+                                             int B, int T, int N, int Nq, int K, int V, int HPC, int SH, long sq,
+                                             long sk, long slots) {
     const int k4 = K / 4;
     const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < slots * Nq * k4) {
@@ -1234,19 +1424,26 @@ __global__ void m2rnn_qk_partials_sum_kernel(floatX *__restrict__ dq, floatX *__
             live = t < T;
         }
         if (live) {
-            const int ranks = N / Nq / HPC;
+            const int Gq = N / Nq, ranks = Gq / SH; // the slots to add
             const int *cnt = wdone + m2rnn_window_idx(b, qh, t, Nq, T);
-            while (ld_acquire_gpu(cnt) < ranks) { __nanosleep(500); }
+            while (ld_acquire_gpu(cnt) < Gq / HPC) { __nanosleep(500); } // every CTA of the q/k head counted it
             const size_t off = m2rnn_partial_off(m2rnn_ckpt_slot(b, tok0, (int)(t / M2RNN_CHUNK)),
-                                                 (int)(t % M2RNN_CHUNK) >> 4, (int)(t & 15), qh * ranks * HPC, N, K, V,
-                                                 PK) + r;
+                                                 (int)(t % M2RNN_CHUNK) >> 4, (int)(t & 15), qh * Gq, N, K, V, PK) + r;
             const float *pq = ckpt + off, *pk = (PK == 2 ? ckpt + K : qkx) + off;
-            const size_t stride = (size_t)HPC * K * V; // from one rank's slots to the next's
+            const size_t stride = (size_t)SH * K * V; // from one rank's slots to the next's
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), c = a;
-#pragma unroll 8
-            for (int i = 0; i < ranks; i++) { // (L2 loads: this SM's L1 may hold the checkpoints these slots replaced)
-                const float4 x = __ldcg((const float4 *)(pq + i * stride));
-                const float4 y = __ldcg((const float4 *)(pk + i * stride));
+            // (L2 loads: this SM's L1 may hold the checkpoints these slots replaced.) One head a slot with an even count
+            // adds the heads in pairs first, as a slot of two heads holds them: the same bits at any heads per CTA
+            const int step = SH == 1 && ranks % 2 == 0 ? 2 : 1;
+#pragma unroll 4
+            for (int i = 0; i < ranks; i += step) {
+                float4 x = __ldcg((const float4 *)(pq + i * stride)), y = __ldcg((const float4 *)(pk + i * stride));
+                if (step == 2) {
+                    const float4 x1 = __ldcg((const float4 *)(pq + (i + 1) * stride));
+                    const float4 y1 = __ldcg((const float4 *)(pk + (i + 1) * stride));
+                    x.x += x1.x; x.y += x1.y; x.z += x1.z; x.w += x1.w;
+                    y.x += y1.x; y.y += y1.y; y.z += y1.z; y.w += y1.w;
+                }
                 a.x += x.x; a.y += x.y; a.z += x.z; a.w += x.w;
                 c.x += y.x; c.y += y.y; c.z += y.z; c.w += y.w;
             }
@@ -1363,14 +1560,31 @@ static inline size_t m2rnn_forward_smem(const M2RNNDims *d, int hpc) {
     const size_t stage = m2rnn_detail::m2rnn_stage_bytes(d->K, d->V, hpc, false);
     return 2 * stage + (size_t)M2RNN_CHUNK * hpc * (d->K / 16) * d->V * sizeof(float);
 }
-static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc, bool zstash = false) {
-    const int NW = hpc * (d->K / 16);
-    const size_t stage = m2rnn_detail::m2rnn_stage_bytes(d->K, d->V, hpc, true);
-    const int zs = zstash ? M2RNN_SUB : 0; // fp16 Z entries of the Z-stash backward
-    const size_t hist = (size_t)(M2RNN_SUB + 1 + zs) * NW * (d->V / 16) * 32 * 16;
+// V=16 with K <= 128 runs the Z stash ([the next checkpoint: 8-token sub-chunks] [a 16-token stage] [Z, E: (NW, sub,
+// 32) uint4 each] [df slots (sub, NW, 8)]), the rest the plain build ([a 32-token stage] [history (9, NW, V/16, 32)
+// uint4] [dq, dk, dv, df slots])
+static inline size_t m2rnn_backward_smem(const M2RNNDims *d, int hpc, int sub) {
+    const int NW = hpc * (d->K / 16), NS = d->V / 16;
+    if (m2rnn_uses_zstash(d)) {
+        const size_t ckb = sub == 8 ? (size_t)NW * 32 * (d->V / 2) * sizeof(float) : 0;
+        return ckb + m2rnn_detail::m2rnn_stage_bytes(d->K, d->V, hpc, true, 16) + 2 * (size_t)sub * NW * 32 * 16 +
+               (size_t)sub * NW * 8 * sizeof(float);
+    }
+    const size_t hist = (size_t)(M2RNN_SUB + 1) * NW * NS * 32 * 16;
     const size_t red = (size_t)M2RNN_SUB * NW * (16 + 16 + d->V + (d->V == 16 ? 8 : 1)) * sizeof(float);
-    const size_t ckb = zstash ? (size_t)NW * 32 * (d->V / 2) * sizeof(float) : 0; // the next sub-chunk's checkpoint
-    return stage + hist + red + ckb;
+    return m2rnn_detail::m2rnn_stage_bytes(d->K, d->V, hpc, true) + hist + red;
+}
+// The Z stash's sub-chunk length: 16 tokens (one a checkpoint: every token recomputed once) at one head a CTA with
+// K <= 64 (its 64 KB stash leaves 3 CTAs an SM) unless at K=64 the cost model prefers 8 (4 CTAs an SM: B=4, N=132 on
+// 132 SMs fills one round of 4 where 16 needs a second round of 1), else 8
+static inline int m2rnn_backward_sub(const M2RNNDims *d, int hpc) {
+    const bool sixteen_ok = hpc == 1 && m2rnn_uses_zstash(d) && d->K <= 64;
+    if (m2rnn_sub_override == 8 || m2rnn_sub_override == 16) { return sixteen_ok ? m2rnn_sub_override : 8; }
+    if (!sixteen_ok) { return 8; }
+    if (d->K != 64) { return 16; }
+    int h, sub;
+    m2rnn_pick_k64v16(d, false, &h, &sub); // (one head a CTA: its better sub-chunk length)
+    return sub;
 }
 
 template <int V, int HPC, bool BIG>
@@ -1395,10 +1609,8 @@ template <typename Kernel> static inline int m2rnn_ctas_per_sm(Kernel kernel, in
     return n;
 }
 
-// The backward comes in two builds for V=16 (see m2rnn_backward_kernel): plain (80 registers: 3 CTAs/SM of 8 warps,
-// 6 of 4) and Z stash (128 registers: 2 CTAs/SM of 8 warps, 3 of 4; faster per wave). The plain build is taken where
-// it holds the whole grid in one wave and the stash would need a second: B=8, N=84 at one head a CTA on 132 SMs is 672
-// CTAs, 5.1 an SM (H200, sixteenth session: plain 5.63 ms, stash 5.66, two heads a CTA 5.85-5.93; dev/bench/NOTES.md).
+// The backward's build is the layer shape's (m2rnn_backward_kernel): the Z stash for V=16 with K <= 128 (16-token
+// sub-chunks at one head a CTA and K <= 64, else 8), plain otherwise.
 template <int V, int HPC, bool BIG>
 static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, float *qkx, int *wdone, bool det, floatX *dv,
                                   float *df, float *dW_part, float *dh0, const floatX *dy, const float *dhT,
@@ -1406,32 +1618,35 @@ static void m2rnn_backward_launch(float *dq_acc, float *dk_acc, float *qkx, int 
                                   const floatX *W, float clip, const M2RNNDims *d, cudaStream_t stream) {
     const int threads = HPC * (d->K / 16) * 32;
     const dim3 grid(d->N / HPC, d->B);
-    auto launch = [&](auto kernel, size_t smem) {
+    auto launch = [&](auto kernel, size_t smem, bool pairs) { // pairs: clusters of two CTAs (the kernel's PAIR)
         kernel_smem_limit(kernel, smem);
-        kernel<<<grid, threads, smem, stream>>>(dq_acc, dk_acc, qkx, wdone, dv, df, dW_part, dh0, dy, dhT, ckpt, q, k,
-                                                v, f, W, d->cu_seqlens, d->T, d->N, d->Nq, d->K, d->sq, d->sk, d->sv,
-                                                clip);
-        cudaCheck(cudaGetLastError());
+        launch_k_cluster(kernel, grid, threads, smem, stream, dim3(pairs ? 2 : 1, 1, 1), dq_acc, dk_acc, qkx, wdone, dv,
+                         df, dW_part, dh0, dy, dhT, ckpt, q, k, v, f, W, d->cu_seqlens, d->T, d->N, d->Nq, d->K, d->sq,
+                         d->sk, d->sv, clip);
     };
-    auto plain = det ? m2rnn_backward_kernel<V, HPC, BIG, false, true> : m2rnn_backward_kernel<V, HPC, BIG, false>;
-    const size_t smem = m2rnn_backward_smem(d, HPC, false);
     if constexpr (V == 16 && !BIG) {
-        auto stash = det ? m2rnn_backward_kernel<V, HPC, BIG, true, true> : m2rnn_backward_kernel<V, HPC, BIG, true>;
-        const size_t smem_z = m2rnn_backward_smem(d, HPC, true);
-        bool use_stash;
-        if (m2rnn_zstash_override >= 0) {
-            use_stash = m2rnn_zstash_override == 1;
+        if constexpr (HPC == 1) {
+            const bool sixteen = m2rnn_backward_sub(d, 1) == 16, pairs = det && m2rnn_det_pairs(d, 1);
+            const size_t smem = m2rnn_backward_smem(d, 1, sixteen ? 16 : 8);
+            if (sixteen) {
+                launch(!det ? m2rnn_backward_kernel<V, 1, false, true, false, 16>
+                       : pairs ? m2rnn_backward_kernel<V, 1, false, true, true, 16, true>
+                               : m2rnn_backward_kernel<V, 1, false, true, true, 16>,
+                       smem, pairs);
+            } else {
+                launch(!det ? m2rnn_backward_kernel<V, 1, false, true, false, 8>
+                       : pairs ? m2rnn_backward_kernel<V, 1, false, true, true, 8, true>
+                               : m2rnn_backward_kernel<V, 1, false, true, true, 8>,
+                       smem, pairs);
+            }
         } else {
-            const long per_sm = CEIL_DIV((long)d->B * (d->N / HPC), (long)device_num_sms()); // CTAs per SM, rounded up
-            const int cap_z = m2rnn_ctas_per_sm(stash, threads, smem_z), cap = m2rnn_ctas_per_sm(plain, threads, smem);
-            use_stash = cap_z > 0 && !(per_sm > cap_z && per_sm <= cap);
+            launch(det ? m2rnn_backward_kernel<V, HPC, false, true, true, 8> : m2rnn_backward_kernel<V, HPC, false, true>,
+                   m2rnn_backward_smem(d, HPC, 8), false);
         }
-        if (use_stash) {
-            launch(stash, smem_z);
-            return;
-        }
+    } else {
+        launch(det ? m2rnn_backward_kernel<V, HPC, BIG, false, true> : m2rnn_backward_kernel<V, HPC, BIG, false>,
+               m2rnn_backward_smem(d, HPC, 8), false);
     }
-    launch(plain, smem);
 }
 
 // dispatch on (V, heads per CTA hpc, block size); LAUNCH is a launcher template taking <V, HPC, BIG>
@@ -1521,9 +1736,10 @@ static void m2rnn_backward(floatX *dq, floatX *dk, floatX *dv, float *df, float 
         cudaLaunchAttribute attr[2];
         cfg.attrs = attr;
         cfg.numAttrs = launch_attrs(attr, 1, dim3(1, 1, 1));
-        auto sum = m2rnn_partial_rows(hpc, d->V) == 2 ? m2rnn_qk_partials_sum_kernel<2> : m2rnn_qk_partials_sum_kernel<1>;
+        const int sh = m2rnn_slot_heads(d, hpc);
+        auto sum = m2rnn_partial_rows(sh, d->V) == 2 ? m2rnn_qk_partials_sum_kernel<2> : m2rnn_qk_partials_sum_kernel<1>;
         cudaCheck(cudaLaunchKernelEx(&cfg, sum, dq, dk, (const float *)ckpt, (const float *)qkx, (const int *)wdone,
-                                     d->cu_seqlens, d->B, d->T, d->N, d->Nq, d->K, d->V, hpc, d->sq, d->sk, slots));
+                                     d->cu_seqlens, d->B, d->T, d->N, d->Nq, d->K, d->V, hpc, sh, d->sq, d->sk, slots));
     } else if (pairs > 0) {
         m2rnn_qk_grad_cast_kernel<<<(unsigned)CEIL_DIV(pairs, (long)block), block, 0, stream>>>(
             dq, dk, dq_acc, dk_acc, ntok, QK, d->sq, d->sk);

@@ -116,6 +116,15 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// the same barrier in its two halves (a thread alternates them: arrive, wait, arrive, ...), so that work that needs no
+// other CTA can run between its arrival and its wait
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
 __device__ __forceinline__ float4 ld_dsmem_f4(uint32_t addr, uint32_t rank) {
     uint32_t remote;
     float4 v;

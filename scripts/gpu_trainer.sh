@@ -26,22 +26,7 @@ if [ "${1:-}" = profile ]; then
     ncu --metrics gpu__time_duration.sum --launch-skip 0 --print-summary per-kernel --csv \
         ./build/bench_train_step d768:MMMAMMMAMMMA 16 1024 1 1 > "$OUT/ncu_step.csv" 2>&1 || tail -5 "$OUT/ncu_step.csv"
 fi
-# exact resume on the GPU: 30 steps with a checkpoint at 15, then a resume from that checkpoint in a fresh directory;
-# the two step-30 checkpoints (weights, AdamW state, loader state) must be identical byte for byte. With
-# M2RNN_DETERMINISTIC=1 the tensor-core M²RNN backward sums dq/dk in a fixed order too (by default it uses fp32 atomics).
-export M2RNN_DETERMINISTIC=1
-for pattern in MMAM RUAM; do
-    RES=(-e d128:$pattern -b 8 -t 128 -x 30 -d 2048 -l 1e-3 -u 5 -v 10 -m 2 -n 15)
-    rm -rf "$OUT/resume_a" "$OUT/resume_b"; mkdir -p "$OUT/resume_b"
-    ./train_m2rnn "${RES[@]}" -o "$OUT/resume_a" > "$OUT/resume_a.log" 2>&1
-    cp "$OUT/resume_a/ckpt_00000015.bin" "$OUT/resume_b/"
-    ./train_m2rnn "${RES[@]}" -o "$OUT/resume_b" -y 1 > "$OUT/resume_b.log" 2>&1
-    if cmp "$OUT/resume_a/ckpt_00000030.bin" "$OUT/resume_b/ckpt_00000030.bin"; then
-        echo "PASS GPU resume of $pattern at step 15 of 30 is bit-exact"
-    else echo "FAIL GPU resume of $pattern differs"; tail -3 "$OUT/resume_a.log" "$OUT/resume_b.log"; fi
-done
-rm -rf "$OUT/resume_a" "$OUT/resume_b"
-unset M2RNN_DETERMINISTIC
+bash scripts/gpu_resume.sh ./train_m2rnn "$OUT" # exact resume on the GPU (deterministic mode)
 timeout 150 ./train_m2rnn -e d256:l4:MMAM -b 16 -t 256 -x 200 -l 2e-3 -u 30 -v 50 -m 10 -sg 100 -g 48 -o "$OUT/run" \
     2>&1 | tee "$OUT/train.log" | grep -v "^step .*/" ; tail -3 "$OUT/train.log"
 timeout 150 ./train_m2rnn -e d256:RUAR -b 16 -t 256 -x 200 -l 2e-3 -u 30 -v 50 -m 10 -sg 200 -g 48 -o "$OUT/run_ru" \

@@ -4,9 +4,11 @@ the equations: training forward (y, final state), backward (dq, dk, dv, df, dW, 
 the per-step clamp of the carried dH), the inference forward, and the single-token step kernel (against the
 reference, and against the training forward bit for bit: it is the forward's step).
 Cases cover h0, the clamp firing, packed variable-length sequences, Nq=1 and Nq=N, K and V other than 64/16, and a
-T=4096 run whose relative error is reported per window of 512 tokens to show drift. The V=16 cases run twice: with
-the launcher's pick of backward build (the Z stash at these small grids) and with the plain build forced. Last, the
-paper's shape (B=8 and 4, N=84, T=4096) without a float64 reference: deterministic mode at full occupancy.
+T=4096 run whose relative error is reported per window of 512 tokens to show drift. The V=16 cases with K <= 64 run
+twice: with the launcher's pick (the Z stash with 16-token sub-chunks at one head a CTA) and with 8-token sub-chunks
+forced; in deterministic mode every sub-chunk length and heads-per-CTA choice must give the same bits. K=192, V=16 runs
+the plain build. Last, the paper's shape (B=8 and 4, N=84, T=4096) without a float64 reference: deterministic mode at
+full occupancy.
 Without a GPU it prints SKIP lines with the reason and exits 0.
 Inputs are random and non-trivial: q, k, v live inside one (tok, conv_dim) buffer with padding, so the kernels are
 driven through strided views exactly as the trainer will; outputs are poisoned (NaN) before each launch.
@@ -368,20 +370,42 @@ static void run_case(const Case &c, uint64_t seed) {
         test_result(det && rel_det < 1e-4, name, "two runs %s; dq/dk against the atomic run %.1e (tol 1e-4)",
                     det ? "bitwise equal" : "DIFFER", rel_det);
     }
-    if (c.V == 16 && m2rnn_zstash_override < 0) { // one numeric contract: the plain and the Z-stash builds agree
-        std::vector<floatX> cv[2];
-        std::vector<float> fv[2], wv[2], hv[2];
+    if (m2rnn_uses_zstash(&d) && m2rnn_sub_override == 0) {
+        // one numeric contract whatever the launcher picks for the batch and the GPU: deterministic mode gives the
+        // same bits at every sub-chunk length (16 tokens at one head a CTA, 8) and heads per CTA (where N/Nq is even)
+        struct { int hpc, sub; } picks[3] = {{1, 16}, {1, 8}, {2, 8}};
+        std::vector<floatX> cv[3];
+        std::vector<float> fv[3], wv[3], hv[3];
+        int ran[3], nran = 0;
         m2rnn_deterministic = 1;
-        for (int z = 0; z < 2; z++) {
-            m2rnn_zstash_override = z;
-            backward_again(cv[z], fv[z], wv[z], hv[z]);
+        for (int r = 0; r < 3; r++) {
+            m2rnn_hpc_override = picks[r].hpc;
+            m2rnn_sub_override = picks[r].sub;
+            if (m2rnn_heads_per_cta(&d) != picks[r].hpc || m2rnn_backward_sub(&d, picks[r].hpc) != picks[r].sub) {
+                continue; // (not legal for this shape)
+            }
+            backward_again(cv[r], fv[r], wv[r], hv[r]);
+            ran[nran++] = r;
         }
-        m2rnn_zstash_override = -1;
+        m2rnn_sub_override = 0;
+        m2rnn_hpc_override = c.hpc;
         m2rnn_deterministic = 0;
-        const bool same = same_bits(cv[0], cv[1]) && same_bits(fv[0], fv[1]) && same_bits(wv[0], wv[1]) &&
-                          same_bits(hv[0], hv[1]);
-        snprintf(name, sizeof(name), "%s plain = Z-stash backward", c.name);
-        test_result(same, name, "dq, dk, dv, df, dW, dh0 %s (deterministic mode)", same ? "bit for bit" : "DIFFER");
+        if (nran > 1) {
+            bool same = true;
+            std::string what;
+            for (int x = 0; x < nran; x++) {
+                const int r = ran[x], r0 = ran[0];
+                if (x > 0) {
+                    same = same && same_bits(cv[r0], cv[r]) && same_bits(fv[r0], fv[r]) && same_bits(wv[r0], wv[r]) &&
+                           same_bits(hv[r0], hv[r]);
+                }
+                what += (x ? ", " : "") + std::to_string(picks[r].hpc) + " head" + (picks[r].hpc > 1 ? "s" : "") +
+                        "/" + std::to_string(picks[r].sub) + " tokens";
+            }
+            snprintf(name, sizeof(name), "%s one contract across builds", c.name);
+            test_result(same, name, "dq, dk, dv, df, dW, dh0 %s (deterministic mode; %s)",
+                        same ? "bit for bit" : "DIFFER", what.c_str());
+        }
     }
     if (c.clip > 0 && c.use_dhT) { // a NaN in the carried gradient passes the clamp (and reaches the trainer's guard)
         std::vector<float> dhT_nan = p.dhT;
@@ -482,7 +506,9 @@ static void run_case(const Case &c, uint64_t seed) {
 // The paper's shape at full occupancy (B=8, N=84, T=4096: 336 CTAs, 2-3 an SM), GPU only (a float64 reference of
 // this size would take minutes): here deterministic mode's sum kernel runs beside the backward on the room it leaves,
 // so its waits on the window counts are exercised as in training. Two deterministic backwards (each after its own
-// training forward) must agree bit for bit, and with the atomic backward dv, df, dW, dh0 bit for bit and dq/dk to 1e-4.
+// training forward) with the launcher's pick and two at one head a CTA (the pairs of CTAs, m2rnn_det_pairs, with the
+// cost model's sub-chunk length) must agree bit for bit, and with the atomic backward dv, df, dW, dh0 bit for bit and
+// dq/dk to 1e-4.
 static void run_full_shape(int B, int T, int N, uint64_t seed) {
     const Case c = {"full shape", B, T, N, 1, 64, 16, {}, true, true, 0.0f, 1.0, 0, 0};
     Problem p;
@@ -500,10 +526,11 @@ static void run_full_shape(int B, int T, int N, uint64_t seed) {
     floatX *d_dconv = device_poisoned<floatX>((size_t)ntok * p.conv_dim);
     float *d_df = device_poisoned<float>((size_t)ntok * N), *d_dW = device_poisoned<float>((size_t)N * V * V);
     float *d_dh0 = device_poisoned<float>(state);
-    std::vector<floatX> conv[3];
-    std::vector<float> df[3], dW[3], dh0[3];
-    for (int run = 0; run < 3; run++) { // atomic, then deterministic twice
+    std::vector<floatX> conv[5];
+    std::vector<float> df[5], dW[5], dh0[5];
+    for (int run = 0; run < 5; run++) { // atomic, deterministic twice, deterministic at one head a CTA twice
         m2rnn_deterministic = run > 0;
+        m2rnn_hpc_override = run > 2 ? 1 : 0;
         m2rnn_forward(d_y, nullptr, ws, q, k, v, d_f, d_W, d_h0, &d, 0);
         m2rnn_backward(d_dconv, d_dconv + Nq * K, d_dconv + 2 * Nq * K, d_df, d_dW, d_dh0, ws, d_dy, d_dhT, q, k, v,
                        d_f, d_W, 0.0f, &d, 0);
@@ -514,8 +541,12 @@ static void run_full_shape(int B, int T, int N, uint64_t seed) {
         dh0[run] = to_host(d_dh0, state);
     }
     m2rnn_deterministic = 0;
-    const bool det_same = same_bits(conv[1], conv[2]) && same_bits(df[1], df[2]) && same_bits(dW[1], dW[2]) &&
-                          same_bits(dh0[1], dh0[2]);
+    m2rnn_hpc_override = 0;
+    bool det_same = true;
+    for (int run = 2; run < 5; run++) {
+        det_same = det_same && same_bits(conv[1], conv[run]) && same_bits(df[1], df[run]) &&
+                   same_bits(dW[1], dW[run]) && same_bits(dh0[1], dh0[run]);
+    }
     const bool rest_same = same_bits(df[0], df[1]) && same_bits(dW[0], dW[1]) && same_bits(dh0[0], dh0[1]) &&
                            same_cols(conv[0], conv[1], ntok, p.conv_dim, 2 * Nq * K);
     double norm = 0.0;
@@ -523,8 +554,9 @@ static void run_full_shape(int B, int T, int N, uint64_t seed) {
     char name[96];
     snprintf(name, sizeof(name), "B=%d T=%d N=%d deterministic backward, full occupancy", B, T, N);
     test_result(det_same && rest_same && rel < 1e-4 && norm > 0.0, name,
-                "two runs %s; against the atomic run dv, df, dW, dh0 %s, dq/dk normwise %.1e (tol 1e-4)",
-                det_same ? "bitwise equal" : "DIFFER", rest_same ? "bitwise equal" : "DIFFER", rel);
+                "four runs (%d heads/CTA twice, 1 twice) %s; against the atomic run dv, df, dW, dh0 %s, dq/dk "
+                "normwise %.1e (tol 1e-4)", m2rnn_heads_per_cta(&d, true), det_same ? "bitwise equal" : "DIFFER",
+                rest_same ? "bitwise equal" : "DIFFER", rel);
     for (void *ptr : {(void *)d_conv, (void *)d_W, (void *)d_dy, (void *)d_f, (void *)d_h0, (void *)d_dhT, ws,
                       (void *)d_y, (void *)d_dconv, (void *)d_df, (void *)d_dW, (void *)d_dh0}) {
         cudaCheck(cudaFree(ptr));
@@ -568,6 +600,7 @@ int main(void) {
         // last chunks of more than 16 tokens: deterministic mode's partial slots use the slot after a sequence's last
         {{"varlen last chunks > 16", 0, 0, 4, 1, 64, 16, {20, 50, 17, 0, 30}, true, true, 0.0f, 1.0, 0, 2}, 10},
         {{"K128 V16 Nq=N", 1, 45, 2, 2, 128, 16, {}, false, false, 0.0f, 1.0, 0, 0}, 4},
+        {{"K192 V16 Nq1 (plain build)", 2, 41, 2, 1, 192, 16, {}, true, true, 0.3f, 5.0, 0, 0}, 13},
         {{"K48 N6 Nq2 (3 heads/qk)", 2, 40, 6, 2, 48, 16, {}, true, false, 0.5f, 5.0, 0, 0}, 5},
         {{"K256 V32 Nq1", 1, 33, 2, 1, 256, 32, {}, true, true, 0.0f, 1.0, 0, 2}, 6},
         {{"T4096 K64V16 Nq1", 1, 4096, 4, 1, 64, 16, {}, false, false, 0.0f, 1.0, 512, 2}, 7},
@@ -576,18 +609,18 @@ int main(void) {
         {{"N84 Nq1 varlen", 0, 0, 84, 1, 64, 16, {70, 0, 45}, true, true, 0.0f, 1.0, 0, 0}, 9},
         {{"N84 Nq1 varlen 2 heads/CTA", 0, 0, 84, 1, 64, 16, {70, 0, 45}, true, true, 0.0f, 1.0, 0, 2}, 9},
     };
-    // the launcher's pick: for these small grids that is the Z-stash backward wherever V=16
+    // the launcher's pick (the Z stash wherever V=16 and K <= 128; 16-token sub-chunks at one head a CTA, K <= 64)
     for (auto &e : cases) { run_case(e.c, e.seed); }
-    // the plain backward build (what B=8, N=84 gets on 132 SMs) on the V=16 cases, same inputs
-    m2rnn_zstash_override = 0;
+    // the Z stash with 8-token sub-chunks forced where the launcher took 16, same inputs
+    m2rnn_sub_override = 8;
     for (auto &e : cases) {
-        if (e.c.V != 16) { continue; }
+        if (e.c.V != 16 || e.c.K > 64) { continue; }
         Case c = e.c;
-        const std::string name = std::string(c.name) + " [plain bwd]";
+        const std::string name = std::string(c.name) + " [8-token sub-chunks]";
         c.name = name.c_str();
         run_case(c, e.seed);
     }
-    m2rnn_zstash_override = -1;
+    m2rnn_sub_override = 0;
     run_full_shape(8, 4096, 84, 11);
     run_full_shape(4, 4096, 84, 12);
     return test_summary("test_m2rnn_gpu");

@@ -16,8 +16,8 @@ measured against. dev/bench/m2rnn_authors.py times the authors' Triton kernel in
   build/bench_m2rnn -d DIR                writes a small problem's inputs and our outputs to DIR (raw little-endian
                                           arrays + meta.txt) for the float64 / authors' comparison in m2rnn_authors.py
 
-Per shape, the second line also times each heads-per-CTA setting with the backward's two builds forced (plain, Z
-stash; the first line's "bwd" is the launcher's pick).
+Per shape, the second line also times each heads-per-CTA setting with the Z-stash backward's sub-chunk length forced
+(8 tokens, and 16 at one head a CTA; the first line's "bwd" is the launcher's pick).
 Timing: CUDA events around each call, 3 warm-up calls, median of -r repeats (default 20); each backward runs after its
 own training forward, outside its timing (a deterministic backward spends the checkpoints; M2RNN_DETERMINISTIC=1 times
 that mode). Inputs are random (q, k, v inside one (tok, conv_dim) buffer as the trainer lays them out), never zeros.
@@ -356,40 +356,40 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
                         double clock_ghz) {
     Inputs in;
     make(in, B, T, N, Nq, K, V, false);
-    // heads per CTA (CTA granularity vs dq/dk adders) x the backward's two builds (V=16: plain, Z stash), each forced;
-    // then the launcher's own pick
+    // heads per CTA (CTA granularity vs dq/dk adders) x the Z-stash backward's sub-chunk (V=16: 8 tokens, and 16 at one
+    // head a CTA), each forced; then the launcher's own pick
     double hpc_f[3] = {0, 0, 0}, hz_b[3][2] = {{0, 0}, {0, 0}, {0, 0}};
     m2rnn_hpc_override = 2; // (the launcher keeps 1 where 2 heads a CTA are not legal)
     const bool two_ok = m2rnn_heads_per_cta(&in.d) == 2;
     for (int h = 1; h <= (two_ok ? 2 : 1); h++) {
         m2rnn_hpc_override = h;
         hpc_f[h] = median_ms([&] { fwd(in, false); }, reps, 0);
-        for (int z = 0; z < (V == 16 ? 2 : 1); z++) {
-            m2rnn_zstash_override = V == 16 ? z : -1;
+        for (int z = 0; z < 2; z++) {
+            m2rnn_sub_override = z ? 16 : 8;
+            if (m2rnn_backward_sub(&in.d, h) != m2rnn_sub_override) { continue; } // (not legal here)
             hz_b[h][z] = time_bwd(in, reps);
         }
-        m2rnn_zstash_override = -1;
+        m2rnn_sub_override = 0;
     }
     m2rnn_hpc_override = 0;
     const double f_inf = median_ms([&] { fwd(in, false); }, reps, 0);
     const double f_tr = median_ms([&] { fwd(in, true); }, reps, 0);
     const double b_ms = time_bwd(in, reps);
     const double fb = median_ms([&] { fwd(in, true); bwd(in); }, reps, 0);
-    // occupancy of the two recurrence kernels at this shape
-    const int hpc = m2rnn_heads_per_cta(&in.d), threads = hpc * (K / 16) * 32;
-    int occ_f = 0, occ_b = 0, occ_bz = 0;
-    auto occupancy = [&](auto fk, auto bk, auto bkz) {
-        occ_f = m2rnn_ctas_per_sm(fk, threads, m2rnn_forward_smem(&in.d, hpc));
-        occ_b = m2rnn_ctas_per_sm(bk, threads, m2rnn_backward_smem(&in.d, hpc, false));
-        occ_bz = m2rnn_ctas_per_sm(bkz, threads, m2rnn_backward_smem(&in.d, hpc, true));
-    };
+    // occupancy of the two recurrence kernels at this shape (the backward: the launcher's build)
+    const int hpc = m2rnn_heads_per_cta(&in.d, m2rnn_deterministic_on()), threads = hpc * (K / 16) * 32, sub = m2rnn_backward_sub(&in.d, hpc);
+    int occ_f = 0, occ_b = 0;
     if (V == 16 && threads <= 256) {
         if (hpc == 2) {
-            occupancy(m2rnn_forward_kernel<16, 2, false>, m2rnn_backward_kernel<16, 2, false, false>,
-                      m2rnn_backward_kernel<16, 2, false, true>);
+            occ_f = m2rnn_ctas_per_sm(m2rnn_forward_kernel<16, 2, false>, threads, m2rnn_forward_smem(&in.d, 2));
+            occ_b = m2rnn_ctas_per_sm(m2rnn_backward_kernel<16, 2, false, true>, threads,
+                                      m2rnn_backward_smem(&in.d, 2, 8));
         } else {
-            occupancy(m2rnn_forward_kernel<16, 1, false>, m2rnn_backward_kernel<16, 1, false, false>,
-                      m2rnn_backward_kernel<16, 1, false, true>);
+            occ_f = m2rnn_ctas_per_sm(m2rnn_forward_kernel<16, 1, false>, threads, m2rnn_forward_smem(&in.d, 1));
+            occ_b = sub == 16 ? m2rnn_ctas_per_sm(m2rnn_backward_kernel<16, 1, false, true, false, 16>, threads,
+                                                  m2rnn_backward_smem(&in.d, 1, 16))
+                              : m2rnn_ctas_per_sm(m2rnn_backward_kernel<16, 1, false, true>, threads,
+                                                  m2rnn_backward_smem(&in.d, 1, 8));
         }
     }
     const long ctas = (long)B * N / hpc;
@@ -397,13 +397,13 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
     const double sfu_ms = tanh_count / (16.0 * prop.multiProcessorCount * clock_ghz * 1e9) * 1e3;
     const double ws_gib = m2rnn_workspace_bytes(&in.d) / 1073741824.0;
     printf("ours  B=%d T=%d N=%d K=%d V=%d Nq=%d | fwd(infer) %.3f ms | fwd(train) %.3f ms | bwd %.3f ms | fwd+bwd "
-           "%.3f ms | %.2f Mtok/s fwd+bwd | bwd extra mem %.3f GiB | CTAs %ld, CTAs/SM fwd %d bwd %d / %d with Z "
-           "stash (%d warps each) | SFU floor (1x tanh) %.3f ms\n",
+           "%.3f ms | %.2f Mtok/s fwd+bwd | bwd extra mem %.3f GiB | CTAs %ld, CTAs/SM fwd %d bwd %d (%d warps each, "
+           "%d-token sub-chunks) | SFU floor (1x tanh) %.3f ms\n",
            B, T, N, K, V, Nq, f_inf, f_tr, b_ms, fb, (double)B * T / (fb * 1e-3) / 1e6, ws_gib, ctas, occ_f, occ_b,
-           occ_bz, threads / 32, sfu_ms);
-    printf("      heads/CTA=1: fwd %.3f ms, bwd plain %.3f / Z stash %.3f ms | heads/CTA=2: fwd %.3f ms, bwd plain "
-           "%.3f / Z stash %.3f ms (0: not built)\n",
-           hpc_f[1], hz_b[1][0], hz_b[1][1], hpc_f[2], hz_b[2][0], hz_b[2][1]);
+           threads / 32, m2rnn_uses_zstash(&in.d) ? sub : 8, sfu_ms);
+    printf("      heads/CTA=1: fwd %.3f ms, bwd 8-token sub-chunks %.3f / 16 %.3f ms | heads/CTA=2: fwd %.3f ms, bwd "
+           "8-token %.3f ms (0: not built)\n",
+           hpc_f[1], hz_b[1][0], hz_b[1][1], hpc_f[2], hz_b[2][0]);
     fflush(stdout);
     release(in);
 }
