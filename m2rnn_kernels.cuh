@@ -137,8 +137,9 @@ static inline bool m2rnn_deterministic_on(void) {
 // runs (dev/bench/NOTES.md, sixteenth and eighteenth sessions). With K=64, V=16 the Z stash runs one of three
 // configurations: one head a CTA (one warp a sub-partition) with 16-token sub-chunks, 3 CTAs an SM; one head with
 // 8-token sub-chunks (half again the recompute), 4 an SM; two heads (two warps a sub-partition) with 8-token
-// sub-chunks, 2 an SM. Measured on an H100 at T=4096 (ms for a round with w warps on each sub-partition; 2 warps of
-// 16-token sub-chunks interpolated), the same on an H200 within 2%:
+// sub-chunks, 2 an SM. ms for a round with w warps on each sub-partition at T=4096, measured on an H100 (w = 1 and 3
+// with 16-token sub-chunks, 3 and 4 with 8; the sixteenth session's H200 rounds at 3 and 4 warps within 2% of these),
+// the rest from the H200's rounds (8-token, w = 1, 2) or interpolated (16-token, w = 2):
 static const float m2rnn_round_ms16[4] = {0.0f, 1.51f, 2.05f, 2.56f};
 static const float m2rnn_round_ms8[5] = {0.0f, 1.70f, 2.25f, 2.91f, 3.70f};
 // the predicted backward time (ms at T=4096) of HPC hpc with sub-token sub-chunks at K=64, V=16: the busiest SM's

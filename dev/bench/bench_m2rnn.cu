@@ -377,7 +377,8 @@ static void bench_shape(int B, int T, int N, int Nq, int K, int V, int reps, con
     const double b_ms = time_bwd(in, reps);
     const double fb = median_ms([&] { fwd(in, true); bwd(in); }, reps, 0);
     // occupancy of the two recurrence kernels at this shape (the backward: the launcher's build)
-    const int hpc = m2rnn_heads_per_cta(&in.d, m2rnn_deterministic_on()), threads = hpc * (K / 16) * 32, sub = m2rnn_backward_sub(&in.d, hpc);
+    const int hpc = m2rnn_heads_per_cta(&in.d, m2rnn_deterministic_on()), threads = hpc * (K / 16) * 32;
+    const int sub = m2rnn_backward_sub(&in.d, hpc);
     int occ_f = 0, occ_b = 0;
     if (V == 16 && threads <= 256) {
         if (hpc == 2) {
