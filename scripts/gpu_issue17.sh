@@ -33,10 +33,15 @@ run() { timeout "$1" "${@:2}"; }
 run 300 "$BIN/test_m2rnn_gpu" > "$OUT/test_m2rnn_gpu.log" 2>&1; echo "test_m2rnn_gpu rc=$?"
 grep -E "^FAIL|test_m2rnn_gpu:|T4096 K64V16 Nq1 backward|one contract" "$OUT/test_m2rnn_gpu.log" | head -30
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-# shared-memory races and out-of-bounds accesses on a small problem, both modes (the clusters' DSMEM reads included)
+# shared-memory races and out-of-bounds accesses on a small problem, both modes (racecheck does not follow a CTA's
+# reads of its cluster partner's shared memory: the pairs' race of the eighteenth session passed it; the full-occupancy
+# test in test_m2rnn_gpu is what catches those)
+SMALL=(-x 1 -b 2 -n 4 -t 300)
 for det in 0 1; do
-    M2RNN_DETERMINISTIC=$det run 120 "$CS" --tool racecheck --print-limit 5 "$BIN/bench_m2rnn" -x 1 -b 2 -n 4 -t 300 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|hazard" | head -5
-    M2RNN_DETERMINISTIC=$det run 120 "$CS" --tool memcheck --print-limit 5 "$BIN/bench_m2rnn" -x 1 -b 2 -n 4 -t 300 2>&1 | grep -E "ERROR SUMMARY|Invalid" | head -5
+    M2RNN_DETERMINISTIC=$det run 120 "$CS" --tool racecheck --print-limit 5 "$BIN/bench_m2rnn" "${SMALL[@]}" 2>&1 |
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|hazard" | head -5
+    M2RNN_DETERMINISTIC=$det run 120 "$CS" --tool memcheck --print-limit 5 "$BIN/bench_m2rnn" "${SMALL[@]}" 2>&1 |
+        grep -E "ERROR SUMMARY|Invalid" | head -5
 done
 for s in "8 84" "4 84" "8 132" "4 132"; do
     set -- $s
