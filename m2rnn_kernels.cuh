@@ -134,52 +134,45 @@ static inline bool m2rnn_deterministic_on(void) {
     return env_off_unless_1(&m2rnn_deterministic, "M2RNN_DETERMINISTIC");
 }
 // The backward's time follows the warps on the busiest SM sub-partition, round by round of the CTAs its busiest SM
-// runs (dev/bench/NOTES.md, sixteenth and eighteenth sessions). With K=64, V=16 the Z stash runs one of three
-// configurations: one head a CTA (one warp a sub-partition) with 16-token sub-chunks, 3 CTAs an SM; one head with
-// 8-token sub-chunks (half again the recompute), 4 an SM; two heads (two warps a sub-partition) with 8-token
-// sub-chunks, 2 an SM. ms for a round with w warps on each sub-partition at T=4096, measured on an H100 (w = 1 and 3
-// with 16-token sub-chunks, 3 and 4 with 8; the sixteenth session's H200 rounds at 3 and 4 warps within 2% of these),
-// the rest from the H200's rounds (8-token, w = 1, 2) or interpolated (16-token, w = 2):
+// runs (dev/bench/NOTES.md, sixteenth and eighteenth sessions). With K=64, V=16 the Z stash runs one head a CTA (one
+// warp a sub-partition) with 16-token sub-chunks, 3 CTAs an SM, or with 8-token sub-chunks (half again the
+// recompute), 4 an SM. ms for a round of w CTAs (w warps on each sub-partition) at T=4096, measured on an H100 (w = 1
+// and 3 with 16-token sub-chunks, 3 and 4 with 8; the sixteenth session's H200 rounds at 3 and 4 warps within 2% of
+// these), the rest from the H200's rounds (8-token, w = 1, 2) or interpolated (16-token, w = 2):
 static const float m2rnn_round_ms16[4] = {0.0f, 1.51f, 2.05f, 2.56f};
 static const float m2rnn_round_ms8[5] = {0.0f, 1.70f, 2.25f, 2.91f, 3.70f};
-// the predicted backward time (ms at T=4096) of HPC hpc with sub-token sub-chunks at K=64, V=16: the busiest SM's
-// ceil(CTAs / SMs) CTAs in rounds of as many as fit, each round costing its warps a sub-partition
-static inline float m2rnn_backward_cost(const M2RNNDims *d, int hpc, int sub) {
-    const long ctas = (long)d->B * (d->N / hpc), n = CEIL_DIV(ctas, (long)device_num_sms());
-    const int fit = hpc == 2 ? 2 : sub == 16 ? 3 : 4, w = hpc; // CTAs an SM; warps a sub-partition a CTA
+// Two heads a CTA (two warps a sub-partition, 8-token sub-chunks, 2 CTAs an SM) put the same warps on a sub-partition
+// a round as one head with 8-token sub-chunks at 4 an SM, in coarser CTAs, so they never cost less here; measured
+// against it, 3–27% slower at three of the paper's shapes and a tie at B=4, N=132 (NOTES.md, eighteenth and
+// nineteenth sessions). At K=64, V=16 the default backward runs one head a CTA.
+// The predicted backward time (ms at T=4096) at K=64, V=16, one head a CTA, sub-token sub-chunks, on sms SMs: the
+// busiest SM's ceil(CTAs / sms) CTAs in rounds of as many as fit.
+static inline float m2rnn_backward_cost(const M2RNNDims *d, int sub, int sms) {
+    const long n = CEIL_DIV((long)d->B * d->N, (long)sms);
+    const int fit = sub == 16 ? 3 : 4;
     const float *ms = sub == 16 ? m2rnn_round_ms16 : m2rnn_round_ms8;
-    const long rem = n % fit;
-    return (float)(n / fit) * ms[fit * w] + (rem ? ms[rem * w] : 0.0f);
+    return (float)(n / fit) * ms[fit] + (n % fit ? ms[n % fit] : 0.0f);
 }
-// The configuration the cost above picks for K=64, V=16 (hpc 1 or 2, sub 8 or 16; the first of equals in the order
-// 1 head/16, 1 head/8, 2 heads/8). The forward takes its heads per CTA (one choice keeps them simple; the forward is
-// a fifth of the time and within 1% either way where they differ, but B=4, N=84 runs 20% faster at one head).
-// Deterministic mode gives the same bits in all three (m2rnn_det_pairs) but keeps the older rule for now
-// (m2rnn_heads_per_cta).
-static inline void m2rnn_pick_k64v16(const M2RNNDims *d, bool two_ok, int *hpc, int *sub) {
-    *hpc = 1;
-    *sub = 16;
-    float best = m2rnn_backward_cost(d, 1, 16);
-    const float c8 = m2rnn_backward_cost(d, 1, 8);
-    if (c8 < best) { best = c8; *sub = 8; }
-    if (two_ok && m2rnn_backward_cost(d, 2, 8) < best) { *hpc = 2; *sub = 8; }
+// the sub-chunk length the cost above prefers (16 where equal); test_m2rnn_gpu checks its picks on 132 SMs
+static inline int m2rnn_sub_k64v16(const M2RNNDims *d, int sms) {
+    return m2rnn_backward_cost(d, 8, sms) < m2rnn_backward_cost(d, 16, sms) ? 8 : 16;
 }
 static inline bool m2rnn_two_heads_legal(const M2RNNDims *d) {
     return (d->N / d->Nq) % 2 == 0 && 2 * (d->K / 16) <= 8;
 }
-// Heads per CTA: K=64, V=16 as m2rnn_pick_k64v16; other K and V keep the older rule (2 heads from 2 CTAs an SM on).
+// Heads per CTA: one at K=64, V=16 (above); other K and V keep the older rule (2 heads from 2 CTAs an SM on). The
+// forward takes the backward's heads per CTA (one choice keeps them simple; the forward is a fifth of the time and
+// within 1% either way where they differ, but B=4, N=84 runs 20% faster at one head).
 // The deterministic backward (det) keeps the older rule too, for now: its one-head CTAs run in pairs (m2rnn_det_pairs)
 // whose first full-occupancy run on a GPU raced (a CTA's next recompute wrote its Z stash, under its partial slots,
 // while its partner still read them; fixed, dev/bench/NOTES.md, eighteenth session) and whose fix has passed only
-// the small cases of test_m2rnn_gpu so far, not B=8, N=84; two heads a CTA keep the slots within each CTA.
+// the small cases of test_m2rnn_gpu so far, not B=8, N=84; two heads a CTA keep the slots within each CTA. (Its bits
+// are the same at every heads per CTA and sub-chunk length, so the rule changes its speed only.)
 static inline int m2rnn_heads_per_cta(const M2RNNDims *d, bool det = false) {
     const bool two_ok = m2rnn_two_heads_legal(d);
     if (m2rnn_hpc_override == 1 || (m2rnn_hpc_override == 2 && two_ok)) { return m2rnn_hpc_override; }
-    if (!two_ok) { return 1; }
-    if (det || d->K != 64 || d->V != 16) { return (long)d->B * (d->N / 2) >= 2L * device_num_sms() ? 2 : 1; }
-    int hpc, sub;
-    m2rnn_pick_k64v16(d, two_ok, &hpc, &sub);
-    return hpc;
+    if (!two_ok || (!det && d->K == 64 && d->V == 16)) { return 1; }
+    return (long)d->B * (d->N / 2) >= 2L * device_num_sms() ? 2 : 1;
 }
 // chunk slots: slot(b, c) = 2b + tok0(b)/CHUNK + c. A slot holds two checkpoints, H before the chunk's token 0 and
 // before its token 16. Sequence b's chunks and the slot after its last (deterministic mode's partial slots use it:
@@ -1582,10 +1575,7 @@ static inline int m2rnn_backward_sub(const M2RNNDims *d, int hpc) {
     const bool sixteen_ok = hpc == 1 && m2rnn_uses_zstash(d) && d->K <= 64;
     if (m2rnn_sub_override == 8 || m2rnn_sub_override == 16) { return sixteen_ok ? m2rnn_sub_override : 8; }
     if (!sixteen_ok) { return 8; }
-    if (d->K != 64) { return 16; }
-    int h, sub;
-    m2rnn_pick_k64v16(d, false, &h, &sub); // (one head a CTA: its better sub-chunk length)
-    return sub;
+    return d->K != 64 ? 16 : m2rnn_sub_k64v16(d, device_num_sms());
 }
 
 template <int V, int HPC, bool BIG>

@@ -581,6 +581,20 @@ int main(void) {
         ok = ok && m2rnn_check_dims(&d) != NULL;
         test_result(ok, "shape checks", "accepts K=64 V=16, refuses K=40, V=24, N %% Nq != 0, short stride");
     }
+    { // the launcher's cost model at K=64, V=16 on 132 SMs (H100 SXM, H200): the sub-chunk lengths dev/bench/NOTES.md's
+      // eighteenth session predicts from that session's matrix, one head a CTA (N=83: two heads are not legal anyway)
+        struct { int B, N, sub; } want[] = {{8, 84, 16}, {4, 84, 16}, {8, 132, 16}, {4, 132, 8}, {1, 84, 16},
+                                            {11, 84, 8}, {16, 84, 16}, {4, 83, 16}};
+        bool ok = true;
+        char got[256] = "";
+        for (auto &w : want) {
+            const M2RNNDims d = {w.B, 4096, w.N, 1, 64, 16, 208, 208, 208, NULL};
+            const int sub = m2rnn_sub_k64v16(&d, 132);
+            ok = ok && sub == w.sub && m2rnn_heads_per_cta(&d) == 1;
+            snprintf(got + strlen(got), sizeof(got) - strlen(got), " B%dN%d:%d", w.B, w.N, sub);
+        }
+        test_result(ok, "cost model picks (132 SMs)", "one head a CTA; sub-chunk tokens:%s", got);
+    }
     int ndev = 0;
     cudaError_t err = cudaGetDeviceCount(&ndev);
     if (err != cudaSuccess || ndev == 0) {
